@@ -1,0 +1,124 @@
+"""``vitcg validate`` and ``vitcg schema`` driven like a user would: a subprocess, exit codes, output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+INVALID = REPO / "tests" / "specs" / "invalid"
+
+
+def vitcg(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    exe = shutil.which("vitcg") or None
+    command = [exe, *args] if exe else [sys.executable, "-m", "vitcg", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=os.environ.copy(), timeout=300)
+
+
+def test_validate_default_folder_is_all_valid():
+    run = vitcg("validate")
+    assert run.returncode == 0, run.stdout + run.stderr
+    count = len(list((REPO / "specs").glob("*.yaml")))
+    assert run.stdout.strip().endswith(f"{count} spec files checked: all valid")
+
+
+@pytest.fixture(scope="module")
+def invalid_run() -> subprocess.CompletedProcess:
+    return vitcg("validate", str(INVALID))
+
+
+def test_validate_invalid_folder_reports_every_file(invalid_run):
+    run = invalid_run
+    assert run.returncode == 1
+    assert "Traceback" not in run.stdout + run.stderr
+    cases = sorted(INVALID.glob("*.yaml"))
+    expected_errors = sum(len(p.with_suffix(".expected").read_text().splitlines()) for p in cases)
+    summary = run.stdout.strip().splitlines()[-1]
+    assert summary == f"{len(cases)} spec files checked: 0 valid, {len(cases)} invalid ({expected_errors} errors)"
+    for path in cases:
+        assert f"{path.relative_to(REPO)}:" in run.stdout or f"{path}:" in run.stdout
+
+
+@pytest.mark.parametrize("case", sorted(p.stem for p in INVALID.glob("*.yaml")))
+def test_each_invalid_case_is_one_line_with_location(case, invalid_run):
+    path = INVALID / f"{case}.yaml"
+    lines = [line for line in invalid_run.stdout.splitlines() if line.startswith(f"{path}:")]
+    want = path.with_suffix(".expected").read_text().splitlines()
+    assert len(lines) == len(want)
+    for line, expected in zip(lines, want):
+        number, _, fragment = expected.partition(": ")
+        assert line.startswith(f"{path}:{number}:"), line
+        assert fragment in line
+
+
+def test_single_file_exit_status():
+    run = vitcg("validate", str(INVALID / "bad_enum_style.yaml"))
+    assert run.returncode == 1
+    assert run.stdout.splitlines()[0].startswith(f"{INVALID / 'bad_enum_style.yaml'}:25:10: $.attention.style: ")
+    assert run.stdout.splitlines()[1] == "    hint: did you mean 'packed'?"
+
+
+def test_json_output_is_machine_readable():
+    run = vitcg("validate", "--json", str(INVALID / "formula_unknown_name.yaml"))
+    assert run.returncode == 1
+    document = json.loads(run.stdout)
+    assert document["ok"] is False
+    [diag] = document["diagnostics"]
+    assert diag["line"] == 37 and diag["path"] == "$.items.output_tokens"
+    assert diag["hint"] == "did you mean 'spatial_merge_size'?"
+    assert set(diag) == {"file", "line", "col", "path", "message", "hint", "code"}
+
+
+def test_missing_path_is_a_usage_error():
+    run = vitcg("validate", "does/not/exist")
+    assert run.returncode == 2
+    assert "no such file or folder: does/not/exist" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_folder_without_specs_is_a_usage_error(tmp_path):
+    run = vitcg("validate", str(tmp_path))
+    assert run.returncode == 2
+    assert "no spec files" in run.stderr
+
+
+def test_unknown_option_is_a_usage_error():
+    assert vitcg("validate", "--frobnicate").returncode == 2
+
+
+def test_duplicate_names_across_files(tmp_path):
+    text = (REPO / "specs" / "qwen2_vl.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(text)
+    (tmp_path / "b.yaml").write_text(text)
+    run = vitcg("validate", str(tmp_path))
+    assert run.returncode == 1
+    assert f"{tmp_path / 'b.yaml'}:2:7: $.name: spec name 'qwen2_vl' is already used by {tmp_path / 'a.yaml'}:2" in run.stdout
+
+
+def test_schema_command_prints_the_shipped_schema_and_specs_satisfy_it(tmp_path):
+    run = vitcg("schema")
+    assert run.returncode == 0
+    schema = json.loads(run.stdout)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema == json.loads((REPO / "vitcg" / "spec" / "schema.json").read_text())
+    for path in (REPO / "specs").glob("*.yaml"):
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+        assert path.read_text().startswith("# yaml-language-server: $schema=../vitcg/spec/schema.json\n")
+    out = tmp_path / "schema.json"
+    assert vitcg("schema", "--output", str(out)).returncode == 0
+    assert json.loads(out.read_text()) == schema
+
+
+def test_help_lists_commands():
+    run = vitcg("--help")
+    assert run.returncode == 0
+    for command in ("validate", "schema"):
+        assert command in run.stdout

@@ -1,0 +1,38 @@
+"""Shared fixtures: repository paths and an isolated bindings cache for the whole session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SPECS = REPO / "specs"
+CASES = REPO / "tests" / "specs"
+
+
+def pytest_configure(config):
+    # One cache for the session, outside the user's home: tests never depend on earlier runs.
+    cache = Path(config.rootpath if hasattr(config, "rootpath") else REPO) / ".pytest_cache" / "vitcg-bindings"
+    os.environ.setdefault("VITCG_CACHE_DIR", str(cache))
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO

@@ -1,0 +1,5 @@
+"""``python -m vitcg`` is the ``vitcg`` command."""
+
+from .cli import main
+
+main()

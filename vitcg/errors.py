@@ -1,0 +1,81 @@
+"""The one public errors module: diagnostics and the exceptions that carry them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One problem in one spec file, located as precisely as the YAML allows."""
+
+    file: str
+    """Path of the spec file, as the user named it."""
+    line: int
+    """1-based line of the offending node (0 when the file could not be read at all)."""
+    col: int
+    """1-based column of the offending node (0 when unknown)."""
+    path: str
+    """YAML path of the offending node, JSONPath style: ``$.geometry.patch_size``."""
+    message: str
+    """What is wrong, in one line."""
+    hint: str | None = None
+    """How to fix it, when there is something useful to say."""
+    code: str = "spec"
+    """Stable category: ``yaml``, ``schema``, ``formula``, ``semantic``, ``binding``, ``duplicate``."""
+
+    def location(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+    def format(self) -> str:
+        """``file:line:col: path: message`` plus an indented ``hint:`` line."""
+        text = f"{self.location()}: {self.path}: {self.message}"
+        if self.hint:
+            text += f"\n    hint: {self.hint}"
+        return text
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class VitcgError(Exception):
+    """Base class of every error vitcg raises on purpose."""
+
+    exit_code = 1
+
+
+class SpecError(VitcgError, ValueError):
+    """One or more spec files are invalid; ``diagnostics`` says where and why."""
+
+    def __init__(self, diagnostics: list[Diagnostic] | tuple[Diagnostic, ...]):
+        self.diagnostics = tuple(diagnostics)
+        lines = [d.format() for d in self.diagnostics] or ["invalid spec"]
+        super().__init__("\n".join(lines))
+
+
+class UsageError(VitcgError, ValueError):
+    """The command was used wrongly: a path that does not exist, an option out of range."""
+
+    exit_code = 2
+
+
+class FormulaError(VitcgError, ValueError):
+    """A formula failed to parse or evaluate; ``col`` is the 0-based offset inside the formula text."""
+
+    def __init__(self, message: str, *, col: int = 0, hint: str | None = None):
+        self.message = message
+        self.col = col
+        self.hint = hint
+        super().__init__(message)
+
+
+class BudgetError(VitcgError, ValueError):
+    """Token budgets or batch limits violate an invariant of the graph manager."""
+
+
+class InputError(VitcgError, ValueError):
+    """Multimodal inputs do not match what the spec declares (missing keys, bad shapes)."""
+
+
+class RenderError(VitcgError, ValueError):
+    """A template could not be rendered from the specs (missing field, bad template)."""

@@ -1,0 +1,181 @@
+"""Facts about the transformers classes a spec names: do the import paths resolve, what do the configs hold.
+
+Importing transformers model code costs seconds (it pulls in torch), so the facts are cached on disk,
+keyed by the installed transformers version: a second ``vitcg validate`` imports nothing. The cache
+holds plain JSON (config snapshots from ``to_dict()``), never pickles. Set ``VITCG_CACHE_DIR`` to move
+it, or pass ``use_cache=False`` (``vitcg validate --no-cache``) to bypass it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ALLOWED_PREFIX = "transformers."
+"""Specs may only name classes inside transformers: loading a spec never imports arbitrary modules."""
+
+
+def transformers_version() -> str:
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
+
+
+def import_object(path: str) -> Any:
+    """Import ``transformers.x.y.Name``. Raises ImportError with a one-line reason."""
+    if not path.startswith(ALLOWED_PREFIX):
+        raise ImportError(f"{path!r} is outside the transformers package")
+    module_path, _, name = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_path)
+    except Exception as exc:  # a broken optional dependency raises anything
+        raise ImportError(f"cannot import module {module_path!r}: {exc}") from None
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise ImportError(f"module {module_path!r} has no attribute {name!r}") from None
+    except Exception as exc:  # transformers' lazy modules import on attribute access
+        raise ImportError(f"cannot import {path!r}: {exc}") from None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def config_snapshot(config: Any) -> dict[str, Any]:
+    """A JSON-safe dict of a config instance (sub-configs nested), what geometry formulas read."""
+    return _jsonable(config.to_dict())
+
+
+def _sub_config_class(config_cls: type, key: str, value: Mapping[str, Any]) -> type | None:
+    sub = getattr(config_cls, "sub_configs", {}).get(key)
+    if sub is None:
+        return None
+    if sub.__name__ == "AutoConfig":
+        from transformers import CONFIG_MAPPING
+
+        model_type = value.get("model_type")
+        return CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+    return sub
+
+
+def unknown_config_keys(config_cls: type, overrides: Mapping[str, Any], prefix: tuple = ()) -> list[list]:
+    """Paths of keys in ``overrides`` that the config class does not declare (HF stores them silently)."""
+    known = {f.name for f in dataclasses.fields(config_cls)} if dataclasses.is_dataclass(config_cls) else None
+    if known is None:
+        return []
+    known |= set(getattr(config_cls, "attribute_map", {}))
+    known |= {"model_type"}
+    problems = []
+    for key, value in overrides.items():
+        if key not in known:
+            problems.append([*prefix, key, sorted(known)])
+        elif isinstance(value, Mapping):
+            sub = _sub_config_class(config_cls, key, value)
+            if sub is not None:
+                problems.extend(unknown_config_keys(sub, value, (*prefix, key)))
+    return problems
+
+
+def _check_class(path: str) -> dict[str, Any]:
+    try:
+        obj = import_object(path)
+    except ImportError as exc:
+        return {"ok": False, "error": str(exc)}
+    if not isinstance(obj, type):
+        return {"ok": False, "error": f"{path!r} is not a class"}
+    return {"ok": True, "bases": [c.__module__ + "." + c.__name__ for c in obj.__mro__]}
+
+
+def _has_method(path: str, method: str) -> bool:
+    try:
+        return callable(getattr(import_object(path), method, None))
+    except ImportError:
+        return False
+
+
+def _check_config(path: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        cls = import_object(path)
+    except ImportError as exc:
+        return {"ok": False, "error": str(exc)}
+    unknown = unknown_config_keys(cls, overrides)
+    if unknown:
+        return {"ok": False, "unknown_keys": unknown}
+    try:
+        config = cls(**overrides)
+    except Exception as exc:
+        message = " ".join(str(exc).split())
+        return {"ok": False, "error": f"{cls.__name__}(**overrides) failed: {message[:300]}"}
+    return {"ok": True, "snapshot": config_snapshot(config)}
+
+
+class Bindings:
+    """Resolves classes and config snapshots, remembering the answers per transformers version."""
+
+    def __init__(self, use_cache: bool = True, cache_dir: str | os.PathLike | None = None):
+        self.version = transformers_version()
+        self.use_cache = use_cache
+        root = cache_dir or os.environ.get("VITCG_CACHE_DIR") or Path(
+            os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vitcg"
+        self.path = Path(root) / f"bindings-transformers-{self.version}.json"
+        self._entries: dict[str, Any] | None = None
+        self._dirty = False
+
+    def _load(self) -> dict[str, Any]:
+        if self._entries is None:
+            self._entries = {}
+            if self.use_cache:
+                try:
+                    self._entries = json.loads(self.path.read_text())
+                except (OSError, ValueError):
+                    self._entries = {}
+        return self._entries
+
+    def _lookup(self, key: str, compute) -> dict[str, Any]:
+        entries = self._load()
+        if key not in entries:
+            entries[key] = compute()
+            self._dirty = True
+        return entries[key]
+
+    def check_class(self, path: str) -> dict[str, Any]:
+        """``{"ok": True, "bases": [...]}`` or ``{"ok": False, "error": ...}``."""
+        return self._lookup(f"class:{path}", lambda: _check_class(path))
+
+    def check_method(self, path: str, method: str) -> dict[str, Any]:
+        """``{"ok": True}`` when the class at ``path`` has a callable ``method``."""
+        return self._lookup(f"method:{path}:{method}", lambda: {"ok": _has_method(path, method)})
+
+    def check_config(self, path: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """``{"ok": True, "snapshot": {...}}``, or ``ok: False`` with ``error`` or ``unknown_keys``."""
+        key = f"config:{path}:{json.dumps(overrides, sort_keys=True)}"
+        return self._lookup(key, lambda: _check_config(path, dict(overrides)))
+
+    def save(self) -> None:
+        """Write new answers to disk (atomically); failures to write are not errors."""
+        if not (self.use_cache and self._dirty and self._entries is not None):
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".bindings-")
+            with os.fdopen(fd, "w") as handle:
+                json.dump(self._entries, handle, sort_keys=True)
+            os.replace(tmp, self.path)
+            self._dirty = False
+        except OSError:
+            pass

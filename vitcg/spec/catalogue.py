@@ -1,0 +1,89 @@
+"""What each metadata provider is, declared without torch: the spec checks read this, ``vitcg.metadata`` implements it.
+
+A provider fills one buffer of the graph from the items of a pack. Its declaration says which attention
+styles may use it, which padding rule it implements, which geometry names and params it reads, and
+whether it is a tensor refilled in place or a host integer fixed at capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STYLES = ("packed", "windowed", "tiles")
+SEGMENTED = frozenset({"packed", "windowed"})
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    name: str
+    kind: str
+    """``tensor`` (allocated at capture, refilled in place) or ``host`` (an int fixed at capture)."""
+    styles: frozenset[str]
+    padding: str
+    """The padding rule the provider implements; a spec must name the same rule."""
+    dtype: str
+    """``model`` (the encoder's dtype), ``int32``, ``int64`` or ``float32``."""
+    geometry: tuple[str, ...] = ()
+    """Geometry names the provider reads; the spec must define them."""
+    params: frozenset[str] = frozenset()
+    """Allowed keys of the buffer's ``params``."""
+    description: str = ""
+
+
+PROVIDERS: dict[str, ProviderInfo] = {
+    p.name: p
+    for p in (
+        ProviderInfo("pixels", "tensor", frozenset(STYLES), "zeros", "model",
+                     description="pixel rows (packed) or tiles (dim 0) of the pack, zero rows after them"),
+        ProviderInfo("grid", "tensor", SEGMENTED, "zeros", "int64",
+                     description="the items' t/h/w rows, zero rows after them"),
+        ProviderInfo("cu_seqlens", "tensor", SEGMENTED, "trailing_segment", "int32",
+                     description="segment boundaries (per frame or per clip); padding rows form one trailing "
+                                 "segment and unused slots repeat the last offset"),
+        ProviderInfo("max_seqlen", "host", SEGMENTED, "fixed", "int64",
+                     description="worst-case segment length for the budget, fixed at capture"),
+        ProviderInfo("position_ids", "tensor", SEGMENTED, "zeros", "int64", ("spatial_merge_size",),
+                     frozenset({"include_temporal"}),
+                     description="rotary (h, w) or (t, h, w) position ids in merge-block order"),
+        ProviderInfo("window_index", "tensor", frozenset({"windowed"}), "identity", "int64",
+                     ("spatial_merge_size", "window_size", "patch_size"),
+                     description="window order of merged units; padding units map to themselves"),
+        ProviderInfo("cu_window_seqlens", "tensor", frozenset({"windowed"}), "trailing_segment", "int32",
+                     ("spatial_merge_size", "window_size", "patch_size"),
+                     description="window boundaries; padding forms one trailing window"),
+        ProviderInfo("max_window_seqlen", "host", frozenset({"windowed"}), "fixed", "int64",
+                     description="worst-case window length for the budget, fixed at capture"),
+        ProviderInfo("interp_indices", "tensor", SEGMENTED, "zeros", "int64",
+                     ("num_grid_per_side", "spatial_merge_size"), frozenset({"mode", "align_corners", "padding"}),
+                     description="gather indices resampling a learned position table to each grid"),
+        ProviderInfo("interp_weights", "tensor", SEGMENTED, "zeros", "float32",
+                     ("num_grid_per_side", "spatial_merge_size"), frozenset({"mode", "align_corners", "padding"}),
+                     description="weights of those taps; zero for padding rows"),
+    )
+}
+
+REQUIRED_PROVIDERS: dict[str, tuple[str, ...]] = {
+    "packed": ("pixels", "cu_seqlens", "max_seqlen"),
+    "windowed": ("pixels", "cu_seqlens", "max_seqlen", "window_index", "cu_window_seqlens", "max_window_seqlen"),
+    "tiles": ("pixels",),
+}
+"""Providers each attention style cannot do without."""
+
+INPUT_ROLES: dict[str, tuple[str, ...]] = {
+    "packed": ("pixels", "grid"),
+    "windowed": ("pixels", "grid"),
+    "tiles": ("pixels", "tiles"),
+}
+"""The mm_kwargs roles every modality of a style must name."""
+
+ITEM_NAMES: dict[str, tuple[str, ...]] = {
+    "packed": ("t", "h", "w"),
+    "windowed": ("t", "h", "w"),
+    "tiles": ("n",),
+}
+"""Per-item names an item formula may read: the grid row, or the tile count."""
+
+LIMIT_NAMES = ("max_num_batched_tokens", "max_model_len")
+BUFFER_NAMES = ("budget", "max_items", "max_frames")
+DEFAULT_LIMITS = {"max_num_batched_tokens": 8192, "max_model_len": 32768}
+"""Limits the budget formulas are checked with when no engine is in sight (vLLM's online defaults)."""

@@ -1,0 +1,212 @@
+"""Safe YAML with positions: a spec file becomes plain data plus a map from YAML path to line and column.
+
+PyYAML's ``compose`` keeps node marks; this module walks the node tree itself so that duplicate keys,
+non-string keys, unsafe tags and alias-expansion bombs are errors instead of silent surprises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import Diagnostic
+
+MAX_FILE_BYTES = 1024 * 1024
+MAX_NODES = 20_000
+"""Nodes visited while converting one file; aliases count each time they are expanded."""
+MAX_DEPTH = 64
+_COMPOSER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's composer when PyYAML has it (5x faster); nodes and marks are the same either way."""
+
+Path_ = tuple  # a YAML path: a tuple of str keys and int indices
+
+
+def format_path(path: Path_) -> str:
+    """``("buffers", 0, "shape")`` -> ``$.buffers[0].shape``."""
+    text = "$"
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text
+
+
+@dataclass(frozen=True)
+class Position:
+    line: int
+    """1-based."""
+    col: int
+    """1-based."""
+
+
+@dataclass
+class LoadedYaml:
+    """The data of one file and where each node of it stands."""
+
+    file: str
+    data: Any
+    values: dict[Path_, Position] = field(default_factory=dict)
+    """Position of the value at each path."""
+    keys: dict[Path_, Position] = field(default_factory=dict)
+    """Position of the mapping key that introduces each path."""
+    styles: dict[Path_, str | None] = field(default_factory=dict)
+    """Scalar style at each path (None for plain scalars, '"' or "'" when quoted)."""
+
+    def position(self, path: Path_, *, key: bool = False) -> Position:
+        """The closest known position for ``path`` (walking up to the parent when needed)."""
+        table = self.keys if key else self.values
+        probe = tuple(path)
+        while probe:
+            if probe in table:
+                return table[probe]
+            if probe in self.values:
+                return self.values[probe]
+            probe = probe[:-1]
+        return self.values.get((), Position(1, 1))
+
+    def diagnostic(self, path: Path_, message: str, *, hint: str | None = None, code: str = "schema",
+                   key: bool = False, col_offset: int = 0) -> Diagnostic:
+        pos = self.position(path, key=key)
+        return Diagnostic(self.file, pos.line, pos.col + col_offset, format_path(path), message, hint, code)
+
+
+class _LoadFailure(Exception):
+    def __init__(self, diagnostic: Diagnostic):
+        self.diagnostic = diagnostic
+
+
+def load_text(text: str, file: str) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+    """Parse ``text`` as one YAML document whose top level is a mapping.
+
+    Returns the loaded data, or None and the diagnostics that explain why not.
+    """
+    def fail(message: str, line: int = 1, col: int = 1, hint: str | None = None) -> tuple[None, list[Diagnostic]]:
+        return None, [Diagnostic(file, line, col, "$", message, hint, "yaml")]
+
+    if "\x00" in text:
+        return fail("file contains a NUL byte; a spec must be UTF-8 text")
+    try:
+        root = yaml.compose(text, Loader=_COMPOSER)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "invalid YAML"
+        if mark is None:
+            return fail(f"invalid YAML: {problem}")
+        return fail(f"invalid YAML: {problem}", mark.line + 1, mark.column + 1)
+    except yaml.YAMLError as exc:
+        return fail(f"invalid YAML: {exc}")
+    except RecursionError:
+        return fail("YAML is nested too deeply")
+    if root is None:
+        return fail("file is empty; a spec is a YAML mapping", hint="start from an existing file in specs/")
+    loaded = LoadedYaml(file, None)
+    if not isinstance(root, yaml.MappingNode):
+        pos = _pos(root)
+        kind = "a list" if isinstance(root, yaml.SequenceNode) else "a scalar"
+        return fail(f"the top level of a spec must be a mapping, not {kind}", pos.line, pos.col)
+    converter = _Converter(loaded)
+    try:
+        loaded.data = converter.convert(root, ())
+    except _LoadFailure as failure:
+        return None, [failure.diagnostic]
+    except RecursionError:
+        return fail("YAML is nested too deeply")
+    if converter.problems:
+        return None, converter.problems
+    return loaded, []
+
+
+def load_file(path: str | Path, display: str | None = None) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+    """Read and parse one spec file; files over 1 MiB and non-UTF-8 files are refused."""
+    display = display or str(path)
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            return None, [Diagnostic(display, 0, 0, "$", f"file is {size} bytes; specs are limited to 1 MiB", None, "yaml")]
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, [Diagnostic(display, 0, 0, "$", f"cannot read file: {exc.strerror or exc}", None, "yaml")]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        return None, [Diagnostic(display, line, 1, "$", "file is not valid UTF-8", None, "yaml")]
+    return load_text(text, display)
+
+
+def _pos(node: yaml.Node) -> Position:
+    return Position(node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+_SAFE_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+    "tag:yaml.org,2002:seq",
+    "tag:yaml.org,2002:map",
+}
+
+
+class _Converter:
+    def __init__(self, loaded: LoadedYaml):
+        self.loaded = loaded
+        self.visited = 0
+        self.problems: list[Diagnostic] = []
+        """Errors that do not stop the walk (duplicate or non-string keys): all of them are reported."""
+        self.constructor = yaml.SafeLoader("")
+
+    def error(self, node: yaml.Node, path: Path_, message: str, hint: str | None = None) -> _LoadFailure:
+        pos = _pos(node)
+        return _LoadFailure(Diagnostic(self.loaded.file, pos.line, pos.col, format_path(path), message, hint, "yaml"))
+
+    def convert(self, node: yaml.Node, path: Path_, depth: int = 0) -> Any:
+        self.visited += 1
+        if self.visited > MAX_NODES:
+            raise self.error(node, path, f"more than {MAX_NODES} YAML nodes (anchors and aliases expand too far)",
+                             "a spec needs no aliases; write values out")
+        if depth > MAX_DEPTH:
+            raise self.error(node, path, f"YAML is nested deeper than {MAX_DEPTH} levels")
+        if node.tag not in _SAFE_TAGS:
+            raise self.error(node, path, f"unsupported YAML tag {node.tag!r}", "specs use plain YAML values only")
+        self.loaded.values.setdefault(path, _pos(node))
+        if isinstance(node, yaml.MappingNode):
+            return self.mapping(node, path, depth)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.convert(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
+        self.loaded.styles.setdefault(path, node.style or None)
+        try:
+            value = self.constructor.construct_object(node, deep=True)
+        except (yaml.YAMLError, ValueError, OverflowError) as exc:
+            raise self.error(node, path, f"invalid value: {exc}") from None
+        if isinstance(value, float) and value != value:
+            raise self.error(node, path, "NaN is not a valid value")
+        return value
+
+    def mapping(self, node: yaml.MappingNode, path: Path_, depth: int) -> dict:
+        result: dict[str, Any] = {}
+        first_seen: dict[str, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                self.problems.append(self.error(key_node, path, "YAML merge keys ('<<') are not supported",
+                                                "write the keys out").diagnostic)
+                continue
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
+                shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else "a " + key_node.id
+                self.problems.append(self.error(key_node, path, f"mapping keys must be strings, got {shown!r}",
+                                                "quote the key").diagnostic)
+                continue
+            key = key_node.value
+            if key in first_seen:
+                first = _pos(first_seen[key])
+                self.problems.append(self.error(
+                    key_node, path + (key,), f"duplicate key {key!r} (first defined at line {first.line})",
+                    "remove one of the two entries").diagnostic)
+                continue
+            first_seen[key] = key_node
+            self.loaded.keys[path + (key,)] = _pos(key_node)
+            result[key] = self.convert(value_node, path + (key,), depth + 1)
+        return result

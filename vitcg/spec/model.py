@@ -1,0 +1,213 @@
+"""The typed spec: frozen dataclasses built once, after validation; nothing downstream reads raw dicts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from .formulas import Formula
+
+
+def freeze(value: Any) -> Any:
+    """Deep-freeze plain YAML data: dicts become read-only mappings, lists become tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """The inverse of :func:`freeze`: fresh dicts and lists a caller may change."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Modality:
+    name: str
+    """``image`` or ``video``."""
+    inputs: Mapping[str, str]
+    """Input role (``pixels``, ``grid``, ``tiles``) -> key in the multimodal kwargs."""
+    max_frames_per_video: int
+    """Largest frame count of one item (1 for images)."""
+
+    @property
+    def pixels_key(self) -> str:
+        return self.inputs["pixels"]
+
+    @property
+    def count_key(self) -> str:
+        """The per-item metadata key: the grid (packed, windowed) or the tile counts (tiles)."""
+        return self.inputs.get("grid") or self.inputs["tiles"]
+
+
+@dataclass(frozen=True)
+class Encoder:
+    class_path: str
+    """Import path of the module that is built and called."""
+    config_class: str
+    """Import path of the config class it is built from."""
+    vlm_attribute: str
+    """Where the encoder sits inside the full VLM (``model.visual``)."""
+    method: str
+    """Method called on the built module."""
+    args: Mapping[str, str]
+    """Eager call: encoder argument -> input role."""
+    call_kwargs: Mapping[str, Any]
+    """Constant keyword arguments passed on both paths."""
+    outputs: tuple[str, ...]
+    """Output fields holding merged tokens, concatenated on the last dimension."""
+    tiny_config: Mapping[str, Any]
+    """Config overrides for tiny CPU checks."""
+    real_config: Mapping[str, Any]
+    """Config overrides for real checkpoint dimensions."""
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    """Key of the buffer in the capture and replay values."""
+    arg: str
+    """Encoder keyword argument it is passed as."""
+    provider: str
+    """Name of the metadata provider that fills it (``vitcg.spec.catalogue.PROVIDERS``)."""
+    shape: tuple[Formula, ...] | None
+    """Shape formulas of a tensor buffer, over budget, max_items, max_frames and geometry."""
+    value: Formula | None
+    """Value formula of a host-integer buffer, fixed at capture."""
+    padding: str
+    """Padding rule: zeros, trailing_segment, identity or fixed."""
+    params: Mapping[str, Any]
+    """Provider parameters."""
+
+    @property
+    def is_host(self) -> bool:
+        return self.value is not None
+
+
+@dataclass(frozen=True)
+class Docs:
+    notes: str
+    shared_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TestMeta:
+    prompt_template: str
+    image_placeholder: str
+    video_placeholder: str | None
+    num_video_frames: int
+    max_model_len: int
+    needs_video_metadata: bool
+    runner_kwargs: Mapping[str, Any]
+    marks: tuple[str, ...]
+    budgets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One validated encoder spec."""
+
+    file: str
+    name: str
+    display_name: str
+    architectures: tuple[str, ...]
+    model_types: tuple[str, ...]
+    checkpoints: tuple[str, ...]
+    encoder: Encoder
+    geometry: tuple[tuple[str, Formula], ...]
+    """Geometry formulas in file order; each may read config.* and the names above it."""
+    style: str
+    """Attention style: packed, windowed or tiles."""
+    segments: str
+    """``frame`` or ``clip`` for packed and windowed styles; ``tile`` for tiles."""
+    modalities: tuple[Modality, ...]
+    input_size: Formula
+    output_tokens: Formula
+    frames: Formula
+    budget_min: Formula
+    budget_max: Formula
+    buffers: tuple[Buffer, ...]
+    docs: Docs
+    tests: TestMeta
+
+    def modality(self, name: str) -> Modality | None:
+        return next((m for m in self.modalities if m.name == name), None)
+
+    @property
+    def modality_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.modalities)
+
+    def buffer(self, name: str) -> Buffer | None:
+        return next((b for b in self.buffers if b.name == name), None)
+
+    def providers(self) -> dict[str, Buffer]:
+        return {b.provider: b for b in self.buffers}
+
+    def resolve_geometry(self, config: Mapping[str, Any]) -> dict[str, int]:
+        """Evaluate every geometry formula against ``config`` (a ``to_dict()`` snapshot). Raises FormulaError."""
+        values: dict[str, int] = {}
+        for name, formula in self.geometry:
+            values[name] = formula.evaluate(values, config)
+        return values
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for templates and ``registry/index.json``: formulas as their source text."""
+        return {
+            "name": self.name,
+            "file": self.file,
+            "display_name": self.display_name,
+            "architectures": list(self.architectures),
+            "model_types": list(self.model_types),
+            "checkpoints": list(self.checkpoints),
+            "encoder": {
+                "class": self.encoder.class_path,
+                "config_class": self.encoder.config_class,
+                "vlm_attribute": self.encoder.vlm_attribute,
+                "method": self.encoder.method,
+                "args": dict(self.encoder.args),
+                "call_kwargs": thaw(self.encoder.call_kwargs),
+                "outputs": list(self.encoder.outputs),
+            },
+            "geometry": {name: formula.source for name, formula in self.geometry},
+            "attention": {"style": self.style, "segments": self.segments},
+            "modalities": {
+                m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video}
+                for m in self.modalities
+            },
+            "items": {
+                "input_size": self.input_size.source,
+                "output_tokens": self.output_tokens.source,
+                "frames": self.frames.source,
+            },
+            "budget": {"min": self.budget_min.source, "max": self.budget_max.source},
+            "buffers": [
+                {
+                    "name": b.name,
+                    "arg": b.arg,
+                    "provider": b.provider,
+                    **({"value": b.value.source} if b.value is not None else {"shape": [f.source for f in b.shape]}),
+                    "padding": b.padding,
+                    "params": thaw(b.params),
+                }
+                for b in self.buffers
+            ],
+            "docs": {"notes": self.docs.notes, "shared_by": list(self.docs.shared_by)},
+            "tests": {
+                "prompt_template": self.tests.prompt_template,
+                "image_placeholder": self.tests.image_placeholder,
+                "video_placeholder": self.tests.video_placeholder,
+                "num_video_frames": self.tests.num_video_frames,
+                "max_model_len": self.tests.max_model_len,
+                "needs_video_metadata": self.tests.needs_video_metadata,
+                "runner_kwargs": thaw(self.tests.runner_kwargs),
+                "marks": list(self.tests.marks),
+                "budgets": list(self.tests.budgets),
+            },
+        }
