@@ -45,6 +45,66 @@ def validate(
     raise typer.Exit(0 if result.ok else 1)
 
 
+def _select_specs(names: list[str] | None, all_specs: bool, specs_dir: Path):
+    """Specs named on the command line (names from ``specs_dir``, or file paths), or all with ``--all``."""
+    from .spec import load_registry
+
+    if not names and not all_specs:
+        raise UsageError("name specs to check, or pass --all")
+    files = [Path(n) for n in names or () if n.endswith((".yaml", ".yml"))]
+    registry = {s.name: s for s in load_registry([specs_dir])} if (all_specs or len(files) < len(names or ())) else {}
+    chosen = list(registry.values()) if all_specs else []
+    for name in names or ():
+        if name.endswith((".yaml", ".yml")):
+            chosen.extend(load_registry([name]))
+        elif name in registry:
+            chosen.append(registry[name])
+        else:
+            from .spec.formulas import suggest
+
+            hint = suggest(name, registry)
+            raise UsageError(f"no spec named {name!r} in {specs_dir}/" + (f"; {hint}" if hint else ""))
+    return list({s.name: s for s in chosen}.values())
+
+
+@app.command()
+def check(
+    specs: Annotated[list[str] | None, typer.Argument(help="Spec names (from --specs-dir) or spec files.",
+                                                      show_default=False)] = None,
+    all_specs: Annotated[bool, typer.Option("--all", help="Check every spec in --specs-dir.")] = False,
+    device: Annotated[str, typer.Option(help="cpu, or cuda (real CUDA graph capture and replay).")] = "cpu",
+    size: Annotated[str, typer.Option(help="tiny (spec's tiny_config) or real (checkpoint dimensions).")] = "tiny",
+    dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16 (default: float32 on cpu, "
+                                                   "bfloat16 on cuda).")] = None,
+    specs_dir: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
+) -> None:
+    """Run fixed cases through the budget manager and through eager, per item; fail on any mismatch."""
+    import torch
+
+    from .conformance import check_spec
+    from .report import check_json, check_text
+
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise UsageError(f"--device must be cpu or cuda, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here")
+    if size not in ("tiny", "real"):
+        raise UsageError(f"--size must be tiny or real, got {size!r}")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype is not None and dtype not in dtypes:
+        raise UsageError(f"--dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
+    reports = []
+    for spec in _select_specs(specs, all_specs, specs_dir):
+        report = check_spec(spec, device=device, dtype=dtypes.get(dtype), size=size)
+        reports.append(report)
+        if not as_json:
+            sys.stdout.write(check_text([report], summary=False))
+            sys.stdout.flush()
+    sys.stdout.write(check_json(reports) if as_json else check_text(reports, details=False))
+    raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
 @app.command()
 def schema(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 
+from typing import TYPE_CHECKING
+
 from .spec import LoadResult
+
+if TYPE_CHECKING:
+    from .conformance import SpecReport
 
 
 def summary_line(result: LoadResult) -> str:
@@ -34,5 +39,47 @@ def json_report(result: LoadResult) -> str:
         "specs": [s.name for s in result.specs],
         "diagnostics": [d.to_json() for d in result.diagnostics],
         "summary": summary_line(result),
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def check_text(reports: list[SpecReport], *, summary: bool = True, details: bool = True) -> str:
+    """A table of cases per spec (``details``), then one summary line (``summary``)."""
+    lines = []
+    for r in reports if details else ():
+        head = f"{r.spec} ({r.device}, {r.dtype}"
+        if r.budgets:
+            head += f"; budgets {'/'.join(map(str, r.budgets))}, up to {r.max_items} items"
+        lines.append(head + ")")
+        if r.error:
+            lines.append(f"  FAILED before any case: {r.error}")
+            continue
+        lines.append(f"  {'case':<38} {'items':>5}  {'route':<22} {'max rel err':>11}  {'finite':<6}  result")
+        for c in r.cases:
+            if c.skipped:
+                lines.append(f"  {c.name:<38} {'':>5}  {'-':<22} {'':>11}  {'':<6}  skipped ({c.skipped})")
+                continue
+            result = "ok" if c.ok else ("FAILED: " + c.error if c.error else
+                                        f"FAILED (tolerance {c.tolerance:.0e})" if c.finite else "FAILED: not finite")
+            lines.append(f"  {c.name:<38} {c.items:>5}  {c.route:<22} {c.max_error:>11.2e}  "
+                         f"{'yes' if c.finite else 'NO':<6}  {result}")
+    if summary:
+        failed = [r.spec for r in reports if not r.ok]
+        line = f"{len(reports)} spec{'s' if len(reports) != 1 else ''} checked: {len(reports) - len(failed)} passed"
+        lines.append(line + (f", {len(failed)} failed ({', '.join(failed)})" if failed else ""))
+    return "\n".join(lines) + "\n"
+
+
+def check_json(reports: list[SpecReport]) -> str:
+    document = {
+        "ok": all(r.ok for r in reports),
+        "specs": [
+            {"spec": r.spec, "device": r.device, "dtype": r.dtype, "budgets": list(r.budgets),
+             "max_items": r.max_items, "ok": r.ok, "error": r.error,
+             "cases": [{"name": c.name, "items": c.items, "route": c.route, "max_error": c.max_error,
+                        "finite": c.finite, "tolerance": c.tolerance, "ok": c.ok, "error": c.error,
+                        "skipped": c.skipped} for c in r.cases]}
+            for r in reports
+        ],
     }
     return json.dumps(document, indent=2) + "\n"

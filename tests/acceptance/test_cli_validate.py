@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
+from helpers import REPO, vitcg
 
-REPO = Path(__file__).resolve().parents[2]
 INVALID = REPO / "tests" / "specs" / "invalid"
-
-
-def vitcg(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    exe = shutil.which("vitcg") or None
-    command = [exe, *args] if exe else [sys.executable, "-m", "vitcg", *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=os.environ.copy(), timeout=300)
 
 
 def test_validate_default_folder_is_all_valid():

@@ -25,6 +25,7 @@ from .model import Buffer, Docs, Encoder, Modality, Spec, TestMeta, freeze, thaw
 
 TORCH_MODULE = "torch.nn.modules.module.Module"
 PRETRAINED_CONFIG = "transformers.configuration_utils.PreTrainedConfig"
+REQUIRED_GEOMETRY = {"out_hidden_size": "the width of one output row (all output fields concatenated)"}
 
 
 @lru_cache(maxsize=1)
@@ -137,6 +138,7 @@ class SemanticChecker:
         style = data["attention"]["style"]
         geometry = self._geometry()
         names = list(data["geometry"])  # every declared name, so one bad entry does not cascade
+        self._required_geometry()
         segments = self._segments(style)
         modalities = self._modalities(style)
         item_vocab = [*cat.ITEM_NAMES[style], *names]
@@ -191,6 +193,11 @@ class SemanticChecker:
                     exc.hint = f"{later[0]!r} is defined below; geometry entries may only use names above them"
                 self.diagnostics.append(self._formula_diagnostic(path, exc))
         return out
+
+    def _required_geometry(self) -> None:
+        for name in REQUIRED_GEOMETRY:
+            if name not in self.data["geometry"]:
+                self.error(("geometry",), f"geometry must define {name!r}", hint=REQUIRED_GEOMETRY[name])
 
     def _segments(self, style: str) -> str:
         given = self.data["attention"].get("segments")

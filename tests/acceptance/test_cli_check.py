@@ -1,0 +1,49 @@
+"""``vitcg check`` as a user runs it: a table per spec, exit 0 when all match, 1 on any mismatch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import REPO, vitcg
+
+FAILS = REPO / "tests" / "specs" / "check_fails"
+
+
+def test_check_one_spec_prints_a_table():
+    run = vitcg("check", "qwen2_vl")
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("qwen2_vl (cpu, float32; budgets 64/128/256")
+    for case in ("one small image", "images of different sizes", "one video", "image and video in one call",
+                 "item larger than the largest budget", "empty batch"):
+        assert any(line.strip().startswith(case) and line.rstrip().endswith("ok") for line in lines), case
+    assert lines[-1] == "1 spec checked: 1 passed"
+
+
+def test_wrong_output_tokens_or_merge_size_fail_clearly():
+    for name in ("wrong_tokens", "wrong_merge"):
+        path = FAILS / f"{name}.yaml"
+        assert vitcg("validate", str(path)).returncode == 0  # the spec is well-formed ...
+        run = vitcg("check", str(path))
+        assert run.returncode == 1  # ... but does not describe the encoder
+        assert "items.output_tokens" in run.stdout
+        assert "Traceback" not in run.stdout + run.stderr
+        assert run.stdout.splitlines()[-1] == f"1 spec checked: 0 passed, 1 failed ({name})"
+
+
+def test_check_usage_errors():
+    run = vitcg("check")
+    assert run.returncode == 2 and "name specs to check, or pass --all" in run.stderr
+    run = vitcg("check", "qwen2_vll")
+    assert run.returncode == 2 and "did you mean 'qwen2_vl'?" in run.stderr
+    run = vitcg("check", "qwen2_vl", "--device", "tpu")
+    assert run.returncode == 2
+
+
+def test_check_json(tmp_path: Path):
+    import json
+
+    run = vitcg("check", "internvl", "--json")
+    assert run.returncode == 0
+    document = json.loads(run.stdout)
+    assert document["ok"] and document["specs"][0]["budgets"] == [4, 8, 16]

@@ -1,0 +1,167 @@
+"""The generic adapter on real (tiny) transformers encoders: item specs, selection, buffers, padding rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitcg.adapter import SpecAdapter
+from vitcg.encoders import build_encoder
+from vitcg.errors import InputError
+from vitcg.manager import EncoderCudaGraphManager
+from vitcg.protocol import SupportsEncoderCudaGraph
+from vitcg.spec import load_registry
+
+SPECS = {s.name: s for s in load_registry(["specs"])}
+
+
+@pytest.fixture(scope="module")
+def qwen2():
+    return SpecAdapter(SPECS["qwen2_vl"], build_encoder(SPECS["qwen2_vl"]))
+
+
+@pytest.fixture(scope="module")
+def qwen25():
+    return SpecAdapter(SPECS["qwen2_5_vl"], build_encoder(SPECS["qwen2_5_vl"]))
+
+
+@pytest.fixture(scope="module")
+def internvl():
+    return SpecAdapter(SPECS["internvl"], build_encoder(SPECS["internvl"]))
+
+
+def images(*grids, dim=1176, seed=0, key="pixel_values", grid_key="image_grid_thw"):
+    g = torch.tensor(grids, dtype=torch.int64)
+    rows = int(g.prod(-1).sum())
+    return {key: torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)), grid_key: g}
+
+
+def test_adapters_satisfy_the_protocol(qwen2, qwen25, internvl):
+    for adapter in (qwen2, qwen25, internvl):
+        assert isinstance(adapter, SupportsEncoderCudaGraph)
+
+
+def test_config(qwen2, internvl):
+    config = qwen2.get_encoder_cudagraph_config()
+    assert config.modalities == ["image", "video"]
+    assert config.buffer_keys == ["pixel_values", "grid_thw", "cu_seqlens", "max_seqlen", "position_ids"]
+    assert config.out_hidden_size == 48  # tiny_config hidden_size
+    assert config.padding_logics["cu_seqlens"] == "trailing_segment"
+    assert config.max_frames_per_video == 32
+    assert internvl.get_encoder_cudagraph_config().out_hidden_size == 48  # tiny text hidden size
+
+
+def test_input_modality(qwen2):
+    assert qwen2.get_input_modality(images([1, 4, 4])) == "image"
+    both = {**images([1, 4, 4]), **images([2, 4, 4], key="pixel_values_videos", grid_key="video_grid_thw")}
+    assert qwen2.get_input_modality(both) == "image+video"
+    with pytest.raises(InputError, match="no known input key"):
+        qwen2.get_input_modality({"pixel_values_flat": torch.zeros(1)})
+    with pytest.raises(InputError, match="'pixel_values' is given without 'image_grid_thw'"):
+        qwen2.get_input_modality({"pixel_values": torch.zeros(1, 1176)})
+
+
+def test_item_specs_follow_the_formulas(qwen2, internvl):
+    kwargs = {**images([1, 4, 6], [1, 8, 8]), **images([3, 4, 4], key="pixel_values_videos", grid_key="video_grid_thw")}
+    specs = qwen2.get_encoder_cudagraph_item_specs(kwargs)
+    assert [(s.input_size, s.output_tokens, s.frames) for s in specs] == [(24, 6, 0), (64, 16, 0), (48, 12, 3)]
+    tiles = {"pixel_values_flat": torch.zeros(5, 3, 56, 56), "image_num_patches": torch.tensor([2, 3])}
+    assert [(s.input_size, s.output_tokens) for s in internvl.get_encoder_cudagraph_item_specs(tiles)] == [(2, 8), (3, 12)]
+
+
+def test_bad_grid_shape(qwen2):
+    with pytest.raises(InputError, match=r"must have shape \(items, 3\)"):
+        qwen2.get_encoder_cudagraph_item_specs({"pixel_values": torch.zeros(4, 1176), "image_grid_thw": torch.ones(4)})
+
+
+def test_select_slices_rows_by_cumulative_offsets(qwen2):
+    kwargs = images([1, 2, 2], [1, 2, 4], [1, 4, 4])
+    picked = qwen2.select_encoder_cudagraph_items(kwargs, [2, 0])
+    assert picked["image_grid_thw"].tolist() == [[1, 2, 2], [1, 4, 4]]
+    torch.testing.assert_close(picked["pixel_values"], torch.cat([kwargs["pixel_values"][:4], kwargs["pixel_values"][12:]]))
+    with pytest.raises(InputError, match="item index 3 out of range"):
+        qwen2.select_encoder_cudagraph_items(kwargs, [3])
+
+
+def test_select_detects_inconsistent_pixels(qwen2):
+    kwargs = images([1, 2, 2])
+    kwargs["pixel_values"] = kwargs["pixel_values"][:3]
+    with pytest.raises(InputError, match="has 3 rows but 'image_grid_thw' describes 4"):
+        qwen2.select_encoder_cudagraph_items(kwargs, [0])
+
+
+def test_select_tiles(internvl):
+    tiles = {"pixel_values_flat": torch.arange(5.0).reshape(5, 1, 1, 1).expand(5, 3, 56, 56),
+             "image_num_patches": torch.tensor([2, 3])}
+    picked = internvl.select_encoder_cudagraph_items(tiles, [1])
+    assert picked["pixel_values_flat"][:, 0, 0, 0].tolist() == [2.0, 3.0, 4.0]
+    assert picked["image_num_patches"].tolist() == [3]
+
+
+def test_budget_range(qwen2, internvl):
+    assert qwen2.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 8192, "max_model_len": 4096}) == (64, 4096)
+
+    class Limits:
+        max_num_batched_tokens = 2048
+        max_model_len = 32768
+
+    assert internvl.get_encoder_cudagraph_budget_range(Limits()) == (4, 2048)
+    with pytest.raises(InputError, match="lack 'max_model_len'"):
+        qwen2.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1})
+
+
+def test_capture_inputs_hold_the_all_padding_layout(qwen25):
+    values = qwen25.prepare_encoder_cudagraph_capture_inputs(64, 4, 8, "cpu", torch.float32).values
+    rows = 64 * 4
+    assert values["pixel_values"].shape == (rows, 1176) and not values["pixel_values"].any()
+    assert values["cu_seqlens"].tolist() == [0] + [rows] * (4 + 8 + 1)
+    assert values["cu_window_seqlens"].tolist() == [0] + [rows] * 65
+    assert values["window_index"].tolist() == list(range(64))
+    assert values["max_seqlen"] == rows and isinstance(values["max_seqlen"], int)
+    assert values["cu_seqlens"].dtype == torch.int32 and values["position_ids"].dtype == torch.int64
+
+
+def test_replay_layout_padding_is_its_own_trailing_segment(qwen25):
+    manager = EncoderCudaGraphManager(qwen25, max_num_batched_tokens=256)
+    kwargs = images([1, 4, 6], [2, 4, 4])
+    manager.execute(kwargs)
+    [budget] = manager.stats.replays_per_budget
+    values = manager.graphs[budget].inputs.values
+    rows = budget * 4
+    assert values["cu_seqlens"].tolist()[:5] == [0, 24, 40, 56, rows]  # 3 frame segments, then padding
+    assert set(values["cu_seqlens"].tolist()[4:]) == {rows}  # unused slots repeat the last offset
+    assert values["cu_window_seqlens"].tolist()[-1] == rows
+    window = values["window_index"].tolist()
+    assert sorted(window[:14]) == list(range(14)) and window[14:] == list(range(14, budget))
+    assert values["max_seqlen"] == rows  # host int fixed at capture, never replaced
+
+
+def test_padding_rows_are_finite_even_from_garbage(qwen2):
+    manager = EncoderCudaGraphManager(qwen2, max_num_batched_tokens=256)
+    manager.capture()
+    for entry in manager.graphs.values():
+        entry.inputs.values["pixel_values"].fill_(float("nan"))  # stale contents must not leak
+    kwargs = images([1, 4, 4])
+    [out] = manager.execute(kwargs)
+    want = qwen2.encoder_eager_forward(kwargs)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    graph_out = qwen2.encoder_cudagraph_forward(manager.graphs[64].inputs.values)
+    assert torch.isfinite(graph_out).all()  # padding rows were zero-filled, not left as NaN
+
+
+def test_mixed_image_and_video_in_one_pack(qwen2):
+    manager = EncoderCudaGraphManager(qwen2, max_num_batched_tokens=256)
+    kwargs = {**images([1, 4, 6]), **images([2, 4, 4], key="pixel_values_videos", grid_key="video_grid_thw", seed=3)}
+    out = manager.execute(kwargs)
+    assert manager.stats.replays == 1 and len(out) == 2
+    for index, got in enumerate(out):
+        want = qwen2.encoder_eager_forward(qwen2.select_encoder_cudagraph_items(kwargs, [index]))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_output_field_missing_is_clear(qwen2):
+    class NoPooler:
+        last_hidden_state = torch.zeros(1, 2)
+
+    with pytest.raises(InputError, match="no field 'pooler_output'"):
+        qwen2._combine(NoPooler())

@@ -1,0 +1,87 @@
+"""Budget planning: vLLM's four configuration paths and their invariants (vLLM PR #38040)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vitcg.errors import BudgetError
+from vitcg.manager import plan_budgets, power_of_two_budgets
+
+
+def test_power_of_two_budgets_include_max():
+    assert power_of_two_budgets(64, 8192) == [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    assert power_of_two_budgets(64, 5000) == [64, 128, 256, 512, 1024, 2048, 4096, 5000]
+    assert power_of_two_budgets(100, 1000) == [128, 256, 512, 1000]
+    assert power_of_two_budgets(256, 256) == [256]
+    assert power_of_two_budgets(1, 4) == [1, 2, 4]
+
+
+def test_neither_given_generates_budgets_and_caps_items():
+    plan = plan_budgets(64, 8192)
+    assert plan.budgets == (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+    assert plan.max_items == min(8192 // 64, 64)
+
+
+def test_only_budgets_given():
+    plan = plan_budgets(64, 8192, token_budgets=[4096, 1024, 2048, 1024])
+    assert plan.budgets == (1024, 2048, 4096)
+    assert plan.max_items == min(8192 // 64, 1024)
+
+
+def test_only_items_given_generates_from_items():
+    plan = plan_budgets(64, 8192, max_items=200)
+    assert plan.budgets == (256, 512, 1024, 2048, 4096, 8192)
+    assert plan.max_items == 200
+
+
+def test_both_given_and_consistent():
+    plan = plan_budgets(64, 8192, token_budgets=[512, 2048], max_items=8)
+    assert plan.budgets == (512, 2048) and plan.max_items == 8
+
+
+def test_items_exceeding_smallest_budget_names_both_values_and_the_fix():
+    with pytest.raises(BudgetError) as info:
+        plan_budgets(64, 8192, token_budgets=[16, 2048], max_items=32)
+    message = str(info.value)
+    assert "=32" in message and "16" in message
+    assert "Set max items <= 16" in message
+
+
+@pytest.mark.parametrize("budgets", [[0, 128], [-64], [64, 0.5], []])
+def test_non_positive_or_empty_budgets(budgets):
+    with pytest.raises(BudgetError):
+        plan_budgets(64, 8192, token_budgets=budgets)
+
+
+def test_budget_above_max_is_rejected():
+    with pytest.raises(BudgetError, match=r"token budgets \[16384\] exceed the max token budget 8192"):
+        plan_budgets(64, 8192, token_budgets=[1024, 16384])
+
+
+@pytest.mark.parametrize(("low", "high", "fragment"), [
+    (0, 8192, "must be positive"),
+    (64, 0, "must be positive"),
+    (-1, 8192, "must be positive"),
+    (4096, 2048, "min token budget 4096 is larger than max token budget 2048"),
+])
+def test_budget_range_invariants(low, high, fragment):
+    with pytest.raises(BudgetError, match=fragment):
+        plan_budgets(low, high)
+
+
+def test_negative_items_rejected():
+    with pytest.raises(BudgetError, match=">= 0"):
+        plan_budgets(64, 8192, max_items=-1)
+
+
+def test_max_frames_rules():
+    assert plan_budgets(64, 8192, max_items=4, max_frames_per_video=32).max_frames == 128
+    assert plan_budgets(64, 8192, max_items=4, max_frames_per_video=32, video=False).max_frames == 0
+    assert plan_budgets(64, 8192, max_items=4, max_frames_per_batch=7).max_frames == 7
+    with pytest.raises(BudgetError):
+        plan_budgets(64, 8192, max_frames_per_batch=-2)
+
+
+def test_small_range_never_gives_zero_items():
+    plan = plan_budgets(256, 256)
+    assert plan.budgets == (256,) and plan.max_items == 1

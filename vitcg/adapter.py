@@ -1,0 +1,242 @@
+"""The generic adapter: one spec plus one transformers encoder module implement the whole protocol.
+
+Nothing here knows a model. Item sizes come from the spec's formulas, buffer shapes from its buffer
+formulas, buffer contents from the providers it names, and the encoder call from its ``args``,
+``call_kwargs`` and ``outputs``. Items are ordered canonically: the spec's modalities in order
+(image, then video), each in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import metadata
+from .attention import ATTENTION_NAME, configs_of, register, use_attention
+from .errors import InputError
+from .protocol import (
+    EncoderCudaGraphCaptureInputs,
+    EncoderCudaGraphConfig,
+    EncoderCudaGraphReplayBuffers,
+    EncoderItemSpec,
+)
+from .spec.bindings import config_snapshot
+from .spec.catalogue import PROVIDERS
+from .spec.model import Modality, Spec, thaw
+
+
+@dataclass(frozen=True)
+class _Input:
+    """One modality present in the multimodal kwargs."""
+
+    modality: Modality
+    pixels: torch.Tensor
+    counts: torch.Tensor
+    """The counts as given (for the eager call)."""
+    counts_cpu: torch.Tensor
+    """The same on the CPU as int64 (for formulas and providers)."""
+
+
+class SpecAdapter:
+    """Implements :class:`~vitcg.protocol.SupportsEncoderCudaGraph` for ``module`` as ``spec`` describes it."""
+
+    def __init__(self, spec: Spec, module: nn.Module):
+        self.spec = spec
+        self.module = module
+        self.geometry: dict[str, int] = spec.resolve_geometry(config_snapshot(module.config))
+        self._call = getattr(module, spec.encoder.method)
+        self._call_kwargs = thaw(spec.encoder.call_kwargs)
+        self._configs = configs_of(module)
+        self._pixels_buffer = spec.providers()["pixels"]
+        register()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.module.parameters()).dtype
+
+
+    def _inputs(self, mm_kwargs: Mapping[str, Any]) -> list[_Input]:
+        found = []
+        for modality in self.spec.modalities:
+            keys = [modality.pixels_key, modality.count_key]
+            present = [k for k in keys if mm_kwargs.get(k) is not None]
+            if not present:
+                continue
+            if len(present) == 1:
+                missing = next(k for k in keys if k not in present)
+                raise InputError(f"{self.spec.name}: {present[0]!r} is given without {missing!r}")
+            pixels = mm_kwargs[modality.pixels_key]
+            counts = torch.as_tensor(mm_kwargs[modality.count_key])
+            counts_cpu = counts.detach().to("cpu", torch.int64)
+            want = 2 if self.spec.style != "tiles" else 1
+            if counts_cpu.dim() != want or (want == 2 and counts_cpu.shape[-1] != 3):
+                shape = "(items, 3)" if want == 2 else "(items,)"
+                raise InputError(f"{self.spec.name}: {modality.count_key!r} must have shape {shape}, "
+                                 f"got {tuple(counts_cpu.shape)}")
+            found.append(_Input(modality, pixels, counts, counts_cpu))
+        return found
+
+    def _names(self, row: Sequence[int]) -> dict[str, int]:
+        if self.spec.style == "tiles":
+            return {"n": int(row), **self.geometry}
+        t, h, w = (int(v) for v in row)
+        return {"t": t, "h": h, "w": w, **self.geometry}
+
+    def item_spec(self, modality: Modality, row) -> EncoderItemSpec:
+        """The item spec of one grid row (or tile count) of ``modality``."""
+        names = self._names(row)
+        frames = self.spec.frames.evaluate(names) if modality.name == "video" else 0
+        return EncoderItemSpec(self.spec.input_size.evaluate(names), self.spec.output_tokens.evaluate(names), frames)
+
+    def get_input_modality(self, mm_kwargs: Mapping[str, Any]) -> str:
+        inputs = self._inputs(mm_kwargs)
+        if not inputs:
+            expected = "; ".join(f"{m.name}: {m.pixels_key} + {m.count_key}" for m in self.spec.modalities)
+            raise InputError(f"{self.spec.name}: no known input key in {sorted(mm_kwargs)}; expected {expected}")
+        return "+".join(i.modality.name for i in inputs)
+
+    def get_encoder_cudagraph_item_specs(self, mm_kwargs: Mapping[str, Any]) -> list[EncoderItemSpec]:
+        return [self.item_spec(i.modality, row) for i in self._inputs(mm_kwargs) for row in i.counts_cpu.tolist()]
+
+    def select_encoder_cudagraph_items(self, mm_kwargs: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:
+        """The kwargs of the items at ``indices`` (canonical positions); each modality keeps input order."""
+        wanted = sorted(set(indices))
+        selected: dict[str, Any] = {}
+        start = 0
+        for inp in self._inputs(mm_kwargs):
+            rows = inp.counts_cpu.tolist()
+            local = [i - start for i in wanted if start <= i < start + len(rows)]
+            start += len(rows)
+            if not local:
+                continue
+            sizes = [self.item_spec(inp.modality, row).input_size for row in rows]
+            if sum(sizes) != inp.pixels.shape[0]:
+                raise InputError(
+                    f"{self.spec.name}: {inp.modality.pixels_key!r} has {inp.pixels.shape[0]} rows but "
+                    f"{inp.modality.count_key!r} describes {sum(sizes)} (items.input_size: {self.spec.input_size})")
+            offsets = [0]
+            for size in sizes:
+                offsets.append(offsets[-1] + size)
+            if local == list(range(len(rows))):
+                pixels = inp.pixels
+            else:
+                pixels = torch.cat([inp.pixels[offsets[i]:offsets[i + 1]] for i in local])
+            selected[inp.modality.pixels_key] = pixels
+            selected[inp.modality.count_key] = inp.counts[local] if len(local) < len(rows) else inp.counts
+        if wanted and (wanted[0] < 0 or wanted[-1] >= start):
+            bad = wanted[0] if wanted[0] < 0 else wanted[-1]
+            raise InputError(f"{self.spec.name}: item index {bad} out of range ({start} items)")
+        return selected
+
+
+    def get_encoder_cudagraph_budget_range(self, limits: Any) -> tuple[int, int]:
+        def limit(name: str) -> int:
+            value = limits.get(name) if isinstance(limits, Mapping) else getattr(limits, name, None)
+            if value is None:
+                raise InputError(f"engine limits lack {name!r}")
+            return int(value)
+
+        names = {"max_num_batched_tokens": limit("max_num_batched_tokens"),
+                 "max_model_len": limit("max_model_len"), **self.geometry}
+        return self.spec.budget_min.evaluate(names), self.spec.budget_max.evaluate(names)
+
+    def get_encoder_cudagraph_config(self) -> EncoderCudaGraphConfig:
+        video = self.spec.modality("video")
+        return EncoderCudaGraphConfig(
+            modalities=list(self.spec.modality_names),
+            buffer_keys=[b.name for b in self.spec.buffers],
+            out_hidden_size=self.geometry["out_hidden_size"],
+            padding_logics={b.name: b.padding for b in self.spec.buffers},
+            max_frames_per_video=video.max_frames_per_video if video else 1,
+        )
+
+
+    def prepare_encoder_cudagraph_capture_inputs(
+        self, token_budget: int, max_batch_size: int, max_frames_per_batch: int,
+        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+    ) -> EncoderCudaGraphCaptureInputs:
+        device = torch.device(device) if device is not None else self.device
+        dtype = dtype or self.dtype
+        names = {"budget": token_budget, "max_items": max_batch_size, "max_frames": max_frames_per_batch,
+                 **self.geometry}
+        values: dict[str, torch.Tensor | int] = {}
+        for buffer in self.spec.buffers:
+            if buffer.is_host:
+                values[buffer.name] = buffer.value.evaluate(names)
+                continue
+            kind = PROVIDERS[buffer.provider].dtype
+            shape = tuple(f.evaluate(names) for f in buffer.shape)
+            values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else metadata.DTYPES[kind],
+                                              device=device)
+        capacity = self.row_capacity(values)
+        for buffer in self.spec.buffers:
+            if not buffer.is_host:
+                metadata.fill(buffer.padding, values[buffer.name], None, capacity, buffer.name)
+        return EncoderCudaGraphCaptureInputs(values)
+
+    def row_capacity(self, values: Mapping[str, torch.Tensor | int]) -> int:
+        """Rows (patches or tiles) the pixel buffer of these capture inputs holds."""
+        return values[self._pixels_buffer.name].shape[0]
+
+    def _pack(self, mm_kwargs: Mapping[str, Any]) -> tuple[metadata.Pack, list[EncoderItemSpec]]:
+        inputs = self._inputs(mm_kwargs)
+        items = [self.item_spec(i.modality, row) for i in inputs for row in i.counts_cpu.tolist()]
+        if inputs:
+            pixels = torch.cat([i.pixels for i in inputs]) if len(inputs) > 1 else inputs[0].pixels
+            counts = torch.cat([i.counts_cpu for i in inputs])
+        else:
+            pixels = torch.zeros(0)
+            counts = torch.zeros((0,) if self.spec.style == "tiles" else (0, 3), dtype=torch.int64)
+        return metadata.Pack(pixels.to(self.device, self.dtype), counts, self.geometry, self.spec.segments), items
+
+    def prepare_encoder_cudagraph_replay_buffers(
+        self, mm_kwargs: Mapping[str, Any], max_batch_size: int, max_frames_per_batch: int,
+    ) -> EncoderCudaGraphReplayBuffers:
+        pack, items = self._pack(mm_kwargs)
+        if len(items) > max_batch_size:
+            raise InputError(f"{len(items)} items exceed max_batch_size {max_batch_size}")
+        frames = sum(item.frames for item in items)
+        if frames > max_frames_per_batch and frames:
+            raise InputError(f"{frames} video frames exceed max_frames_per_batch {max_frames_per_batch}")
+        return EncoderCudaGraphReplayBuffers({b.name: metadata.compute(b, pack) for b in self.spec.buffers})
+
+
+    def _combine(self, output: Any) -> torch.Tensor:
+        parts = []
+        for field_name in self.spec.encoder.outputs:
+            value = output[field_name] if isinstance(output, Mapping) else getattr(output, field_name, None)
+            if value is None:
+                raise InputError(f"{self.spec.name}: the encoder output has no field {field_name!r} "
+                                 f"(encoder.outputs); it returned {type(output).__name__}")
+            tensors = list(value) if isinstance(value, (list, tuple)) else [value]
+            parts.extend(t.reshape(-1, t.shape[-1]) for t in tensors)
+        rows = {p.shape[0] for p in parts}
+        if len(rows) != 1:
+            raise InputError(f"{self.spec.name}: output fields {list(self.spec.encoder.outputs)} have different "
+                             f"row counts {sorted(rows)}; they cannot be concatenated")
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def encoder_cudagraph_forward(self, values: Mapping[str, torch.Tensor | int]) -> torch.Tensor:
+        kwargs = {b.arg: values[b.name] for b in self.spec.buffers}
+        with use_attention(self._configs, ATTENTION_NAME), torch.no_grad():
+            return self._combine(self._call(**kwargs, **self._call_kwargs))
+
+    def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any]) -> torch.Tensor:
+        outputs = []
+        for inp in self._inputs(mm_kwargs):
+            by_role = {"pixels": inp.pixels.to(self.device, self.dtype), "grid": inp.counts.to(self.device),
+                       "tiles": inp.counts.to(self.device)}
+            kwargs = {arg: by_role[role] for arg, role in self.spec.encoder.args.items()}
+            with torch.no_grad():
+                outputs.append(self._combine(self._call(**kwargs, **self._call_kwargs)))
+        if not outputs:
+            return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

@@ -1,0 +1,146 @@
+"""Graph-safe attention, registered with transformers under a name containing "flash".
+
+Vision encoders that see a "flash" implementation pass packed boundaries (``cu_seq_lens_q/k``,
+``max_length_q/k``) instead of splitting sequences with ``.tolist()``, a host sync that cannot be
+captured. On CUDA (fp16/bf16) this calls ``torch.nn.attention.varlen.varlen_attn``; elsewhere it runs
+SDPA with a block-diagonal mask built from ``cu_seqlens`` on the device, so the padded, static-shape
+path is the same on CPU. A static mask function is registered under the same name: without one,
+transformers' mask creation returns None for an unknown implementation and padding masks of tile
+encoders would be silently ignored.
+
+Only the graph path selects this implementation (:func:`use_attention`); the eager path keeps the
+model's own attention as the reference.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ATTENTION_NAME = "vitcg_flash_varlen"
+"""Must contain "flash": that is how transformers vision encoders decide to pass packed boundaries."""
+
+
+@lru_cache(maxsize=1)
+def _varlen():
+    """``(varlen_attn, its parameter names)`` or None when this torch has no varlen attention."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _segment_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """(length, length) boolean mask, True where row and column sit in the same segment. Sync-free."""
+    positions = torch.arange(length, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    segment = torch.searchsorted(cu_seqlens[1:].contiguous(), positions, right=True)
+    return segment[:, None] == segment[None, :]
+
+
+def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
+    return states if groups == 1 else states.repeat_interleave(groups, dim=1)
+
+
+def _use_varlen(query: torch.Tensor) -> bool:
+    return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[0] == 1
+            and query.shape[-1] % 8 == 0 and query.shape[-1] <= 256 and _varlen() is not None)
+
+
+def graph_safe_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, None]:
+    """Attention over ``(batch, heads, seq, dim)`` inputs; returns ``(batch, seq, heads, dim)``, None.
+
+    Unknown keyword arguments are ignored on purpose: precomputed metadata keys reach attention
+    through nested modules' ``**kwargs``.
+    """
+    groups = query.shape[1] // key.shape[1]
+    if cu_seq_lens_q is not None and _use_varlen(query):
+        varlen_attn, params = _varlen()
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (seq, heads, dim)
+        kwargs = {}
+        if "enable_gqa" in params and groups > 1:
+            kwargs["enable_gqa"] = True
+        else:
+            k, v = (s.repeat_interleave(groups, dim=1) for s in (k, v))
+        if "scale" in params:
+            kwargs["scale"] = scaling
+        elif scaling is not None:
+            q = q * (scaling * q.shape[-1] ** 0.5)  # older torch: fixed 1/sqrt(d) scale
+        out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
+                          int(max_length_q), int(max_length_k if max_length_k is not None else max_length_q), **kwargs)
+        return out.unsqueeze(0), None
+    mask = attention_mask
+    if cu_seq_lens_q is not None:
+        mask = _segment_mask(cu_seq_lens_q, query.shape[2])
+    out = F.scaled_dot_product_attention(
+        query, _repeat_kv(key, groups), _repeat_kv(value, groups), attn_mask=mask, scale=scaling,
+        dropout_p=dropout if module.training else 0.0,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _static_mask(*args, **kwargs):
+    """transformers' sdpa mask with its shortcuts off: always a real mask, never None for padding."""
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs["allow_is_causal_skip"] = False
+    kwargs["allow_is_bidirectional_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+_registered = False
+
+
+def register() -> str:
+    """Register the attention and its mask function with transformers (idempotent); returns the name."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(ATTENTION_NAME, graph_safe_attention)
+        AttentionMaskInterface.register(ATTENTION_NAME, _static_mask)
+        _registered = True
+    return ATTENTION_NAME
+
+
+def configs_of(module: nn.Module) -> list:
+    """Every distinct transformers config reachable from ``module``'s submodules."""
+    seen: dict[int, object] = {}
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+@contextmanager
+def use_attention(configs: list, name: str) -> Iterator[None]:
+    """Select attention implementation ``name`` on ``configs`` for the duration of the block."""
+    saved = [config._attn_implementation for config in configs]
+    try:
+        for config in configs:
+            config._attn_implementation = name
+        yield
+    finally:
+        for config, old in zip(configs, saved):
+            config._attn_implementation = old

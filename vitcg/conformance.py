@@ -1,0 +1,197 @@
+"""Conformance: run fixed cases through the budget manager and through eager, item by item.
+
+The cases are derived from each spec's geometry, so every spec gets the same scrutiny: one small
+image, several images of different sizes, one video, image and video in one call, an item larger than
+the largest budget (beside a small one), and an empty batch. An item is correct when its manager output
+has the rows ``items.output_tokens`` says, is finite, and matches the eager output of that item alone
+within the dtype's relative tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .adapter import SpecAdapter
+from .encoders import build_encoder
+from .errors import VitcgError
+from .manager import EncoderCudaGraphManager
+from .spec.model import Spec
+
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+"""Relative tolerance (max abs difference / max abs reference) per dtype."""
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    scale = want.abs().max().item() if want.numel() else 0.0
+    diff = (got.float() - want.float()).abs().max().item() if want.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+@dataclass
+class CaseResult:
+    name: str
+    items: int = 0
+    route: str = ""
+    """How the items ran: budgets replayed and eager count."""
+    max_error: float = 0.0
+    finite: bool = True
+    error: str | None = None
+    """Why the case could not complete (a clear message), or None."""
+    skipped: str | None = None
+    tolerance: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.skipped is not None or (self.error is None and self.finite and self.max_error <= self.tolerance)
+
+
+@dataclass
+class SpecReport:
+    spec: str
+    device: str
+    dtype: str
+    budgets: tuple[int, ...] = ()
+    max_items: int = 0
+    cases: list[CaseResult] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and all(case.ok for case in self.cases)
+
+
+Inputs = dict[str, torch.Tensor]
+
+
+class CaseBuilder:
+    """Builds multimodal kwargs of given item sizes for one spec, with seeded random pixels."""
+
+    def __init__(self, spec: Spec, adapter: SpecAdapter, generator: torch.Generator):
+        self.spec, self.adapter, self.generator = spec, adapter, generator
+        self.geometry = adapter.geometry
+
+    def row_shape(self) -> tuple[int, ...]:
+        """Shape of one pixel row (packed) or one tile, read from the pixel buffer's shape formula."""
+        pixels = self.spec.providers()["pixels"]
+        names = {"budget": self.spec.budget_min.evaluate({**self.geometry, "max_num_batched_tokens": 1 << 20,
+                                                          "max_model_len": 1 << 20}),
+                 "max_items": 1, "max_frames": 1, **self.geometry}
+        return tuple(f.evaluate(names) for f in pixels.shape[1:])
+
+    def inputs(self, modality: str, sizes: list) -> Inputs:
+        m = self.spec.modality(modality)
+        if self.spec.style == "tiles":
+            counts = torch.tensor(sizes, dtype=torch.int64)
+        else:
+            counts = torch.tensor(sizes, dtype=torch.int64).reshape(-1, 3)
+        rows = sum(self.adapter.item_spec(m, row).input_size for row in counts.tolist())
+        pixels = torch.randn((rows, *self.row_shape()), generator=self.generator)
+        return {m.pixels_key: pixels, m.count_key: counts}
+
+    def image(self, a: int, b: int) -> list:
+        """A grid of ``a x b`` merged tokens, or ``a`` tiles."""
+        m = self.geometry.get("spatial_merge_size", 1)
+        return a if self.spec.style == "tiles" else [1, a * m, b * m]
+
+    def video(self, frames: int, a: int, b: int) -> list:
+        m = self.geometry.get("spatial_merge_size", 1)
+        return frames if self.spec.style == "tiles" else [frames, a * m, b * m]
+
+
+def _cases(builder: CaseBuilder, max_budget: int) -> list[tuple[str, Callable[[], Inputs] | str]]:
+    spec = builder.spec
+    has_image, has_video = spec.modality("image") is not None, spec.modality("video") is not None
+    video = spec.modality("video")
+    frames = min(4, video.max_frames_per_video) if video else 0
+    tiles = spec.style == "tiles"
+    per_tile = spec.output_tokens.evaluate({"n": 1, **builder.geometry}) if tiles else 1
+    huge = (max_budget // per_tile + 1) if tiles else math.isqrt(max_budget) + 1
+    first = "image" if has_image else "video"
+
+    def one(modality, *sizes):
+        return lambda: builder.inputs(modality, list(sizes))
+
+    def item(modality, a, b):
+        return builder.image(a, b) if modality == "image" else builder.video(1, a, b)
+
+    no_video = "no video modality"
+    return [
+        ("one small image" if has_image else "one small item", one(first, item(first, 2, 4))),
+        ("images of different sizes",  # more items than one pack holds: two packs, two budgets
+         one(first, *(item(first, a, b) for a, b in ((2, 2), (4, 6), (2, 4), (6, 8), (4, 4), (8, 12))))
+         if not tiles else one(first, 1, 3, 2, 1, 2)),
+        ("one video", one("video", builder.video(frames, 4, 4)) if has_video else no_video),
+        ("image and video in one call",
+         (lambda: {**builder.inputs("image", [builder.image(4, 6) if not tiles else 2]),
+                   **builder.inputs("video", [builder.video(max(1, frames // 2), 2, 4)])})
+         if has_image and has_video else "needs image and video"),
+        ("item larger than the largest budget",
+         one(first, item(first, 2, 2), item(first, huge, huge) if not tiles else huge)),
+        ("empty batch", one(first)),
+    ]
+
+
+def _route(manager: EncoderCudaGraphManager, before: dict) -> str:
+    after = manager.stats
+    budgets = after.replays_per_budget - before["per_budget"]
+    parts = [f"{b}x{n}" if n > 1 else str(b) for b, n in sorted(budgets.items())]
+    route = f"graph {'+'.join(parts)}" if parts else ""
+    eager = after.misses - before["misses"]
+    if eager:
+        route += (", " if route else "") + f"eager {eager}"
+    return route or "-"
+
+
+def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = None, size: str = "tiny",
+               seed: int = 0, budget_multiple: int = 4) -> SpecReport:
+    """Build the spec's encoder and run every case; never raises for a failing spec (the report says why).
+
+    ``budget_multiple``: the engine's max_num_batched_tokens is this times the min budget, which keeps
+    tiny CPU runs fast and gives several budgets and an oversized item.
+    """
+    dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    report = SpecReport(spec.name, device, str(dtype).removeprefix("torch."))
+    tolerance = TOLERANCE[dtype]
+    try:
+        module = build_encoder(spec, size, device=device, dtype=dtype, seed=seed)
+        adapter = SpecAdapter(spec, module)
+        min_budget, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 30,
+                                                                    "max_model_len": 1 << 30})
+        manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=budget_multiple * min_budget,
+                                          max_model_len=1 << 20, device=device, dtype=dtype)
+        report.budgets, report.max_items = manager.budgets, manager.plan.max_items
+        manager.capture()
+    except (VitcgError, RuntimeError, ValueError, TypeError, ImportError) as exc:
+        report.error = f"{type(exc).__name__}: {exc}"
+        return report
+    generator = torch.Generator().manual_seed(seed)
+    builder = CaseBuilder(spec, adapter, generator)
+    for name, make in _cases(builder, manager.budgets[-1]):
+        case = CaseResult(name, tolerance=tolerance)
+        report.cases.append(case)
+        if isinstance(make, str):
+            case.skipped = make
+            continue
+        try:
+            inputs = make()
+            items = adapter.get_encoder_cudagraph_item_specs(inputs)
+            case.items = len(items)
+            before = {"per_budget": manager.stats.replays_per_budget.copy(), "misses": manager.stats.misses}
+            outputs = manager.execute(inputs)
+            case.route = _route(manager, before)
+            if len(outputs) != len(items):
+                raise VitcgError(f"manager returned {len(outputs)} outputs for {len(items)} items")
+            for index, (item, got) in enumerate(zip(items, outputs)):
+                want = adapter.encoder_eager_forward(adapter.select_encoder_cudagraph_items(inputs, [index]))
+                if got.shape != want.shape:
+                    raise VitcgError(f"item {index}: manager output {tuple(got.shape)} but eager output "
+                                     f"{tuple(want.shape)} (items.output_tokens says {item.output_tokens})")
+                case.finite = case.finite and bool(torch.isfinite(got).all())
+                case.max_error = max(case.max_error, relative_error(got, want))
+        except (VitcgError, RuntimeError, ValueError, TypeError, IndexError) as exc:
+            case.error = f"{type(exc).__name__}: {exc}"
+    return report

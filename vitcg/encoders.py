@@ -1,0 +1,36 @@
+"""Build an encoder from its spec with random weights: tiny (CPU checks) or real dimensions (GPU).
+
+Weights are random on purpose: checkpoints cannot be downloaded here, and whether a graph replays the
+eager computation correctly does not depend on the weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .spec.bindings import import_object
+from .spec.model import Spec, thaw
+
+SIZES = ("tiny", "real")
+
+
+def build_config(spec: Spec, size: str = "tiny"):
+    """The HF config instance for ``size``: the spec's ``tiny_config`` or ``real_config`` overrides."""
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+    overrides = spec.encoder.tiny_config if size == "tiny" else spec.encoder.real_config
+    config = import_object(spec.encoder.config_class)(**thaw(overrides))
+    config._attn_implementation = "sdpa"  # the eager reference keeps the model's own (sdpa) attention
+    return config
+
+
+def build_encoder(spec: Spec, size: str = "tiny", *, device: torch.device | str = "cpu",
+                  dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
+    """The spec's encoder module with seeded random weights, in eval mode, on ``device`` in ``dtype``."""
+    config = build_config(spec, size)
+    cls = import_object(spec.encoder.class_path)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        module = cls(config)
+    return module.to(dtype=dtype).eval()
