@@ -28,6 +28,8 @@ from .spec.bindings import config_snapshot
 from .spec.catalogue import PROVIDERS
 from .spec.model import Modality, Spec, thaw
 
+ITEM_CACHE_SIZE = 4096
+
 
 @dataclass(frozen=True)
 class _Input:
@@ -52,15 +54,15 @@ class SpecAdapter:
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._configs = configs_of(module)
         self._pixels_buffer = spec.providers()["pixels"]
+        parameter = next(module.parameters())
+        self.device: torch.device = parameter.device
+        """Where the encoder lives (read once: build the adapter after moving the module)."""
+        self.dtype: torch.dtype = parameter.dtype
+        self._item_cache: dict[tuple, EncoderItemSpec] = {}
+        self._metadata_cache: dict = {}
+        """Item specs by (modality, grid row): serving sees the same image sizes again and again."""
         register()
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.module.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.module.parameters()).dtype
 
 
     def _inputs(self, mm_kwargs: Mapping[str, Any]) -> list[_Input]:
@@ -92,9 +94,20 @@ class SpecAdapter:
 
     def item_spec(self, modality: Modality, row) -> EncoderItemSpec:
         """The item spec of one grid row (or tile count) of ``modality``."""
+        key = (modality.name, tuple(row) if isinstance(row, (list, tuple)) else row)
+        cached = self._item_cache.get(key)
+        if cached is None:
+            if len(self._item_cache) >= ITEM_CACHE_SIZE:
+                self._item_cache.clear()
+            cached = self._item_cache[key] = self._evaluate_item(modality, row)
+        return cached
+
+    def _evaluate_item(self, modality: Modality, row) -> EncoderItemSpec:
         names = self._names(row)
         frames = self.spec.frames.evaluate(names) if modality.name == "video" else 0
-        return EncoderItemSpec(self.spec.input_size.evaluate(names), self.spec.output_tokens.evaluate(names), frames)
+        segments = {"frame": names.get("t", 1), "clip": 1}.get(self.spec.segments, 0)
+        return EncoderItemSpec(self.spec.input_size.evaluate(names), self.spec.output_tokens.evaluate(names),
+                               frames, segments)
 
     def get_input_modality(self, mm_kwargs: Mapping[str, Any]) -> str:
         inputs = self._inputs(mm_kwargs)
@@ -156,6 +169,7 @@ class SpecAdapter:
             out_hidden_size=self.geometry["out_hidden_size"],
             padding_logics={b.name: b.padding for b in self.spec.buffers},
             max_frames_per_video=video.max_frames_per_video if video else 1,
+            segment_key=segment.name if (segment := self.spec.providers().get("cu_seqlens")) else None,
         )
 
 
@@ -195,7 +209,9 @@ class SpecAdapter:
         else:
             pixels = torch.zeros(0)
             counts = torch.zeros((0,) if self.spec.style == "tiles" else (0, 3), dtype=torch.int64)
-        return metadata.Pack(pixels.to(self.device, self.dtype), counts, self.geometry, self.spec.segments), items
+        pack = metadata.Pack(pixels.to(self.device, self.dtype), counts, self.geometry, self.spec.segments,
+                             self._metadata_cache)
+        return pack, items
 
     def prepare_encoder_cudagraph_replay_buffers(
         self, mm_kwargs: Mapping[str, Any], max_batch_size: int, max_frames_per_batch: int,

@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 spec errors or failed checks, 2 usage errors.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -117,6 +118,114 @@ def schema(
         sys.stdout.write(text)
     else:
         output.write_text(text)
+
+
+@app.command()
+def generate(
+    check_only: Annotated[bool, typer.Option("--check", help="Render to memory and compare; list stale files "
+                                             "and exit 1 if any. Writes nothing.")] = False,
+    specs: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
+    templates: Annotated[Path, typer.Option(help="Templates; NAME.j2 renders to OUT/NAME.")] = Path("templates"),
+    out: Annotated[Path, typer.Option(help="Folder of generated files.")] = Path("registry"),
+) -> None:
+    """Render docs, test configs and model lists into registry/ from the specs; remove files no template makes."""
+    from .render import generate as render_registry
+
+    result = render_registry(specs, templates, out, check=check_only)
+    sys.stdout.write(result.text())
+    raise typer.Exit(1 if check_only and result.stale else 0)
+
+
+@app.command("compile-config")
+def compile_config(
+    modality: Annotated[str, typer.Option(help="image, video or image+video (items per batch 1, 1 or 2).",
+                                          show_default=False)],
+    base: Annotated[str | None, typer.Option(help="Compilation config (a JSON object) to merge into.")] = None,
+    budgets: Annotated[str | None, typer.Option(help="Token budgets, comma-separated: 1024,2048,4096.")] = None,
+    max_items: Annotated[int | None, typer.Option(help="Vision items per batch, instead of the modality's "
+                                                  "(0 = auto).")] = None,
+    max_frames: Annotated[int | None, typer.Option(help="Video frames per batch.")] = None,
+) -> None:
+    """Print the engine compilation config (JSON) that turns on encoder CUDA graphs for a modality."""
+    from .compile_config import compile_config as build, parse_base, parse_budgets
+    from .errors import BudgetError
+
+    try:
+        config = build(modality, parse_base(base), budgets=parse_budgets(budgets), max_items=max_items,
+                       max_frames=max_frames)
+    except BudgetError as exc:
+        # Every value here came from the command line, so a broken invariant is a usage error.
+        raise UsageError(str(exc)) from None
+    sys.stdout.write(json.dumps(config) + "\n")
+
+
+@app.command()
+def bench(
+    specs: Annotated[list[str] | None, typer.Argument(help="Spec names (from --specs-dir) or spec files.",
+                                                      show_default=False)] = None,
+    all_specs: Annotated[bool, typer.Option("--all", help="Benchmark every spec in --specs-dir.")] = False,
+    workload: Annotated[list[str] | None, typer.Option(help="Workload to run (repeatable; default: all).")] = None,
+    device: Annotated[str, typer.Option(help="cuda (the real measurement) or cpu (a smoke run).")] = "cuda",
+    size: Annotated[str, typer.Option(help="real (checkpoint dimensions) or tiny.")] = "real",
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+    iters: Annotated[int, typer.Option(help="Timed runs per method (median reported).")] = 20,
+    warmup: Annotated[int, typer.Option(help="Untimed runs before timing.")] = 3,
+    no_compile: Annotated[bool, typer.Option("--no-compile", help="Skip torch.compile (its first call per "
+                                             "shape takes seconds).")] = False,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Engine limit: largest budget.")] = 8192,
+    specs_dir: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write all results to this JSON file.")] = None,
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a latency plot (PNG; needs matplotlib).")] = None,
+    from_json: Annotated[Path | None, typer.Option(help="Plot results of an earlier --json run instead of "
+                                                   "measuring.")] = None,
+) -> None:
+    """Median latency of HF eager, torch.compile, vitcg budget graphs and an exact-shape graph per workload."""
+    from .bench import WORKLOADS
+
+    if from_json is not None:
+        if plot_out is None:
+            raise UsageError("--from-json needs --plot")
+        _plot(json.loads(from_json.read_text())["specs"], plot_out)
+        return
+    unknown = [w for w in workload or () if w not in WORKLOADS]
+    if unknown:
+        raise UsageError(f"unknown workload {unknown[0]!r}; workloads: {', '.join(WORKLOADS)}")
+    import datetime
+
+    import torch
+
+    from .bench import bench_spec, environment
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here (use --device cpu for a smoke run)")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in dtypes or size not in ("tiny", "real") or iters < 1 or warmup < 0:
+        raise UsageError("--dtype must be bfloat16/float16/float32, --size tiny/real, --iters >= 1, --warmup >= 0")
+    chosen = _select_specs(specs, all_specs, specs_dir)
+    results = []
+    for spec in chosen:
+        result = bench_spec(spec, workloads=workload or list(WORKLOADS), device=device, size=size,
+                            dtype=dtypes[dtype], iters=iters, warmup=warmup, compile_eager=not no_compile,
+                            max_num_batched_tokens=max_num_batched_tokens,
+                            log=lambda line: typer.echo(line))
+        results.append(dataclasses.asdict(result))
+    document = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "command": "vitcg " + " ".join(sys.argv[1:]), "environment": environment(device),
+                "workloads": {k: dataclasses.asdict(v) for k, v in WORKLOADS.items()}, "specs": results}
+    if json_out is not None:
+        json_out.write_text(json.dumps(document, indent=2) + "\n")
+    if plot_out is not None:
+        _plot(results, plot_out)
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'vitcg[bench]'") from None
+    from .bench import plot
+
+    plot(results, str(path))
 
 
 def main() -> None:

@@ -2,8 +2,9 @@
 
 Budgets follow vLLM's ``EncoderCudaGraphManager`` and the invariants of vLLM PR #38040 (checked in
 :func:`plan_budgets`). Items are sorted by output tokens, packed greedily under the largest budget, the
-item cap and the frame cap; each pack replays the smallest budget that fits; an item larger than every
-budget (or with more frames than a batch allows) runs eagerly. Results come back in the caller's order
+item cap, the frame cap and the segment capacity; each pack replays the smallest budget that fits; an
+item larger than every budget (or with more frames than a batch allows) runs eagerly. ``packing="tight"``
+chooses packs that pad less. Results come back in the caller's order
 (the adapter's canonical item order), each cloned before the next replay can overwrite it.
 
 Without CUDA the same buffers and padding are used and the fixed-shape forward runs directly: the
@@ -21,91 +22,13 @@ from typing import Any
 import torch
 
 from . import metadata
+from .budgets import plan_budgets
 from .errors import BudgetError, InputError
 from .protocol import EncoderCudaGraphCaptureInputs, EncoderItemSpec, SupportsEncoderCudaGraph
 
 
-@dataclass(frozen=True)
-class BudgetPlan:
-    """The token budgets and batch limits one manager captures."""
-
-    budgets: tuple[int, ...]
-    """Ascending token budgets (output tokens); one graph each."""
-    max_items: int
-    """Most items in one pack (``max_batch_size`` of the protocol)."""
-    max_frames: int
-    """Most video frames in one pack (0 when video is disabled)."""
-    min_budget: int
-    max_budget: int
-
-
-def power_of_two_budgets(start: int, max_budget: int) -> list[int]:
-    """Powers of two from the first one >= ``start`` up to ``max_budget``, which is always included."""
-    budgets, value = [], 1 << max(start - 1, 0).bit_length()
-    while value < max_budget:
-        budgets.append(value)
-        value *= 2
-    budgets.append(max_budget)
-    return budgets
-
-
-def plan_budgets(
-    min_budget: int,
-    max_budget: int,
-    token_budgets: Sequence[int] | None = None,
-    max_items: int = 0,
-    max_frames_per_batch: int | None = None,
-    max_frames_per_video: int = 1,
-    video: bool = True,
-) -> BudgetPlan:
-    """Resolve budgets and limits from the engine options, enforcing vLLM's invariants.
-
-    - budgets and items given: ``items <= min(budgets)``;
-    - only items given: budgets are generated from ``max(min_budget, items)``;
-    - only budgets given, or neither: ``items = min(max_budget // min_budget, min(budgets))``;
-    - ``0 < min_budget <= max_budget``; every budget > 0 and <= max_budget;
-    - ``max_frames_per_batch``: None means items x max_frames_per_video, and 0 when video is disabled.
-
-    Raises BudgetError naming the values and a remedy.
-    """
-    if min_budget <= 0 or max_budget <= 0:
-        raise BudgetError(f"token budget range must be positive, got min={min_budget}, max={max_budget}; "
-                          "raise max_num_batched_tokens / max_model_len or fix the spec's budget formulas")
-    if min_budget > max_budget:
-        raise BudgetError(f"min token budget {min_budget} is larger than max token budget {max_budget} "
-                          "(min(max_num_batched_tokens, max_model_len)); raise those limits to at least "
-                          f"{min_budget}")
-    if max_items < 0:
-        raise BudgetError(f"encoder_cudagraph_max_vision_items_per_batch must be >= 0 (0 = auto), got {max_items}")
-    if token_budgets is not None:
-        token_budgets = list(token_budgets)
-        if not token_budgets:
-            raise BudgetError("encoder_cudagraph_token_budgets is empty; give at least one budget or omit it")
-        bad = [b for b in token_budgets if not isinstance(b, int) or isinstance(b, bool) or b <= 0]
-        if bad:
-            raise BudgetError(f"encoder_cudagraph_token_budgets must be positive integers, got {bad}")
-        too_big = [b for b in token_budgets if b > max_budget]
-        if too_big:
-            raise BudgetError(f"token budgets {too_big} exceed the max token budget {max_budget} "
-                              "(min(max_num_batched_tokens, max_model_len)); drop them or raise those limits")
-        budgets = sorted(set(token_budgets))
-        if max_items and max_items > budgets[0]:
-            raise BudgetError(
-                f"encoder_cudagraph_max_vision_items_per_batch={max_items} exceeds the smallest token budget "
-                f"{budgets[0]}: every item needs at least one token. Set max items <= {budgets[0]} or drop "
-                f"budgets smaller than {max_items}")
-    else:
-        budgets = power_of_two_budgets(max(min_budget, max_items), max_budget)
-        if max_items > max_budget:
-            raise BudgetError(f"encoder_cudagraph_max_vision_items_per_batch={max_items} exceeds the max token "
-                              f"budget {max_budget}; lower it or raise max_num_batched_tokens")
-    if not max_items:
-        max_items = max(1, min(max_budget // min_budget, budgets[0]))
-    if max_frames_per_batch is None:
-        max_frames_per_batch = max_items * max_frames_per_video if video else 0
-    elif max_frames_per_batch < 0:
-        raise BudgetError(f"encoder_cudagraph_max_frames_per_batch must be >= 0, got {max_frames_per_batch}")
-    return BudgetPlan(tuple(budgets), max_items, max_frames_per_batch, min_budget, max_budget)
+PACKING = ("greedy", "tight")
+"""Packing policies: vLLM's greedy smallest-first, or padding-aware largest-first."""
 
 
 @dataclass
@@ -124,6 +47,8 @@ class ManagerStats:
     padded_tokens: int = 0
     """Budget tokens replays computed for padding (waste)."""
     replays_per_budget: Counter = field(default_factory=Counter)
+    host_seconds: float = 0.0
+    """Host time spent in ``execute`` outside graph launches and forwards: what vitcg adds per call."""
 
     @property
     def padding_waste(self) -> float:
@@ -135,6 +60,7 @@ class ManagerStats:
         return {"items": self.items, "hits": self.hits, "misses": self.misses, "replays": self.replays,
                 "eager_calls": self.eager_calls, "used_tokens": self.used_tokens,
                 "padded_tokens": self.padded_tokens, "padding_waste": round(self.padding_waste, 4),
+                "host_seconds": round(self.host_seconds, 6),
                 "replays_per_budget": dict(sorted(self.replays_per_budget.items()))}
 
 
@@ -182,6 +108,7 @@ class EncoderCudaGraphManager:
         dtype: torch.dtype | None = None,
         use_cuda_graphs: bool | None = None,
         progress: bool = False,
+        packing: str = "greedy",
     ):
         self.model = model
         self.config = model.get_encoder_cudagraph_config()
@@ -194,9 +121,13 @@ class EncoderCudaGraphManager:
         self.use_cuda_graphs = self.device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
         if self.use_cuda_graphs and self.device.type != "cuda":
             raise BudgetError("CUDA graphs need a CUDA device; use_cuda_graphs=False runs the static path")
+        if packing not in PACKING:
+            raise BudgetError(f"packing must be one of {', '.join(PACKING)}, got {packing!r}")
+        self.packing = packing
         self.progress = progress
         self.graphs: dict[int, _BudgetGraph] = {}
         self.stats = ManagerStats()
+        self._forward_seconds = 0.0
         self._pool = None
 
     @property
@@ -248,37 +179,96 @@ class EncoderCudaGraphManager:
             entry.output = self.model.encoder_cudagraph_forward(inputs.values)
         return entry
 
+    def segment_capacity(self, budget: int) -> int | None:
+        """Segments one pack may hold at ``budget`` (slots of the segment buffer minus the leading zero and
+        one padding segment), or None when the model has no segment buffer."""
+        key = self.config.segment_key
+        if key is None:
+            return None
+        if not self.graphs:
+            self.capture()
+        return self.graphs[budget].inputs.values[key].shape[0] - 2
+
+    def _fit(self, tokens: int, segments: int) -> int | None:
+        """The smallest budget holding ``tokens`` output tokens and ``segments`` segments, or None."""
+        for budget in self.plan.budgets:
+            if budget >= tokens:
+                cap = self.segment_capacity(budget)
+                if cap is None or segments <= cap:
+                    return budget
+        return None
+
     def plan_packs(self, items: Sequence[EncoderItemSpec]) -> tuple[list[Pack], list[int]]:
-        """Greedy smallest-first packing: ``(packs, eager item indices)``."""
-        largest = self.plan.budgets[-1]
+        """Split items into packs, one replay each: ``(packs, eager item indices)``.
+
+        An item runs eagerly when no budget holds it (too many tokens or segments) or it has more frames
+        than a batch allows. ``greedy`` (vLLM's policy) fills packs smallest item first up to the largest
+        budget; ``tight`` packs largest first into budgets chosen to minimize padded tokens plus one
+        smallest budget per replay.
+        """
         eager = [i for i, item in enumerate(items)
-                 if item.output_tokens > largest or item.frames > self.plan.max_frames]
+                 if item.frames > self.plan.max_frames or self._fit(item.output_tokens, item.segments) is None]
         skip = set(eager)
-        rest = sorted((i for i in range(len(items)) if i not in skip), key=lambda i: (items[i].output_tokens, i))
+        rest = [i for i in range(len(items)) if i not in skip]
+        if self.packing == "tight":
+            rest.sort(key=lambda i: (-items[i].output_tokens, i))
+            return self._tight(items, rest), eager
+        rest.sort(key=lambda i: (items[i].output_tokens, i))
         packs: list[Pack] = []
         current: list[int] = []
-        tokens = frames = 0
-
-        def close() -> None:
-            if current:
-                budget = next(b for b in self.plan.budgets if b >= tokens)
-                packs.append(Pack(budget, tuple(sorted(current)), tokens))
-
         for i in rest:
-            item = items[i]
-            fits = (tokens + item.output_tokens <= largest and len(current) < self.plan.max_items
-                    and frames + item.frames <= self.plan.max_frames)
-            if not fits:
-                close()
-                current, tokens, frames = [], 0, 0
+            if current and not self._feasible(items, [*current, i], self.plan.budgets[-1]):
+                packs.append(self._pack(items, current))
+                current = []
             current.append(i)
-            tokens += item.output_tokens
-            frames += item.frames
-        close()
+        if current:
+            packs.append(self._pack(items, current))
         return packs, eager
+
+    def _feasible(self, items, chosen: list[int], limit: int) -> bool:
+        """Whether ``chosen`` forms one pack replayable at a budget no larger than ``limit``."""
+        if len(chosen) > self.plan.max_items or sum(items[j].frames for j in chosen) > self.plan.max_frames:
+            return False
+        tokens = sum(items[j].output_tokens for j in chosen)
+        fit = self._fit(tokens, sum(items[j].segments for j in chosen)) if tokens <= limit else None
+        return fit is not None and fit <= limit
+
+    def _pack(self, items, chosen: list[int]) -> Pack:
+        tokens = sum(items[j].output_tokens for j in chosen)
+        return Pack(self._fit(tokens, sum(items[j].segments for j in chosen)), tuple(sorted(chosen)), tokens)
+
+    def _tight(self, items, order: list[int]) -> list[Pack]:
+        """The cheaper of: everything in one pack, or the largest budget not above the total filled
+        largest item first, and the rest packed the same way. ``order``: largest item first."""
+        if not order:
+            return []
+        candidates = []
+        if self._feasible(items, order, self.plan.budgets[-1]):
+            candidates.append([self._pack(items, order)])
+        total = sum(items[i].output_tokens for i in order)
+        below = [b for b in self.plan.budgets if b <= total]
+        if below and (not candidates or below[-1] < candidates[0][0].budget):
+            chosen: list[int] = []
+            for i in order:
+                if self._feasible(items, [*chosen, i], below[-1]):
+                    chosen.append(i)
+            if chosen:
+                taken = set(chosen)
+                candidates.append([self._pack(items, chosen), *self._tight(items, [i for i in order if i not in taken])])
+        if not candidates:  # nothing fits under the total: the largest item alone, then the rest
+            candidates.append([self._pack(items, order[:1]), *self._tight(items, order[1:])])
+        overhead = self.plan.budgets[0]  # a replay costs at least the smallest graph
+        return min(candidates, key=lambda packs: sum(p.budget + overhead for p in packs))
 
     def execute(self, mm_kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         """Encode every item of ``mm_kwargs``; one ``(output_tokens, hidden)`` tensor per item, caller's order."""
+        start = time.perf_counter()
+        self._forward_seconds = 0.0
+        results = self._execute(mm_kwargs)
+        self.stats.host_seconds += time.perf_counter() - start - self._forward_seconds
+        return results
+
+    def _execute(self, mm_kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         if all(value is None for value in mm_kwargs.values()):
             return []
         self.model.get_input_modality(mm_kwargs)  # clear error for unknown keys
@@ -298,7 +288,10 @@ class EncoderCudaGraphManager:
             self.stats.used_tokens += pack.tokens
             self.stats.padded_tokens += pack.budget - pack.tokens
         if eager:
-            output = self.model.encoder_eager_forward(self.model.select_encoder_cudagraph_items(mm_kwargs, eager))
+            selected = self.model.select_encoder_cudagraph_items(mm_kwargs, eager)
+            tic = time.perf_counter()
+            output = self.model.encoder_eager_forward(selected)
+            self._forward_seconds += time.perf_counter() - tic
             self._split(output, eager, items, results, exact=True, source="eager forward")
             self.stats.eager_calls += 1
             self.stats.misses += len(eager)
@@ -317,10 +310,14 @@ class EncoderCudaGraphManager:
                 raise RuntimeError(f"buffer identity broken: capture buffer {key!r} of budget {pack.budget} "
                                    "was replaced after capture")
             metadata.fill(self.config.padding_logics[key], dest, value, entry.capacity, key)
+        tic = time.perf_counter()
         if entry.graph is not None:
             entry.graph.replay()
-            return entry.output
-        return self.model.encoder_cudagraph_forward(entry.inputs.values)
+            output = entry.output
+        else:
+            output = self.model.encoder_cudagraph_forward(entry.inputs.values)
+        self._forward_seconds += time.perf_counter() - tic
+        return output
 
     def _split(self, output: torch.Tensor, indices: Sequence[int], items: Sequence[EncoderItemSpec],
                results: list, *, exact: bool, source: str) -> None:

@@ -5,9 +5,10 @@ items of a pack, wrapping ``transformers.vision_utils`` (the same helpers the en
 is not precomputed). Each padding rule writes such a value into a fixed-size capture buffer in place:
 
 - ``zeros``: value rows first, zero rows after them;
-- ``trailing_segment``: boundaries first, then the padding rows as one trailing segment ending at the
-  buffer's row capacity, unused slots repeating that last offset (real tokens never attend to padding,
-  and padding rows are computed, so no uninitialized memory turns into NaN);
+- ``trailing_segment``: boundaries first, then the padding rows as trailing segments of their own that end
+  at the buffer's row capacity, spread over the free slots (real tokens never attend to padding, padding
+  rows are computed so no uninitialized memory turns into NaN, and no long padding segment costs
+  quadratic attention); without padding the free slots repeat the last offset;
 - ``identity``: indices first, then each padding slot maps to itself;
 - ``fixed``: a host integer fixed at capture, never refilled.
 """
@@ -15,7 +16,7 @@ is not precomputed). Each padding rule writes such a value into a fixed-size cap
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,37 +38,87 @@ class Pack:
     geometry: Mapping[str, int]
     segments: str
     """``frame``, ``clip`` or ``tile``."""
+    cache: dict = field(default_factory=dict, compare=False)
+    """Per-item results of the vision_utils helpers, by (provider, params, grid row): serving sees the
+    same image sizes again and again. Owned by the adapter, shared across packs."""
+
+    @property
+    def rows(self) -> list:
+        return self.counts.tolist()
+
+
+CACHE_SIZE = 4096
+
+
+def _per_row(pack: Pack, name: str, params: Mapping[str, Any], row: list, fn: Callable[[torch.Tensor], Any]):
+    key = (name, tuple(sorted(params.items())), tuple(row))
+    found = pack.cache.get(key)
+    if found is None:
+        if len(pack.cache) >= CACHE_SIZE:
+            pack.cache.clear()
+        found = pack.cache[key] = fn(torch.tensor([row], dtype=torch.int64))
+    return found
 
 
 def _merge(pack: Pack) -> int:
     return pack.geometry.get("spatial_merge_size", 1)
 
 
-def _window(pack: Pack) -> tuple[torch.Tensor, torch.Tensor]:
+def _cat(parts: list[torch.Tensor], empty_shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(empty_shape, dtype=dtype)
+
+
+def _cu_seqlens(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    """Boundaries per frame (or per clip): the arithmetic of ``get_vision_cu_seqlens``, without torch ops."""
+    bounds = [0]
+    for t, h, w in pack.rows:
+        for length in ([t * h * w] if pack.segments == "clip" else [h * w] * t):
+            bounds.append(bounds[-1] + length)
+    return torch.tensor(bounds, dtype=torch.int32)
+
+
+def _position_ids(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    temporal = params.get("include_temporal", False)
+    parts = [_per_row(pack, "position_ids", params, row, lambda g: vision_utils.get_vision_position_ids(
+        g, _merge(pack), include_temporal=temporal)) for row in pack.rows]
+    return _cat(parts, (0, 3 if temporal else 2), torch.int64)
+
+
+def _window(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``get_vision_window_index`` per item (cached), shifted into place: the same result as the batch call."""
     g = pack.geometry
-    return vision_utils.get_vision_window_index(pack.counts, g["spatial_merge_size"], g["window_size"], g["patch_size"])
+    m = g["spatial_merge_size"]
+    indices, bounds, units, rows = [], [torch.zeros(1, dtype=torch.int32)], 0, 0
+    for row in pack.rows:
+        index, cu = _per_row(pack, "window", {}, row, lambda grid: vision_utils.get_vision_window_index(
+            grid, m, g["window_size"], g["patch_size"]))
+        indices.append(index + units)
+        bounds.append(cu[1:] + rows)
+        t, h, w = row
+        units += t * (h // m) * (w // m)
+        rows += t * h * w
+    return _cat(indices, (0,), torch.int64), torch.cat(bounds)
 
 
 def _interp(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    return vision_utils.get_vision_interpolation_indices_and_weights(
-        pack.counts,
-        pack.geometry["num_grid_per_side"],
-        mode=params.get("mode", "bilinear"),
-        align_corners=params.get("align_corners", False),
-        spatial_merge_size=_merge(pack),
-        padding=params.get("padding", "border"),
-    )
+    def one(grid: torch.Tensor):
+        return vision_utils.get_vision_interpolation_indices_and_weights(
+            grid, pack.geometry["num_grid_per_side"], mode=params.get("mode", "bilinear"),
+            align_corners=params.get("align_corners", False), spatial_merge_size=_merge(pack),
+            padding=params.get("padding", "border"))
+
+    parts = [_per_row(pack, "interp", params, row, one) for row in pack.rows]
+    taps = 4 if params.get("mode", "bilinear") == "bilinear" else 16
+    return (_cat([p[0] for p in parts], (0, taps), torch.int64), _cat([p[1] for p in parts], (0, taps), torch.float32))
 
 
 _COMPUTE: dict[str, Callable[[Pack, Mapping[str, Any]], torch.Tensor]] = {
     "pixels": lambda pack, params: pack.pixels,
     "grid": lambda pack, params: pack.counts,
-    "cu_seqlens": lambda pack, params: vision_utils.get_vision_cu_seqlens(
-        pack.counts, merge_temporal=pack.segments == "clip"),
-    "position_ids": lambda pack, params: vision_utils.get_vision_position_ids(
-        pack.counts, _merge(pack), include_temporal=params.get("include_temporal", False)),
-    "window_index": lambda pack, params: _window(pack)[0],
-    "cu_window_seqlens": lambda pack, params: _window(pack)[1],
+    "cu_seqlens": _cu_seqlens,
+    "position_ids": _position_ids,
+    "window_index": lambda pack, params: _window(pack, params)[0],
+    "cu_window_seqlens": lambda pack, params: _window(pack, params)[1],
     "interp_indices": lambda pack, params: _interp(pack, params)[0],
     "interp_weights": lambda pack, params: _interp(pack, params)[1],
 }
@@ -94,24 +145,42 @@ def pad_zeros(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) ->
     _check_fits(dest, src, key)
     n = src.shape[0]
     dest[:n].copy_(src, non_blocking=True)
-    dest[n:].zero_()
+    if n < dest.shape[0]:
+        dest[n:].zero_()
 
 
 def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
-    """``src`` = boundaries ``[0, ..., R]``; padding rows ``R..capacity`` become one trailing segment."""
-    if src.shape[0] >= dest.shape[0]:
-        raise InputError(f"buffer {key!r}: {src.shape[0] - 1} segments leave no slot for the padding segment "
-                         f"({dest.shape[0] - 1} slots); the spec's buffer shape is too small for this pack")
-    n = src.shape[0]
-    dest[:n].copy_(src, non_blocking=True)
-    dest[n:].fill_(capacity)
+    """``src`` = boundaries ``[0, ..., R]`` on the host; rows ``R..capacity`` become trailing padding segments.
+
+    The padding rows are spread over every free slot (at most ``ceil(P / free)`` rows each) instead of
+    one long segment, so attention over padding costs ``P * P / free`` rather than ``P * P``; with no
+    padding, the free slots repeat the last offset (zero-length segments).
+    """
+    n, slots = src.shape[0], dest.shape[0]
+    if n >= slots:
+        raise InputError(f"buffer {key!r}: {n - 1} segments leave no slot for padding ({slots - 1} slots); "
+                         "the spec's buffer shape is too small for this pack")
+    end = int(src[-1])
+    padding = capacity - end
+    if padding < 0:
+        raise InputError(f"buffer {key!r}: segments end at row {end}, beyond the buffer's {capacity} rows")
+    full = torch.empty(slots, dtype=dest.dtype, device=src.device)
+    full[:n] = src
+    free = slots - n
+    if padding:
+        chunk = -(-padding // min(free, padding))
+        full[n:] = torch.arange(1, free + 1, dtype=dest.dtype, device=src.device).mul_(chunk).add_(end).clamp_(max=capacity)
+    else:
+        full[n:] = capacity
+    dest.copy_(full, non_blocking=True)
 
 
 def pad_identity(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
     _check_fits(dest, src, key)
     n = src.shape[0]
     dest[:n].copy_(src, non_blocking=True)
-    torch.arange(n, dest.shape[0], out=dest[n:])
+    if n < dest.shape[0]:
+        torch.arange(n, dest.shape[0], out=dest[n:])
 
 
 PADDING_RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, int, str], None]] = {
@@ -125,7 +194,8 @@ PADDING_RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, int, str], None]]
 def fill(rule: str, dest: torch.Tensor, src: torch.Tensor | None, capacity: int, key: str) -> None:
     """Write ``src`` into ``dest`` by ``rule``; ``src=None`` writes the all-padding value (an empty pack)."""
     if src is None:
-        src = dest.new_zeros((1,) if rule == "trailing_segment" else (0, *dest.shape[1:]))
+        src = (torch.zeros(1, dtype=dest.dtype) if rule == "trailing_segment"
+               else dest.new_zeros((0, *dest.shape[1:])))
     PADDING_RULES[rule](dest, src, capacity, key)
 
 

@@ -28,6 +28,9 @@ class EncoderItemSpec:
     """Tokens the item produces after merging; what budgets are measured in. Provided by the model."""
     frames: int = 0
     """Frames the item counts against ``max_frames_per_batch`` (0 for images). vitcg extension, defaulted."""
+    segments: int = 0
+    """Attention segments the item occupies in the segment buffer (``segment_key``): frames for per-frame
+    attention, 1 per clip, 0 for tiles. vitcg extension, defaulted."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class EncoderCudaGraphConfig:
     ``identity`` or ``fixed`` (a host scalar that is never refilled)."""
     max_frames_per_video: int = 1
     """Largest frame count of one video item; the default ``max_frames_per_batch`` is items times this."""
+    segment_key: str | None = None
+    """Buffer of segment boundaries (``cu_seqlens``) whose length bounds the segments of one pack: its
+    slots minus the leading zero and one padding segment. vitcg extension; None: no such bound."""
 
 
 @dataclass

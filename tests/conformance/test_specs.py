@@ -1,9 +1,13 @@
-"""Conformance over every spec in specs/: manager output equals eager output per item (float32, CPU).
+"""Conformance over every spec: manager output equals eager output per item (float32, CPU).
 
-Tolerance: relative error (max |graph - eager| / max |eager|) <= 1e-5, every output finite.
+The spec list and marks come from the generated test configurations (registry/test_configs.py), the one
+source of truth shared with the docs. Tolerance: relative error (max |graph - eager| / max |eager|)
+<= 1e-5, every output finite.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,12 +18,20 @@ from vitcg.adapter import SpecAdapter
 from vitcg.conformance import check_spec, relative_error
 from vitcg.encoders import build_encoder
 from vitcg.manager import EncoderCudaGraphManager
+from vitcg.render import load_test_configs
 from vitcg.spec import load_registry
 
-REGISTRY = {s.name: s for s in load_registry(["specs"])}
+REPO = Path(__file__).resolve().parents[2]
+REGISTRY = {s.name: s for s in load_registry([REPO / "specs"])}
+CONFIGS = load_test_configs(REPO / "registry")
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_generated_configs_cover_every_spec():
+    assert sorted(CONFIGS) == sorted(REGISTRY)
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[getattr(pytest.mark, m) for m in config.marks])
+                                  for name, config in sorted(CONFIGS.items())])
 def test_spec_conforms(name):
     report = check_spec(REGISTRY[name], device="cpu", dtype=torch.float32)
     assert report.error is None, report.error

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vitcg.errors import BudgetError
-from vitcg.manager import plan_budgets, power_of_two_budgets
+from vitcg.budgets import plan_budgets, power_of_two_budgets
 
 
 def test_power_of_two_budgets_include_max():

@@ -189,3 +189,53 @@ def test_cuda_graphs_need_cuda(toy):
 
     with pytest.raises(BudgetError, match="need a CUDA device"):
         EncoderCudaGraphManager(toy, use_cuda_graphs=True)
+
+
+def test_segment_capacity_bounds_packs():
+    class FewSlots(ToyEncoder):
+        def get_encoder_cudagraph_config(self):
+            config = super().get_encoder_cudagraph_config()
+            return EncoderCudaGraphConfig(config.modalities, config.buffer_keys, 2, config.padding_logics,
+                                          segment_key="cu")
+
+        def prepare_encoder_cudagraph_capture_inputs(self, token_budget, max_batch_size, max_frames_per_batch,
+                                                     device, dtype):
+            inputs = super().prepare_encoder_cudagraph_capture_inputs(token_budget, 3, max_frames_per_batch,
+                                                                       device, dtype)
+            return inputs  # 3 + 2 slots: 3 segments per pack whatever max_items says
+
+        def get_encoder_cudagraph_item_specs(self, mm_kwargs):
+            return [EncoderItemSpec(int(n), int(n), 0, 1) for n in mm_kwargs["sizes"]]
+
+    toy = FewSlots()
+    manager = make(toy, max_items_per_batch=4)
+    assert manager.segment_capacity(32) == 3
+    kwargs = batch(1, 1, 1, 1, 1)
+    packs, eager = manager.plan_packs(toy.get_encoder_cudagraph_item_specs(kwargs))
+    assert [len(p.indices) for p in packs] == [3, 2] and not eager
+    for got, want in zip(manager.execute(kwargs), reference(kwargs, toy)):
+        torch.testing.assert_close(got, want)
+
+
+def test_tight_packing_pads_less_than_greedy(toy):
+    sizes = (2, 30, 1)  # 33 tokens: greedy pads to 64 in one pack; tight replays 32 and 4
+    greedy = make(toy, max_num_batched_tokens=64)
+    tight = make(toy, max_num_batched_tokens=64, packing="tight")
+    items = toy.get_encoder_cudagraph_item_specs(batch(*sizes))
+    g_packs, _ = greedy.plan_packs(items)
+    t_packs, _ = tight.plan_packs(items)
+    assert [p.budget for p in g_packs] == [64]
+    assert sorted(p.budget for p in t_packs) == [4, 32]
+    padded = lambda packs: sum(p.budget - p.tokens for p in packs)  # noqa: E731
+    assert padded(t_packs) < padded(g_packs)
+    assert sorted(i for p in t_packs for i in p.indices) == list(range(len(sizes)))
+    kwargs = batch(*sizes, seed=5)
+    for got, want in zip(tight.execute(kwargs), reference(kwargs, toy)):
+        torch.testing.assert_close(got, want)
+
+
+def test_unknown_packing_is_rejected(toy):
+    from vitcg.errors import BudgetError
+
+    with pytest.raises(BudgetError, match="packing must be one of greedy, tight"):
+        make(toy, packing="best")

@@ -125,7 +125,10 @@ class SemanticChecker:
         lead = len(source) - len(source.lstrip()) if isinstance(source, str) else 0
         col = pos.col + quoted + lead + exc.col if self.loaded.styles.get(path) in (None, "'", '"') else pos.col
         message = exc.message + (f" ({context})" if context else "")
-        return Diagnostic(self.loaded.file, pos.line, col, format_path(path), message, exc.hint, "formula")
+        hint = exc.hint
+        if isinstance(path[-1], int) and ("never closed" in exc.message or "unmatched ')'" in exc.message):
+            hint = "in a YAML [...] list a comma splits items: quote a formula that holds commas"
+        return Diagnostic(self.loaded.file, pos.line, col, format_path(path), message, hint, "formula")
 
     def _get(self, path: Path_) -> Any:
         node = self.data

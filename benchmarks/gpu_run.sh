@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
+# Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
+# Steps: env, tests, check, check-real, bench-qwen2, bench-all. Each step has its own time limit.
+set -uo pipefail
+OUT=${OUT:-/tmp/vitcg-out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1 VITCG_CACHE_DIR=/tmp/vitcg-cache
+run() { local limit=$1 log=$2; shift 2; echo "== $* (limit ${limit}s)" | tee -a "$OUT/$log"; \
+  ( time timeout "$limit" "$@" ) 2>&1 | tee -a "$OUT/$log"; }
+for step in "$@"; do
+  case $step in
+    env) { nvidia-smi; python3 -c "import torch, transformers; print(torch.__version__, torch.version.cuda, \
+transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import matplotlib; print('matplotlib', matplotlib.__version__)"; } \
+      > "$OUT/env.txt" 2>&1 ;;
+    tests) run 240 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu ;;
+    check) run 200 gpu.log python3 -m vitcg check --all --device cuda ;;
+    check-real) run 200 gpu.log python3 -m vitcg check --all --device cuda --size real ;;
+    bench-qwen2) run 400 bench.log python3 -m vitcg bench qwen2_vl --device cuda --json "$OUT/bench_qwen2_vl.json" ;;
+    bench-quick) run 400 bench.log python3 -m vitcg bench qwen2_vl qwen2_5_vl --no-compile --device cuda --json "$OUT/bench_quick.json" ;;
+    profile) run 200 profile.log python3 benchmarks/host_profile.py qwen2_vl 1x224 8x224 ;;
+    bench-all) run 560 bench.log python3 -m vitcg bench --all --no-compile --device cuda --json "$OUT/bench_all.json" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done

@@ -1,0 +1,55 @@
+"""Where the host time of one ``manager.execute`` goes, on the real encoder (cProfile, top entries).
+
+Usage: python benchmarks/host_profile.py [SPEC] [WORKLOAD...]   (CUDA if available, else CPU tiny)
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import sys
+import time
+
+import torch
+
+from vitcg.adapter import SpecAdapter
+from vitcg.bench import WORKLOADS, _on, make_inputs
+from vitcg.encoders import build_encoder
+from vitcg.manager import EncoderCudaGraphManager
+from vitcg.spec import load_registry
+
+
+def main() -> None:
+    name = sys.argv[1] if len(sys.argv) > 1 else "qwen2_vl"
+    workloads = sys.argv[2:] or ["1x224", "8x224"]
+    cuda = torch.cuda.is_available()
+    device, dtype, size = ("cuda", torch.bfloat16, "real") if cuda else ("cpu", torch.float32, "tiny")
+    spec = {s.name: s for s in load_registry(["specs"])}[name]
+    adapter = SpecAdapter(spec, build_encoder(spec, size, device=device, dtype=dtype))
+    manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
+    manager.capture()
+    for workload in workloads:
+        inputs = _on(torch.device(device), make_inputs(adapter, WORKLOADS[workload], torch.Generator()), dtype)
+        for _ in range(5):
+            manager.execute(inputs)
+        samples = []
+        for _ in range(50):
+            if cuda:
+                torch.cuda.synchronize()
+            tic = time.perf_counter()
+            manager.execute(inputs)
+            samples.append((time.perf_counter() - tic) * 1e3)
+        samples.sort()
+        print(f"{name} {workload}: host ms per execute: median {samples[25]:.3f}, min {samples[0]:.3f}")
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(50):
+            manager.execute(inputs)
+            if cuda:
+                torch.cuda.synchronize()
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(14)
+
+
+if __name__ == "__main__":
+    main()

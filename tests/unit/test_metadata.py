@@ -1,0 +1,67 @@
+"""Providers composed per item (and cached) equal the transformers helpers called on the whole batch."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import vision_utils
+
+from vitcg.metadata import Pack, compute
+from vitcg.spec.model import Buffer
+
+GEOMETRY = {"spatial_merge_size": 2, "window_size": 112, "patch_size": 14, "num_grid_per_side": 8}
+ROWS = st.lists(st.tuples(st.integers(1, 3), st.integers(1, 9), st.integers(1, 9)), min_size=1, max_size=5)
+
+
+def buffer(provider: str, **params) -> Buffer:
+    return Buffer(provider, provider, provider, (), None, "zeros", params)
+
+
+def pack_of(rows, segments="frame", cache=None) -> Pack:
+    grid = torch.tensor([[t, 2 * h, 2 * w] for t, h, w in rows])
+    return Pack(torch.zeros(0), grid, GEOMETRY, segments, {} if cache is None else cache)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=ROWS, clip=st.booleans())
+def test_cu_seqlens(rows, clip):
+    pack = pack_of(rows, "clip" if clip else "frame")
+    want = vision_utils.get_vision_cu_seqlens(pack.counts, merge_temporal=clip)
+    assert torch.equal(compute(buffer("cu_seqlens"), pack), want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=ROWS, temporal=st.booleans())
+def test_position_ids(rows, temporal):
+    cache: dict = {}
+    for _ in range(2):  # the second round is served from the cache
+        pack = pack_of(rows, cache=cache)
+        want = vision_utils.get_vision_position_ids(pack.counts, 2, include_temporal=temporal)
+        assert torch.equal(compute(buffer("position_ids", include_temporal=temporal), pack), want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=ROWS)
+def test_window_index_and_bounds(rows):
+    cache: dict = {}
+    for _ in range(2):
+        pack = pack_of(rows, cache=cache)
+        index, bounds = vision_utils.get_vision_window_index(pack.counts, 2, 112, 14)
+        assert torch.equal(compute(buffer("window_index"), pack), index)
+        assert torch.equal(compute(buffer("cu_window_seqlens"), pack), bounds)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=ROWS, mode=st.sampled_from(["bilinear", "bicubic"]), corners=st.booleans())
+def test_interpolation(rows, mode, corners):
+    pack = pack_of(rows)
+    indices, weights = vision_utils.get_vision_interpolation_indices_and_weights(
+        pack.counts, 8, mode=mode, align_corners=corners, spatial_merge_size=2)
+    params = {"mode": mode, "align_corners": corners}
+    assert torch.equal(compute(buffer("interp_indices", **params), pack), indices)
+    assert torch.equal(compute(buffer("interp_weights", **params), pack), weights)
+
+
+def test_host_providers_have_no_value():
+    assert compute(buffer("max_seqlen"), pack_of([(1, 1, 1)])) is None

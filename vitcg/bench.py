@@ -1,0 +1,345 @@
+"""``vitcg bench``: latency of HF eager, torch.compile, vitcg budget graphs and an exact-shape graph.
+
+Each workload is a list of images (height, width in pixels) and videos (frames, height, width), turned
+into encoder inputs the way the model's processor would (patch grids rounded to the merge unit, or
+448-pixel tiles). Latency is the median of ``iters`` runs timed with CUDA events, after ``warmup`` runs.
+The exact-shape graph is captured for the very input of the workload (no padding, no host work): the
+lower bound a budget graph can approach. Results also hold capture time, graph pool memory, padding
+waste and the host time per replay.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .adapter import SpecAdapter
+from .conformance import relative_error
+from .encoders import build_encoder
+from .manager import EncoderCudaGraphManager
+from .spec.model import Spec
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    images: tuple[tuple[int, int], ...] = ()
+    """(height, width) in pixels."""
+    videos: tuple[tuple[int, int, int], ...] = ()
+    """(frames, height, width)."""
+
+
+MIXED_SIZES = ((480, 640), (768, 1024), (600, 800), (375, 500), (720, 1280), (336, 336), (448, 448), (612, 612))
+"""Resolutions typical of VLM benchmarks: COCO/VQAv2 photos (640x480, 500x375), DocVQA/ChartQA pages and
+charts (1024x768, 800x600), 720p screenshots, and square crops (336, 448, 612)."""
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("1x224", "one 224x224 image", images=((224, 224),)),
+    Workload("1x448", "one 448x448 image", images=((448, 448),)),
+    Workload("8x224", "eight 224x224 images", images=((224, 224),) * 8),
+    Workload("mixed", "eight images of realistic resolutions", images=MIXED_SIZES),
+    Workload("video4x448", "one 4-frame 448x448 video", videos=((4, 448, 448),)),
+    Workload("image+video", "two images (480x640, 448x448) and a 4-frame 448x448 video",
+             images=((480, 640), (448, 448)), videos=((4, 448, 448),)),
+)}
+
+TILE_SIZE_KEY = "image_size"
+MAX_TILES = 12
+
+
+def _tiles(height: int, width: int, size: int) -> int:
+    """InternVL-style dynamic tiling: blocks covering the image (at most 12), plus a thumbnail if >1."""
+    blocks = min(math.ceil(height / size) * math.ceil(width / size), MAX_TILES)
+    return blocks + (1 if blocks > 1 else 0)
+
+
+def make_inputs(adapter: SpecAdapter, workload: Workload, generator: torch.Generator) -> dict[str, torch.Tensor] | None:
+    """Encoder inputs for ``workload`` as the model's processor would shape them; None if unsupported."""
+    spec, g = adapter.spec, adapter.geometry
+    kwargs: dict[str, torch.Tensor] = {}
+    for name, entries in (("image", workload.images), ("video", workload.videos)):
+        if not entries:
+            continue
+        modality = spec.modality(name)
+        if modality is None:
+            return None
+        if spec.style == "tiles":
+            size = g[TILE_SIZE_KEY]
+            counts = [(_tiles(e[0], e[1], size) if name == "image" else e[0]) for e in entries]
+            count_tensor = torch.tensor(counts)
+            pixels = torch.randn((sum(counts), g["in_channels"], size, size), generator=generator)
+        else:
+            unit = g["patch_size"] * g.get("spatial_merge_size", 1)
+            temporal = g.get("temporal_patch_size", 1)
+            rows = []
+            for entry in entries:
+                frames, height, width = (1, *entry) if name == "image" else entry
+                t = 1 if name == "image" else max(1, frames // temporal)
+                rows.append([t, max(1, round(height / unit)) * (unit // g["patch_size"]),
+                             max(1, round(width / unit)) * (unit // g["patch_size"])])
+            count_tensor = torch.tensor(rows)
+            dim = g["in_channels"] * temporal * g["patch_size"] ** 2
+            pixels = torch.randn((int(count_tensor.prod(-1).sum()), dim), generator=generator)
+        kwargs[modality.pixels_key] = pixels
+        kwargs[modality.count_key] = count_tensor
+    return kwargs
+
+
+def _on(device: torch.device, kwargs: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Pixels on the device in the model dtype; grids and tile counts stay on the host, as processors emit
+    them (reading them on the device would cost a sync per call)."""
+    return {k: (v.to(device, dtype) if v.is_floating_point() else v) for k, v in kwargs.items()}
+
+
+def timed(fn: Callable[[], Any], iters: int, warmup: int, device: torch.device) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs (CUDA events on GPU, wall clock on CPU)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    cuda = device.type == "cuda"
+    for _ in range(iters):
+        if cuda:
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            tic = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - tic) * 1e3)
+    return statistics.median(samples)
+
+
+class ExactGraph:
+    """A CUDA graph captured for one exact input: unpadded buffers, host values for that input."""
+
+    def __init__(self, adapter: SpecAdapter, kwargs: Mapping[str, torch.Tensor]):
+        items = adapter.get_encoder_cudagraph_item_specs(kwargs)
+        frames = sum(i.frames for i in items)
+        fresh = adapter.prepare_encoder_cudagraph_replay_buffers(kwargs, len(items), frames)
+        names = {"budget": sum(i.output_tokens for i in items), "max_items": len(items), "max_frames": frames,
+                 **adapter.geometry}
+        self.values: dict[str, Any] = {}
+        for buffer in adapter.spec.buffers:
+            value = fresh.values[buffer.name]
+            self.values[buffer.name] = (buffer.value.evaluate(names) if value is None
+                                        else value.to(adapter.device).clone())
+        self.adapter = adapter
+        self.graph = None
+        self.output = None
+
+    def capture(self) -> None:
+        device = self.adapter.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            self.adapter.encoder_cudagraph_forward(self.values)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = self.adapter.encoder_cudagraph_forward(self.values)
+
+    def replay(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.output
+
+
+@dataclass
+class WorkloadResult:
+    workload: str
+    description: str
+    items: int
+    tokens: int
+    ms: dict[str, float] = field(default_factory=dict)
+    """Method -> median latency in ms: eager, compile, vitcg, exact."""
+    compile_first_call_s: float | None = None
+    compile_error: str | None = None
+    packing: dict[str, dict] = field(default_factory=dict)
+    """Packing policy -> replays, budgets, eager items, padding waste, host ms per replay."""
+    max_rel_error: float = 0.0
+
+
+@dataclass
+class SpecBench:
+    spec: str
+    size: str
+    dtype: str
+    budgets: list[int]
+    max_items: int
+    capture_s: float
+    pool_mib: float
+    parameters_m: float
+    workloads: list[WorkloadResult] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: str = "real",
+               dtype: torch.dtype = torch.bfloat16, iters: int = 20, warmup: int = 3,
+               compile_eager: bool = True, max_num_batched_tokens: int = 8192, max_model_len: int = 32768,
+               log: Callable[[str], None] = print) -> SpecBench:
+    """Measure every method on every workload for one spec. Raises on a correctness failure."""
+    torch_device = torch.device(device)
+    cuda = torch_device.type == "cuda"
+    module = build_encoder(spec, size, device=device, dtype=dtype)
+    adapter = SpecAdapter(spec, module)
+    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=max_num_batched_tokens,
+                                      max_model_len=max_model_len, device=device, dtype=dtype, progress=False)
+    report = manager.capture()
+    result = SpecBench(spec.name, size, str(dtype).removeprefix("torch."), list(manager.budgets),
+                       manager.plan.max_items, round(report.seconds, 3), round(report.pool_bytes / 2**20, 1),
+                       round(sum(p.numel() for p in module.parameters()) / 1e6, 1))
+    log(f"{spec.name}: {len(manager.budgets)} budgets captured in {report.seconds:.1f} s, "
+        f"pool {result.pool_mib:.0f} MiB")
+    compiled = None
+    if compile_eager and cuda:
+        compiled = torch.compile(getattr(module, spec.encoder.method), mode="reduce-overhead")
+    generator = torch.Generator().manual_seed(0)
+    for name in workloads:
+        workload = WORKLOADS[name]
+        cpu_inputs = make_inputs(adapter, workload, generator)
+        if cpu_inputs is None:
+            result.skipped.append(name)
+            continue
+        inputs = _on(torch_device, cpu_inputs, dtype)
+        items = adapter.get_encoder_cudagraph_item_specs(inputs)
+        row = WorkloadResult(name, workload.description, len(items), sum(i.output_tokens for i in items))
+        eager_out = adapter.encoder_eager_forward(inputs)
+        got = manager.execute(inputs)
+        row.max_rel_error = relative_error(torch.cat(got), eager_out)
+        row.ms["eager"] = timed(lambda: adapter.encoder_eager_forward(inputs), iters, warmup, torch_device)
+        for packing in PACKINGS:
+            manager.packing = packing
+            row.packing[packing] = _measure(manager, inputs, iters, warmup, torch_device)
+            row.ms[f"vitcg_{packing}"] = row.packing[packing].pop("ms")
+        manager.packing = "greedy"
+        if cuda:
+            exact = ExactGraph(adapter, inputs)
+            exact.capture()
+            row.ms["exact"] = timed(exact.replay, iters, warmup, torch_device)
+            row.max_rel_error = max(row.max_rel_error, relative_error(exact.replay(), eager_out))
+            del exact
+        if compiled is not None:
+            call = _eager_call(adapter, inputs, compiled)
+            try:
+                tic = time.perf_counter()
+                call()
+                torch.cuda.synchronize(torch_device)
+                row.compile_first_call_s = round(time.perf_counter() - tic, 2)
+                row.ms["compile"] = timed(call, iters, warmup, torch_device)
+            except Exception as exc:  # a compiler failure is a result to report, not a reason to stop
+                row.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                log(f"  {name}: torch.compile failed: {row.compile_error}")
+        log(f"  {name:<12} {row.tokens:>6} tokens  " + "  ".join(f"{k} {v:.2f}" for k, v in row.ms.items())
+            + " ms  " + "  ".join(f"{p}: {d['budgets']} waste {d['padding_waste']:.0%} host/replay "
+                                  f"{d['host_ms_per_replay']:.3f} ms" for p, d in row.packing.items())
+            + f"  err {row.max_rel_error:.1e}")
+        result.workloads.append(row)
+    return result
+
+
+PACKINGS = ("greedy", "tight")
+
+
+def _measure(manager: EncoderCudaGraphManager, inputs, iters: int, warmup: int, device: torch.device) -> dict:
+    """Latency of ``manager.execute`` plus what it did per call: replays, budgets, padding, host time."""
+    before = manager.stats.as_dict()
+    ms = timed(lambda: manager.execute(inputs), iters, warmup, device)
+    after = manager.stats.as_dict()
+    calls = iters + warmup
+    padded = after["padded_tokens"] - before["padded_tokens"]
+    used = after["used_tokens"] - before["used_tokens"]
+    replays = (after["replays"] - before["replays"]) // calls
+    return {
+        "ms": ms,
+        "replays": replays,
+        "budgets": sorted(b for b, n in after["replays_per_budget"].items()
+                          if n > before["replays_per_budget"].get(b, 0)),
+        "eager_items": (after["misses"] - before["misses"]) // calls,
+        "padding_waste": round(padded / (padded + used), 4) if padded + used else 0.0,
+        "host_ms_per_replay": round((after["host_seconds"] - before["host_seconds"]) * 1e3 / calls / max(replays, 1), 4),
+        "wall_ms_per_replay": _host_ms(manager, inputs, iters, device, replays),
+    }
+
+
+def _eager_call(adapter: SpecAdapter, inputs: Mapping[str, torch.Tensor], fn: Callable) -> Callable[[], Any]:
+    """``fn`` (the encoder method, maybe compiled) called per modality exactly as the eager path calls it."""
+    calls = []
+    for modality in adapter.spec.modalities:
+        if modality.pixels_key not in inputs:
+            continue
+        counts = inputs[modality.count_key].to(adapter.device)  # as the eager path passes them
+        by_role = {"pixels": inputs[modality.pixels_key], "grid": counts, "tiles": counts}
+        calls.append({arg: by_role[role] for arg, role in adapter.spec.encoder.args.items()})
+    extra = dict(adapter._call_kwargs)
+
+    def run():
+        with torch.no_grad():
+            return [fn(**kwargs, **extra) for kwargs in calls]
+    return run
+
+
+def _host_ms(manager: EncoderCudaGraphManager, inputs, iters: int, device: torch.device, replays: int) -> float:
+    """Host wall time of the whole ``execute`` per replay (graph launches included), GPU idle at each start."""
+    samples = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        tic = time.perf_counter()
+        manager.execute(inputs)
+        samples.append((time.perf_counter() - tic) * 1e3)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return round(statistics.median(samples) / max(replays, 1), 4)
+
+
+def environment(device: str) -> dict[str, str]:
+    import transformers
+
+    info = {"torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "device": "cpu (" + (platform.processor() or platform.machine()) + ")"}
+    if device.startswith("cuda"):
+        info["device"] = torch.cuda.get_device_name(torch.device(device))
+        info["cuda"] = torch.version.cuda or ""
+    return info
+
+
+def plot(results: list[dict], path: str) -> None:
+    """Latency against input tokens per spec, one line per method (log-log); needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    count = len(results)
+    cols = min(count, 3)
+    fig, axes = plt.subplots(math.ceil(count / cols), cols, figsize=(5 * cols, 4 * math.ceil(count / cols)),
+                             squeeze=False)
+    styles = {"eager": "o-", "compile": "s--", "vitcg_greedy": "^-", "vitcg_tight": "v-", "exact": "x:"}
+    for ax, spec in zip(axes.flat, results):
+        rows = sorted(spec["workloads"], key=lambda r: r["tokens"])
+        for method, style in styles.items():
+            points = [(r["tokens"], r["ms"][method]) for r in rows if method in r["ms"]]
+            if points:
+                ax.plot(*zip(*points), style, label=method)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{spec['spec']} ({spec['size']}, {spec['dtype']})")
+        ax.set_xlabel("output tokens in the batch")
+        ax.set_ylabel("median latency (ms)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    for ax in list(axes.flat)[count:]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,113 @@
+"""Token budgets and batch limits: vLLM's configuration paths and the invariants of vLLM PR #38040.
+
+Torch-free, so ``vitcg compile-config`` checks engine options without importing the model stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import BudgetError
+
+BUDGETS = "encoder_cudagraph_token_budgets"
+MAX_ITEMS = "encoder_cudagraph_max_vision_items_per_batch"
+MAX_FRAMES = "encoder_cudagraph_max_frames_per_batch"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_limits(budgets: Sequence[Any] | None, max_items: Any, max_frames: Any = None) -> None:
+    """The model-independent invariants. Raises BudgetError naming the values and a remedy.
+
+    Budgets, when given, are a non-empty list of integers > 0; items is an integer >= 0 (0 = auto) and at
+    most ``min(budgets)`` (every item needs at least one token); frames, when given, is an integer >= 0.
+    """
+    if budgets is not None:
+        if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Sequence) or not budgets:
+            raise BudgetError(f"{BUDGETS} must be a non-empty list of positive integers, got {budgets!r}")
+        bad = [b for b in budgets if not _is_int(b) or b <= 0]
+        if bad:
+            raise BudgetError(f"{BUDGETS} must be positive integers, got {bad}")
+    if not _is_int(max_items) or max_items < 0:
+        raise BudgetError(f"{MAX_ITEMS} must be an integer >= 0 (0 = auto), got {max_items!r}")
+    if budgets is not None and max_items > min(budgets):
+        smallest = min(budgets)
+        raise BudgetError(
+            f"{MAX_ITEMS}={max_items} exceeds the smallest token budget {smallest}: every item needs at "
+            f"least one token. Set max items <= {smallest} or drop budgets smaller than {max_items}")
+    if max_frames is not None and (not _is_int(max_frames) or max_frames < 0):
+        raise BudgetError(f"{MAX_FRAMES} must be an integer >= 0, got {max_frames!r}")
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """The token budgets and batch limits one manager captures."""
+
+    budgets: tuple[int, ...]
+    """Ascending token budgets (output tokens); one graph each."""
+    max_items: int
+    """Most items in one pack (``max_batch_size`` of the protocol)."""
+    max_frames: int
+    """Most video frames in one pack (0 when video is disabled)."""
+    min_budget: int
+    max_budget: int
+
+
+def power_of_two_budgets(start: int, max_budget: int) -> list[int]:
+    """Powers of two from the first one >= ``start`` up to ``max_budget``, which is always included."""
+    budgets, value = [], 1 << max(start - 1, 0).bit_length()
+    while value < max_budget:
+        budgets.append(value)
+        value *= 2
+    budgets.append(max_budget)
+    return budgets
+
+
+def plan_budgets(
+    min_budget: int,
+    max_budget: int,
+    token_budgets: Sequence[int] | None = None,
+    max_items: int = 0,
+    max_frames_per_batch: int | None = None,
+    max_frames_per_video: int = 1,
+    video: bool = True,
+) -> BudgetPlan:
+    """Resolve budgets and limits from the engine options, enforcing vLLM's invariants.
+
+    - budgets and items given: ``items <= min(budgets)``;
+    - only items given: budgets are generated from ``max(min_budget, items)``;
+    - only budgets given, or neither: ``items = min(max_budget // min_budget, min(budgets))``;
+    - ``0 < min_budget <= max_budget``; every budget > 0 and <= max_budget;
+    - ``max_frames_per_batch``: None means items x max_frames_per_video, and 0 when video is disabled.
+
+    Raises BudgetError naming the values and a remedy.
+    """
+    if min_budget <= 0 or max_budget <= 0:
+        raise BudgetError(f"token budget range must be positive, got min={min_budget}, max={max_budget}; "
+                          "raise max_num_batched_tokens / max_model_len or fix the spec's budget formulas")
+    if min_budget > max_budget:
+        raise BudgetError(f"min token budget {min_budget} is larger than max token budget {max_budget} "
+                          "(min(max_num_batched_tokens, max_model_len)); raise those limits to at least "
+                          f"{min_budget}")
+    check_limits(token_budgets, max_items, max_frames_per_batch)
+    if token_budgets is not None:
+        token_budgets = list(token_budgets)
+        too_big = [b for b in token_budgets if b > max_budget]
+        if too_big:
+            raise BudgetError(f"token budgets {too_big} exceed the max token budget {max_budget} "
+                              "(min(max_num_batched_tokens, max_model_len)); drop them or raise those limits")
+        budgets = sorted(set(token_budgets))
+    else:
+        budgets = power_of_two_budgets(max(min_budget, max_items), max_budget)
+        if max_items > max_budget:
+            raise BudgetError(f"encoder_cudagraph_max_vision_items_per_batch={max_items} exceeds the max token "
+                              f"budget {max_budget}; lower it or raise max_num_batched_tokens")
+    if not max_items:
+        max_items = max(1, min(max_budget // min_budget, budgets[0]))
+    if max_frames_per_batch is None:
+        max_frames_per_batch = max_items * max_frames_per_video if video else 0
+    return BudgetPlan(tuple(budgets), max_items, max_frames_per_batch, min_budget, max_budget)

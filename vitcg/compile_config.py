@@ -1,0 +1,73 @@
+"""The engine compilation config that turns on encoder CUDA graphs, as vLLM's ``--enable-vit-cuda-graph`` builds it.
+
+Rules of vLLM PR #40580: one vision item per batch for ``image`` or ``video``, two for ``image+video``,
+any other modality is an error; the keys are merged into an existing config rather than replacing it.
+Budgets and items are checked with :func:`vitcg.budgets.check_limits` (vLLM PR #38040), without
+importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .budgets import BUDGETS, MAX_FRAMES, MAX_ITEMS, check_limits
+from .errors import UsageError
+
+ITEMS_PER_BATCH = {"image": 1, "video": 1, "image+video": 2}
+"""Default ``encoder_cudagraph_max_vision_items_per_batch`` per modality."""
+
+ENABLE = "cudagraph_mm_encoder"
+
+
+def parse_base(text: str | None) -> dict[str, Any]:
+    """The ``--base`` compilation config: a JSON object. Returns {} for None. Raises UsageError otherwise."""
+    if text is None:
+        return {}
+    try:
+        base = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--base is not valid JSON: {exc}") from None
+    if not isinstance(base, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(base), "a number")
+        raise UsageError(f"--base must be a JSON object (a compilation config), got {kind}: {text}")
+    return base
+
+
+def parse_budgets(text: str | None) -> list[int] | None:
+    """``1024,2048,4096`` -> [1024, 2048, 4096]; None stays None. Raises UsageError for a non-integer entry."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise UsageError(f"--budgets must be comma-separated integers such as 1024,2048,4096, got {text!r}") from None
+
+
+def compile_config(modality: str, base: Mapping[str, Any] | None = None, *, budgets: Sequence[int] | None = None,
+                   max_items: int | None = None, max_frames: int | None = None) -> dict[str, Any]:
+    """``base`` with encoder CUDA graphs turned on for ``modality``; ``base`` itself is not changed.
+
+    Returns a new dict: the keys of ``base`` in their order, then ``cudagraph_mm_encoder: true``,
+    ``encoder_cudagraph_max_vision_items_per_batch`` (``max_items``, else 1 for image or video and 2 for
+    image+video) and, when given, ``encoder_cudagraph_token_budgets`` (sorted, without repeats) and
+    ``encoder_cudagraph_max_frames_per_batch``. Budgets already in ``base`` are kept and checked too.
+    Raises UsageError for an unknown modality or frames without video, BudgetError when the limits
+    break an invariant.
+    """
+    if modality not in ITEMS_PER_BATCH:
+        raise UsageError(f"modality must be one of {', '.join(ITEMS_PER_BATCH)}, got {modality!r}")
+    if max_frames and "video" not in modality:
+        raise UsageError(f"max frames per batch applies to video; modality {modality!r} has none")
+    config = dict(base or {})
+    config[ENABLE] = True
+    config[MAX_ITEMS] = ITEMS_PER_BATCH[modality] if max_items is None else max_items
+    if budgets is not None:
+        check_limits(budgets, 0)
+        config[BUDGETS] = sorted(set(budgets))
+    if max_frames is not None:
+        config[MAX_FRAMES] = max_frames
+    check_limits(config.get(BUDGETS), config[MAX_ITEMS], config.get(MAX_FRAMES))
+    return config

@@ -1,0 +1,323 @@
+"""Templates -> registry/: every ``templates/NAME.j2`` renders to ``registry/NAME`` from the loaded specs.
+
+Rendering reads typed specs only, through a plain-data context built from :meth:`Spec.to_json` plus a few
+derived values; no torch objects and no Spec objects reach a template. The environment is sandboxed and
+strict: a missing field is a :class:`RenderError` naming the template, its line and the spec.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .errors import RenderError, UsageError
+from .spec import Spec, load_registry
+
+HEADER = "generated from specs/ by vitcg — do not edit"
+"""Every generated file carries this line, in its own comment syntax (JSON: the ``_generated`` key)."""
+
+IMAGE_QUESTION = "What is in this image?"
+VIDEO_QUESTION = "Describe this video in one sentence."
+"""The questions of vLLM's ViT CUDA graph tests, so generated prompts match theirs."""
+
+TEMPLATE_SUFFIX = ".j2"
+IGNORED_DIRS = frozenset({"__pycache__"})
+"""Importing ``registry/*.py`` writes bytecode there; it is not a generated file, nor a stale one."""
+
+
+def markdown_cell(value: Any) -> str:
+    """``value`` as one Markdown table cell: ``|`` escaped, newlines turned into ``<br>``."""
+    text = str(value).strip().replace("\r\n", "\n").replace("\r", "\n")
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
+def python_literal(value: Any) -> str:
+    """Python source for plain data (str, int, float, bool, None, lists, dicts). Raises RenderError otherwise."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        # JSON string escapes are a subset of Python's, and double quotes read like the code around them.
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(python_literal(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{python_literal(k)}: {python_literal(v)}" for k, v in value.items()) + "}"
+    raise RenderError(f"cannot write a {type(value).__name__} as a Python literal: {value!r}")
+
+
+def json_text(value: Any) -> str:
+    """``value`` as indented JSON, non-ASCII kept (jinja's ``tojson`` HTML-escapes ``<`` and ``>``)."""
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _prompt(template: str, placeholder: str | None, question: str) -> str | None:
+    if placeholder is None:
+        return None
+    # str.replace, not str.format: chat templates may hold other braces.
+    return template.replace("{placeholders}", placeholder).replace("{question}", question)
+
+
+def spec_context(spec: Spec, specs_dir: Path | None = None) -> dict[str, Any]:
+    """Plain data for one spec: ``Spec.to_json()`` plus ``supports`` and ``test_config``.
+
+    ``file`` becomes ``<specs folder name>/<path inside it>`` so the output does not depend on where the
+    command runs.
+    """
+    data = spec.to_json()
+    if specs_dir is not None:
+        try:
+            relative = Path(spec.file).relative_to(specs_dir)
+            data["file"] = f"{specs_dir.resolve().name}/{relative.as_posix()}"
+        except ValueError:
+            pass
+    image, video = "image" in data["modalities"], "video" in data["modalities"]
+    data["supports"] = {"image": image, "video": video, "mixed": image and video}
+    tests = data["tests"]
+    image_prompt = _prompt(tests["prompt_template"], tests["image_placeholder"], IMAGE_QUESTION) if image else None
+    video_prompt = _prompt(tests["prompt_template"], tests["video_placeholder"], VIDEO_QUESTION) if video else None
+    data["test_config"] = {
+        "model": data["checkpoints"][0],
+        "modalities": [m for m, p in (("image", image_prompt), ("video", video_prompt)) if p is not None],
+        "image_prompt": image_prompt,
+        "video_prompt": video_prompt,
+        "num_video_frames": tests["num_video_frames"],
+        "max_model_len": tests["max_model_len"],
+        "needs_video_metadata": tests["needs_video_metadata"],
+        "vllm_runner_kwargs": tests["runner_kwargs"],
+        "compilation_config_overrides": {"encoder_cudagraph_token_budgets": tests["budgets"]},
+        "marks": tests["marks"],
+    }
+    return data
+
+
+def build_context(specs: Iterable[Spec], specs_dir: Path | None = None) -> dict[str, Any]:
+    """The whole template context: ``header``, ``specs`` (sorted by name), ``specs_by_name``, ``model_types``."""
+    contexts = [spec_context(s, specs_dir) for s in sorted(specs, key=lambda s: s.name)]
+    return {
+        "header": HEADER,
+        "specs": contexts,
+        "specs_by_name": {c["name"]: c for c in contexts},
+        "model_types": sorted({t for c in contexts for t in c["model_types"]}),
+    }
+
+
+def _owners(context: Mapping[str, Any]) -> dict[int, tuple[str, str, str]]:
+    """id of every dict and list inside each spec's context -> (spec name, file, field path)."""
+    owners: dict[int, tuple[str, str, str]] = {}
+
+    def walk(node: Any, spec: dict, path: str) -> None:
+        if isinstance(node, (dict, list)):
+            owners[id(node)] = (spec["name"], spec["file"], path)
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, child in items:
+                walk(child, spec, f"{path}.{key}" if path else str(key))
+
+    for spec in context.get("specs", ()):
+        walk(spec, spec, "")
+    return owners
+
+
+def _undefined_class(owners: Mapping[int, tuple[str, str, str]]) -> type[jinja2.StrictUndefined]:
+    class SpecUndefined(jinja2.StrictUndefined):
+        """StrictUndefined whose message names the spec and the field path a template asked for."""
+
+        @property
+        def _undefined_message(self) -> str:
+            owner = owners.get(id(self._undefined_obj))
+            if owner is None:
+                return super()._undefined_message
+            name, file, path = owner
+            where = f"{path}.{self._undefined_name}" if path else str(self._undefined_name)
+            return f"spec {name!r} ({file}) has no field {where!r}"
+
+    return SpecUndefined
+
+
+def _template_line(exc: BaseException, filename: str | None) -> int | None:
+    # Jinja rewrites tracebacks so that template frames carry the template's file name and line.
+    line = getattr(exc, "lineno", None)
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if filename and frame.filename == filename:
+            line = frame.lineno
+    return line
+
+
+def _check_output(name: str, where: str, text: str) -> None:
+    head = text.splitlines()[:3]
+    if not any(HEADER in line for line in head):
+        raise RenderError(f"{where}: the output does not start with the generated-file header; "
+                          f"write {{{{ header }}}} in the first lines (for JSON: a \"_generated\" key)")
+    try:
+        if name.endswith(".json"):
+            json.loads(text)
+        elif name.endswith(".py"):
+            compile(text, name, "exec")
+    except (ValueError, SyntaxError) as exc:
+        raise RenderError(f"{where}: the output is not valid {Path(name).suffix[1:]}: {exc}") from None
+
+
+def template_names(templates_dir: Path) -> list[str]:
+    """Names of the templates in ``templates_dir`` (``NAME.j2``), sorted. Raises UsageError if there are none."""
+    if not templates_dir.is_dir():
+        raise UsageError(f"no such templates folder: {templates_dir}")
+    names = sorted(p.name for p in templates_dir.iterdir() if p.is_file() and p.name.endswith(TEMPLATE_SUFFIX))
+    if not names:
+        raise UsageError(f"no templates (*{TEMPLATE_SUFFIX}) in {templates_dir}")
+    return names
+
+
+def render_templates(context: Mapping[str, Any], templates_dir: Path) -> dict[str, str]:
+    """Render every template with ``context``: output name (``NAME`` of ``NAME.j2``) -> text.
+
+    Raises RenderError naming the template (and the spec, for a missing field); UsageError when
+    ``templates_dir`` holds no templates.
+    """
+    # Immutable: templates share one context, so none may change what the next one sees.
+    env = ImmutableSandboxedEnvironment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=_undefined_class(_owners(context)),
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(cell=markdown_cell, py=python_literal, json=json_text)
+    outputs: dict[str, str] = {}
+    for template_name in template_names(templates_dir):
+        where = (templates_dir / template_name).as_posix()
+        filename = None
+        try:
+            template = env.get_template(template_name)
+            filename = template.filename
+            text = template.render(context)
+        except jinja2.TemplateSyntaxError as exc:
+            raise RenderError(f"{where}:{exc.lineno}: {exc.message}") from None
+        except (jinja2.TemplateError, RenderError, TypeError, ValueError) as exc:
+            line = _template_line(exc, filename)
+            message = exc.message if isinstance(exc, jinja2.TemplateError) and exc.message else str(exc)
+            raise RenderError(f"{where}" + (f":{line}" if line else "") + f": {message}") from None
+        if not text.endswith("\n"):
+            text += "\n"
+        output = template_name[: -len(TEMPLATE_SUFFIX)]
+        _check_output(output, where, text)
+        outputs[output] = text
+    return outputs
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+@dataclass(frozen=True)
+class StaleFile:
+    """One generated file that does not match what the templates render now."""
+
+    path: Path
+    reason: str
+    """``differs``, ``missing`` or ``not produced by any template``."""
+
+
+@dataclass
+class GenerateResult:
+    """What ``vitcg generate`` rendered and which files in the output folder were (or are) stale."""
+
+    out_dir: Path
+    spec_count: int
+    rendered: dict[str, str] = field(default_factory=dict)
+    stale: list[StaleFile] = field(default_factory=list)
+    written: bool = False
+    """True when stale files were rewritten or removed, False for ``--check``."""
+
+    def text(self) -> str:
+        """The report printed by the command: one line per stale file, then a summary line."""
+        out = self.out_dir.as_posix().rstrip("/") + "/"
+        specs = _count(self.spec_count, "spec")
+        if not self.stale:
+            return f"{out} is up to date ({_count(len(self.rendered), 'file')} from {specs})\n"
+        lines = []
+        for item in self.stale:
+            if not self.written:
+                lines.append(f"stale: {item.path.as_posix()}: {item.reason}")
+            elif item.reason == "not produced by any template":
+                lines.append(f"removed {item.path.as_posix()} ({item.reason})")
+            else:
+                lines.append(f"wrote {item.path.as_posix()} ({item.reason})")
+        if self.written:
+            lines.append(f"{out}: {_count(len(self.stale), 'file')} updated from {specs}")
+        else:
+            count = _count(len(self.stale), "file")
+            lines.append(f"{out} is stale ({count}); run `vitcg generate` and commit the result")
+        return "\n".join(lines) + "\n"
+
+
+def _existing_files(out_dir: Path) -> list[str]:
+    if not out_dir.is_dir():
+        return []
+    return sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*")
+                  if p.is_file() and not IGNORED_DIRS.intersection(p.relative_to(out_dir).parts))
+
+
+def find_stale(rendered: Mapping[str, str], out_dir: Path) -> list[StaleFile]:
+    """Files of ``out_dir`` that differ from ``rendered``, are missing, or that no template produces; sorted."""
+    stale = []
+    for name, text in rendered.items():
+        path = out_dir / name
+        if not path.is_file():
+            stale.append(StaleFile(path, "missing"))
+        elif path.read_bytes() != text.encode("utf-8"):
+            stale.append(StaleFile(path, "differs"))
+    stale.extend(StaleFile(out_dir / name, "not produced by any template")
+                 for name in _existing_files(out_dir) if name not in rendered)
+    return sorted(stale, key=lambda s: s.path.as_posix())
+
+
+def generate(specs_dir: Path = Path("specs"), templates_dir: Path = Path("templates"),
+             out_dir: Path = Path("registry"), *, check: bool = False) -> GenerateResult:
+    """Render every template from the specs in ``specs_dir`` and compare with ``out_dir``.
+
+    Without ``check``, stale files are rewritten and files no template produces are removed; with it,
+    nothing is written. Returns the result (``stale`` lists what was or is stale). Raises SpecError for
+    invalid specs, RenderError for a template that fails, UsageError for missing folders.
+    """
+    if not specs_dir.is_dir():
+        raise UsageError(f"no such specs folder: {specs_dir}")
+    # Bindings (imports of transformers classes) are `vitcg validate`'s job; skipping them keeps this torch-free.
+    specs = load_registry([specs_dir], bindings=False)
+    rendered = render_templates(build_context(specs, specs_dir), templates_dir)
+    result = GenerateResult(out_dir, len(specs), rendered, find_stale(rendered, out_dir))
+    if not check and result.stale:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for item in result.stale:
+            if item.reason == "not produced by any template":
+                item.path.unlink()
+            else:
+                item.path.write_bytes(rendered[item.path.relative_to(out_dir).as_posix()].encode("utf-8"))
+        result.written = True
+    return result
+
+
+def load_test_configs(out_dir: Path = Path("registry")) -> dict[str, Any]:
+    """``VIT_CUDAGRAPH_TEST_CONFIGS`` of the generated ``test_configs.py`` in ``out_dir``, keyed by spec name.
+
+    Imports the file by path, so tests need no ``sys.path`` changes. Raises UsageError if it is missing.
+    """
+    import importlib.util
+    import sys
+
+    path = out_dir / "test_configs.py"
+    if not path.is_file():
+        raise UsageError(f"no generated test configs at {path}; run `vitcg generate`")
+    module_spec = importlib.util.spec_from_file_location("vitcg_registry_test_configs", path)
+    module = importlib.util.module_from_spec(module_spec)
+    # dataclasses look their module up in sys.modules while the class body is created.
+    sys.modules[module_spec.name] = module
+    module_spec.loader.exec_module(module)
+    return module.VIT_CUDAGRAPH_TEST_CONFIGS
+
