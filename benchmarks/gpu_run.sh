@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, check, check-real, bench-qwen2, bench-all. Each step has its own time limit.
+# Steps: env, tests, check, check-real, profile, bench-qwen2, bench-quick, bench-rest, bench-all; each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
 mkdir -p "$OUT"
@@ -23,6 +23,7 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     check-real) run 200 gpu.log python3 -m vitcg check --all --device cuda --size real ;;
     bench-qwen2) run 400 bench.log python3 -m vitcg bench qwen2_vl --device cuda --json "$OUT/bench_qwen2_vl.json" ;;
     bench-quick) run 400 bench.log python3 -m vitcg bench qwen2_vl qwen2_5_vl --no-compile --device cuda --json "$OUT/bench_quick.json" ;;
+    bench-rest) run 560 bench.log python3 -m vitcg bench qwen2_5_vl qwen3_vl qwen3_vl_moe internvl --no-compile --device cuda --json "$OUT/bench_rest.json" ;;
     profile) run 200 profile.log python3 benchmarks/host_profile.py qwen2_vl 1x224 8x224 ;;
     bench-all) run 560 bench.log python3 -m vitcg bench --all --no-compile --device cuda --json "$OUT/bench_all.json" ;;
     *) echo "unknown step $step"; exit 2 ;;

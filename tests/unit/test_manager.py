@@ -108,7 +108,7 @@ def test_results_match_eager_in_caller_order(toy):
 
 
 def test_packing_is_greedy_smallest_first(toy):
-    manager = make(toy, max_items_per_batch=3)
+    manager = make(toy, max_items_per_batch=3, packing="greedy")
     items = [EncoderItemSpec(n, n) for n in (5, 1, 9, 3, 40, 2)]
     packs, eager = manager.plan_packs(items)
     assert eager == [4]  # 40 > largest budget 32
@@ -118,13 +118,13 @@ def test_packing_is_greedy_smallest_first(toy):
 
 
 def test_token_cap_closes_a_pack(toy):
-    manager = make(toy, max_items_per_batch=4)
+    manager = make(toy, max_items_per_batch=4, packing="greedy")
     packs, _ = manager.plan_packs([EncoderItemSpec(n, n) for n in (20, 10, 15)])
     assert [p.indices for p in packs] == [(1, 2), (0,)]
 
 
 def test_stats_add_up(toy):
-    manager = make(toy, max_items_per_batch=3)
+    manager = make(toy, max_items_per_batch=3, packing="greedy")
     manager.execute(batch(5, 1, 9, 3, 40, 2))
     stats = manager.stats
     assert stats.items == 6 and stats.hits + stats.misses == stats.items
@@ -208,7 +208,7 @@ def test_segment_capacity_bounds_packs():
             return [EncoderItemSpec(int(n), int(n), 0, 1) for n in mm_kwargs["sizes"]]
 
     toy = FewSlots()
-    manager = make(toy, max_items_per_batch=4)
+    manager = make(toy, max_items_per_batch=4, packing="greedy")
     assert manager.segment_capacity(32) == 3
     kwargs = batch(1, 1, 1, 1, 1)
     packs, eager = manager.plan_packs(toy.get_encoder_cudagraph_item_specs(kwargs))
@@ -219,8 +219,8 @@ def test_segment_capacity_bounds_packs():
 
 def test_tight_packing_pads_less_than_greedy(toy):
     sizes = (2, 30, 1)  # 33 tokens: greedy pads to 64 in one pack; tight replays 32 and 4
-    greedy = make(toy, max_num_batched_tokens=64)
-    tight = make(toy, max_num_batched_tokens=64, packing="tight")
+    greedy = make(toy, max_num_batched_tokens=64, packing="greedy")
+    tight = make(toy, max_num_batched_tokens=64)  # the default
     items = toy.get_encoder_cudagraph_item_specs(batch(*sizes))
     g_packs, _ = greedy.plan_packs(items)
     t_packs, _ = tight.plan_packs(items)
@@ -237,5 +237,5 @@ def test_tight_packing_pads_less_than_greedy(toy):
 def test_unknown_packing_is_rejected(toy):
     from vitcg.errors import BudgetError
 
-    with pytest.raises(BudgetError, match="packing must be one of greedy, tight"):
+    with pytest.raises(BudgetError, match="packing must be one of tight, greedy"):
         make(toy, packing="best")
