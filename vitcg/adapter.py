@@ -46,11 +46,15 @@ class _Input:
 class SpecAdapter:
     """Implements :class:`~vitcg.protocol.SupportsEncoderCudaGraph` for ``module`` as ``spec`` describes it."""
 
-    def __init__(self, spec: Spec, module: nn.Module):
+    def __init__(self, spec: Spec, module: nn.Module, *, compile_forward: bool = False):
+        """``compile_forward``: run the fixed-shape forward through ``torch.compile`` (inductor kernels, one
+        compilation with dynamic shapes for all budgets) before it is captured. Off by default: the first
+        capture then takes as long as a compilation."""
         self.spec = spec
         self.module = module
         self.geometry: dict[str, int] = spec.resolve_geometry(config_snapshot(module.config))
         self._call = getattr(module, spec.encoder.method)
+        self._graph_call = torch.compile(self._call, dynamic=True) if compile_forward else self._call
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._configs = configs_of(module)
         self._pixels_buffer = spec.providers()["pixels"]
@@ -59,7 +63,7 @@ class SpecAdapter:
         """Where the encoder lives (read once: build the adapter after moving the module)."""
         self.dtype: torch.dtype = parameter.dtype
         self._item_cache: dict[tuple, EncoderItemSpec] = {}
-        self._metadata_cache: dict = {}
+        self._metadata_cache = metadata.RowCache(self.device)
         """Item specs by (modality, grid row): serving sees the same image sizes again and again."""
         register()
 
@@ -243,7 +247,7 @@ class SpecAdapter:
     def encoder_cudagraph_forward(self, values: Mapping[str, torch.Tensor | int]) -> torch.Tensor:
         kwargs = {b.arg: values[b.name] for b in self.spec.buffers}
         with use_attention(self._configs, ATTENTION_NAME), torch.no_grad():
-            return self._combine(self._call(**kwargs, **self._call_kwargs))
+            return self._combine(self._graph_call(**kwargs, **self._call_kwargs))
 
     def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any]) -> torch.Tensor:
         outputs = []

@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -27,14 +26,17 @@ ATTENTION_NAME = "vitcg_flash_varlen"
 """Must contain "flash": that is how transformers vision encoders decide to pass packed boundaries."""
 
 
-@lru_cache(maxsize=1)
-def _varlen():
-    """``(varlen_attn, its parameter names)`` or None when this torch has no varlen attention."""
+def _find_varlen():
+    """``(varlen_attn, its parameter names)``, or None when this torch has no varlen attention."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
     return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+_VARLEN = _find_varlen()
+"""Resolved once at import (a plain global, so torch.compile traces no cache wrapper)."""
 
 
 def _segment_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
@@ -50,7 +52,7 @@ def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
 
 def _use_varlen(query: torch.Tensor) -> bool:
     return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[0] == 1
-            and query.shape[-1] % 8 == 0 and query.shape[-1] <= 256 and _varlen() is not None)
+            and query.shape[-1] % 8 == 0 and query.shape[-1] <= 256 and _VARLEN is not None)
 
 
 def graph_safe_attention(
@@ -74,7 +76,7 @@ def graph_safe_attention(
     """
     groups = query.shape[1] // key.shape[1]
     if cu_seq_lens_q is not None and _use_varlen(query):
-        varlen_attn, params = _varlen()
+        varlen_attn, params = _VARLEN
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (seq, heads, dim)
         kwargs = {}
         if "enable_gqa" in params and groups > 1:

@@ -22,12 +22,26 @@ from .manager import EncoderCudaGraphManager
 from .spec.model import Spec
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 1e-2, torch.float16: 1e-2}
-"""Relative tolerance (max abs difference / max abs reference) per dtype."""
+"""Tolerance of :func:`relative_error` (graph against eager) per dtype."""
+HALF = (torch.bfloat16, torch.float16)
+NOISE_FACTOR = 1.5
+"""In half precision a deep encoder's own rounding noise can exceed 1e-2 (32 bf16 layers with random
+weights reach ~2e-2 between two attention kernels). A half-precision item also passes when its error
+against a float32 eager reference is at most this factor times eager's own error against that reference:
+the graph is then as accurate as the model's own forward."""
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    scale = want.abs().max().item() if want.numel() else 0.0
-    diff = (got.float() - want.float()).abs().max().item() if want.numel() else 0.0
+    """``||got - want|| / ||want||`` (Frobenius norms, float64): the error relative to the output's size.
+
+    A max-abs ratio would judge a 32-layer bf16 network by its single worst element; the norm ratio is
+    the usual "relative error" of a tensor and is what DESIGN.md's figures report.
+    """
+    if not want.numel():
+        return 0.0
+    want64 = want.double()
+    scale = torch.linalg.vector_norm(want64).item()
+    diff = torch.linalg.vector_norm(got.double() - want64).item()
     return diff / scale if scale > 0 else diff
 
 
@@ -43,10 +57,17 @@ class CaseResult:
     """Why the case could not complete (a clear message), or None."""
     skipped: str | None = None
     tolerance: float = 0.0
+    graph_vs_fp32: float | None = None
+    """Half precision: largest error of a graph output against the float32 eager reference."""
+    eager_vs_fp32: float | None = None
+    """Half precision: eager's own error against the float32 eager reference, for the same item."""
+    noise_ok: bool = False
+    """Every item within tolerance or within NOISE_FACTOR of eager's own float32 error."""
 
     @property
     def ok(self) -> bool:
-        return self.skipped is not None or (self.error is None and self.finite and self.max_error <= self.tolerance)
+        within = self.max_error <= self.tolerance or self.noise_ok
+        return self.skipped is not None or (self.error is None and self.finite and within)
 
 
 @dataclass
@@ -159,6 +180,9 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
     try:
         module = build_encoder(spec, size, device=device, dtype=dtype, seed=seed)
         adapter = SpecAdapter(spec, module)
+        # same seed, same weights: the float32 twin is the reference for half-precision noise
+        reference = (SpecAdapter(spec, build_encoder(spec, size, device=device, dtype=torch.float32, seed=seed))
+                     if dtype in HALF else None)
         min_budget, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 30,
                                                                     "max_model_len": 1 << 30})
         manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=budget_multiple * min_budget,
@@ -185,13 +209,23 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
             case.route = _route(manager, before)
             if len(outputs) != len(items):
                 raise VitcgError(f"manager returned {len(outputs)} outputs for {len(items)} items")
+            case.noise_ok = reference is not None
             for index, (item, got) in enumerate(zip(items, outputs)):
-                want = adapter.encoder_eager_forward(adapter.select_encoder_cudagraph_items(inputs, [index]))
+                selected = adapter.select_encoder_cudagraph_items(inputs, [index])
+                want = adapter.encoder_eager_forward(selected)
                 if got.shape != want.shape:
                     raise VitcgError(f"item {index}: manager output {tuple(got.shape)} but eager output "
                                      f"{tuple(want.shape)} (items.output_tokens says {item.output_tokens})")
                 case.finite = case.finite and bool(torch.isfinite(got).all())
-                case.max_error = max(case.max_error, relative_error(got, want))
+                error = relative_error(got, want)
+                case.max_error = max(case.max_error, error)
+                if reference is not None:
+                    exact = reference.encoder_eager_forward(
+                        {k: v.float() if v.is_floating_point() else v for k, v in selected.items()})
+                    graph32, eager32 = relative_error(got, exact), relative_error(want, exact)
+                    case.graph_vs_fp32 = max(case.graph_vs_fp32 or 0.0, graph32)
+                    case.eager_vs_fp32 = max(case.eager_vs_fp32 or 0.0, eager32)
+                    case.noise_ok = case.noise_ok and (error <= tolerance or graph32 <= NOISE_FACTOR * eager32)
         except (VitcgError, RuntimeError, ValueError, TypeError, IndexError) as exc:
             case.error = f"{type(exc).__name__}: {exc}"
     return report

@@ -38,34 +38,53 @@ class Pack:
     geometry: Mapping[str, int]
     segments: str
     """``frame``, ``clip`` or ``tile``."""
-    cache: dict = field(default_factory=dict, compare=False)
-    """Per-item results of the vision_utils helpers, by (provider, params, grid row): serving sees the
-    same image sizes again and again. Owned by the adapter, shared across packs."""
+    cache: RowCache = field(default_factory=lambda: RowCache(), compare=False)
+    """Per-item results of the vision_utils helpers; owned by the adapter, shared across packs."""
 
     @property
     def rows(self) -> list:
         return self.counts.tolist()
 
 
-CACHE_SIZE = 4096
+class RowCache:
+    """Per-item results of the vision_utils helpers by (helper, params, grid row): serving sees the same
+    image sizes again and again. Row-sized tensors are kept on the encoder's device, so a pack is composed
+    there with one ``cat`` and no host-to-device copy; the cache is bounded by bytes."""
+
+    def __init__(self, device: torch.device | str = "cpu", max_bytes: int = 64 * 2**20):
+        self.device = torch.device(device)
+        self.max_bytes = max_bytes
+        self._entries: dict[tuple, Any] = {}
+        self._bytes = 0
+
+    def get(self, key: tuple, compute: Callable[[], Any], on_device: bool) -> Any:
+        key = (*key, on_device)
+        found = self._entries.get(key)
+        if found is None:
+            found = compute()
+            if on_device:
+                found = tuple(t.to(self.device) for t in found) if isinstance(found, tuple) else found.to(self.device)
+            size = sum(t.numel() * t.element_size() for t in (found if isinstance(found, tuple) else (found,)))
+            if self._bytes + size > self.max_bytes:
+                self._entries.clear()
+                self._bytes = 0
+            self._entries[key] = found
+            self._bytes += size
+        return found
 
 
-def _per_row(pack: Pack, name: str, params: Mapping[str, Any], row: list, fn: Callable[[torch.Tensor], Any]):
+def _per_row(pack: Pack, name: str, params: Mapping[str, Any], row: list, fn: Callable[[torch.Tensor], Any],
+             on_device: bool = True):
     key = (name, tuple(sorted(params.items())), tuple(row))
-    found = pack.cache.get(key)
-    if found is None:
-        if len(pack.cache) >= CACHE_SIZE:
-            pack.cache.clear()
-        found = pack.cache[key] = fn(torch.tensor([row], dtype=torch.int64))
-    return found
+    return pack.cache.get(key, lambda: fn(torch.tensor([row], dtype=torch.int64)), on_device)
 
 
 def _merge(pack: Pack) -> int:
     return pack.geometry.get("spatial_merge_size", 1)
 
 
-def _cat(parts: list[torch.Tensor], empty_shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    return torch.cat(parts) if parts else torch.zeros(empty_shape, dtype=dtype)
+def _cat(parts: list[torch.Tensor], empty_shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(empty_shape, dtype=dtype, device=device)
 
 
 def _cu_seqlens(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
@@ -81,23 +100,26 @@ def _position_ids(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
     temporal = params.get("include_temporal", False)
     parts = [_per_row(pack, "position_ids", params, row, lambda g: vision_utils.get_vision_position_ids(
         g, _merge(pack), include_temporal=temporal)) for row in pack.rows]
-    return _cat(parts, (0, 3 if temporal else 2), torch.int64)
+    return _cat(parts, (0, 3 if temporal else 2), torch.int64, pack.cache.device)
 
 
 def _window(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``get_vision_window_index`` per item (cached), shifted into place: the same result as the batch call."""
+    """``get_vision_window_index`` per item (cached), shifted into place: the same result as the batch call.
+    The index is composed on the device; the boundaries stay on the host (the padding rule reads them)."""
     g = pack.geometry
     m = g["spatial_merge_size"]
+
+    def one(grid: torch.Tensor):
+        return vision_utils.get_vision_window_index(grid, m, g["window_size"], g["patch_size"])
+
     indices, bounds, units, rows = [], [torch.zeros(1, dtype=torch.int32)], 0, 0
     for row in pack.rows:
-        index, cu = _per_row(pack, "window", {}, row, lambda grid: vision_utils.get_vision_window_index(
-            grid, m, g["window_size"], g["patch_size"]))
-        indices.append(index + units)
-        bounds.append(cu[1:] + rows)
+        indices.append(_per_row(pack, "window", {}, row, lambda grid: one(grid)[0]) + units)
+        bounds.append(_per_row(pack, "window_bounds", {}, row, lambda grid: one(grid)[1], on_device=False)[1:] + rows)
         t, h, w = row
         units += t * (h // m) * (w // m)
         rows += t * h * w
-    return _cat(indices, (0,), torch.int64), torch.cat(bounds)
+    return _cat(indices, (0,), torch.int64, pack.cache.device), torch.cat(bounds)
 
 
 def _interp(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +131,9 @@ def _interp(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.
 
     parts = [_per_row(pack, "interp", params, row, one) for row in pack.rows]
     taps = 4 if params.get("mode", "bilinear") == "bilinear" else 16
-    return (_cat([p[0] for p in parts], (0, taps), torch.int64), _cat([p[1] for p in parts], (0, taps), torch.float32))
+    device = pack.cache.device
+    return (_cat([p[0] for p in parts], (0, taps), torch.int64, device),
+            _cat([p[1] for p in parts], (0, taps), torch.float32, device))
 
 
 _COMPUTE: dict[str, Callable[[Pack, Mapping[str, Any]], torch.Tensor]] = {

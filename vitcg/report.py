@@ -54,14 +54,20 @@ def check_text(reports: list[SpecReport], *, summary: bool = True, details: bool
         if r.error:
             lines.append(f"  FAILED before any case: {r.error}")
             continue
-        lines.append(f"  {'case':<38} {'items':>5}  {'route':<22} {'max rel err':>11}  {'finite':<6}  result")
+        half = any(c.graph_vs_fp32 is not None for c in r.cases)
+        extra = f"  {'vs fp32 graph/eager':>19}" if half else ""
+        lines.append(f"  {'case':<38} {'items':>5}  {'route':<22} {'max rel err':>11}{extra}  {'finite':<6}  result")
         for c in r.cases:
             if c.skipped:
                 lines.append(f"  {c.name:<38} {'':>5}  {'-':<22} {'':>11}  {'':<6}  skipped ({c.skipped})")
                 continue
             result = "ok" if c.ok else ("FAILED: " + c.error if c.error else
                                         f"FAILED (tolerance {c.tolerance:.0e})" if c.finite else "FAILED: not finite")
-            lines.append(f"  {c.name:<38} {c.items:>5}  {c.route:<22} {c.max_error:>11.2e}  "
+            noise = (f"  {c.graph_vs_fp32:>9.2e}/{c.eager_vs_fp32:.2e}" if c.graph_vs_fp32 is not None
+                     else f"  {'':>19}" if half else "")
+            if c.ok and c.max_error > c.tolerance:
+                result = "ok (as accurate as eager vs fp32)"
+            lines.append(f"  {c.name:<38} {c.items:>5}  {c.route:<22} {c.max_error:>11.2e}{noise}  "
                          f"{'yes' if c.finite else 'NO':<6}  {result}")
     if summary:
         failed = [r.spec for r in reports if not r.ok]
@@ -77,6 +83,7 @@ def check_json(reports: list[SpecReport]) -> str:
             {"spec": r.spec, "device": r.device, "dtype": r.dtype, "budgets": list(r.budgets),
              "max_items": r.max_items, "ok": r.ok, "error": r.error,
              "cases": [{"name": c.name, "items": c.items, "route": c.route, "max_error": c.max_error,
+                        "graph_vs_fp32": c.graph_vs_fp32, "eager_vs_fp32": c.eager_vs_fp32,
                         "finite": c.finite, "tolerance": c.tolerance, "ok": c.ok, "error": c.error,
                         "skipped": c.skipped} for c in r.cases]}
             for r in reports

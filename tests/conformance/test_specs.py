@@ -1,7 +1,7 @@
 """Conformance over every spec: manager output equals eager output per item (float32, CPU).
 
 The spec list and marks come from the generated test configurations (registry/test_configs.py), the one
-source of truth shared with the docs. Tolerance: relative error (max |graph - eager| / max |eager|)
+source of truth shared with the docs. Tolerance: relative error ||graph - eager|| / ||eager|| per item
 <= 1e-5, every output finite.
 """
 

@@ -1,6 +1,6 @@
 """Real CUDA graphs (skipped without CUDA): capture/replay equals eager, buffer identity, shared-pool safety.
 
-Tolerance: bf16 relative error (max |graph - eager| / max |eager|) <= 1e-2; float32 <= 1e-5.
+Tolerance: bf16 relative error ||graph - eager|| / ||eager|| per item <= 1e-2; float32 <= 1e-5.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import vision_utils
 
-from vitcg.metadata import Pack, compute
+from vitcg.metadata import Pack, RowCache, compute
 from vitcg.spec.model import Buffer
 
 GEOMETRY = {"spatial_merge_size": 2, "window_size": 112, "patch_size": 14, "num_grid_per_side": 8}
@@ -20,7 +20,7 @@ def buffer(provider: str, **params) -> Buffer:
 
 def pack_of(rows, segments="frame", cache=None) -> Pack:
     grid = torch.tensor([[t, 2 * h, 2 * w] for t, h, w in rows])
-    return Pack(torch.zeros(0), grid, GEOMETRY, segments, {} if cache is None else cache)
+    return Pack(torch.zeros(0), grid, GEOMETRY, segments, RowCache() if cache is None else cache)
 
 
 @settings(max_examples=40, deadline=None)
@@ -34,7 +34,7 @@ def test_cu_seqlens(rows, clip):
 @settings(max_examples=40, deadline=None)
 @given(rows=ROWS, temporal=st.booleans())
 def test_position_ids(rows, temporal):
-    cache: dict = {}
+    cache = RowCache()
     for _ in range(2):  # the second round is served from the cache
         pack = pack_of(rows, cache=cache)
         want = vision_utils.get_vision_position_ids(pack.counts, 2, include_temporal=temporal)
@@ -44,7 +44,7 @@ def test_position_ids(rows, temporal):
 @settings(max_examples=40, deadline=None)
 @given(rows=ROWS)
 def test_window_index_and_bounds(rows):
-    cache: dict = {}
+    cache = RowCache()
     for _ in range(2):
         pack = pack_of(rows, cache=cache)
         index, bounds = vision_utils.get_vision_window_index(pack.counts, 2, 112, 14)
@@ -65,3 +65,13 @@ def test_interpolation(rows, mode, corners):
 
 def test_host_providers_have_no_value():
     assert compute(buffer("max_seqlen"), pack_of([(1, 1, 1)])) is None
+
+
+def test_row_cache_is_bounded_by_bytes():
+    cache = RowCache(max_bytes=100)
+    calls = []
+    for i in range(5):
+        cache.get(("k", i), lambda: calls.append(i) or torch.zeros(8, dtype=torch.int64), on_device=True)
+    assert cache._bytes <= 100
+    cache.get(("k", 4), lambda: calls.append("again") or torch.zeros(8), on_device=True)
+    assert "again" not in calls  # the newest entry survived the last clear
