@@ -346,14 +346,14 @@ def plot(results: list[dict], path: str) -> None:
     cols = min(count, 3)
     fig, axes = plt.subplots(math.ceil(count / cols), cols, figsize=(5 * cols, 4 * math.ceil(count / cols)),
                              squeeze=False)
-    styles = {"eager": "o-", "compile": "s--", "vitcg_greedy": "^-", "vitcg_tight": "v-", "vitcg_inductor": "d-",
-              "exact": "x:"}
+    styles = {"eager": ("o-", "tab:blue"), "compile": ("s--", "tab:orange"), "vitcg_greedy": ("^-", "tab:olive"),
+              "vitcg_tight": ("v-", "tab:green"), "vitcg_inductor": ("d-", "tab:purple"), "exact": ("x:", "tab:red")}
     for ax, spec in zip(axes.flat, results):
         rows = sorted(spec["workloads"], key=lambda r: r["tokens"])
-        for method, style in styles.items():
+        for method, (style, color) in styles.items():
             points = [(r["tokens"], r["ms"][method]) for r in rows if method in r["ms"]]
             if points:
-                ax.plot(*zip(*points), style, label=method)
+                ax.plot(*zip(*points), style, color=color, label=method)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(f"{spec['spec']} ({spec['size']}, {spec['dtype']})")
