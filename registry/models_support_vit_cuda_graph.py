@@ -4,8 +4,10 @@ offline vision-language example, which asserts the model type is listed before e
 
 MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "internvl",
+    "lfm2_vl",
     "qwen2_5_vl",
     "qwen2_vl",
     "qwen3_vl",
     "qwen3_vl_moe",
+    "siglip2",
 ]

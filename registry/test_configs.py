@@ -90,6 +90,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=["core_model"],
     ),
+    "siglip2": VitCudagraphTestConfig(
+        model="google/siglip2-so400m-patch16-naflex",
+        modalities=["image"],
+        image_prompt="<|im_start|>user\n<image>What is in this image?<|im_end|>\n<|im_start|>assistant\n",
+        video_prompt=None,
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
 }
 
 

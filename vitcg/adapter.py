@@ -4,11 +4,16 @@ Nothing here knows a model. Item sizes come from the spec's formulas, buffer sha
 formulas, buffer contents from the providers it names, and the encoder call from its ``args``,
 ``call_kwargs`` and ``outputs``. Items are ordered canonically: the spec's modalities in order
 (image, then video), each in input order.
+
+With ``graph_scope`` the graphs capture one submodule call instead of the whole encoder call: the
+model's own forward runs eagerly (a prologue that may sync, an epilogue that may select data-dependent
+rows) and the scoped call inside it is answered by a graph replay (:meth:`encoder_scoped_forward`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +42,12 @@ class _Input:
 
     modality: Modality
     pixels: torch.Tensor
-    counts: torch.Tensor
-    """The counts as given (for the eager call)."""
+    counts: torch.Tensor | None
+    """The counts as given (for the eager call); None when every tile is an item."""
     counts_cpu: torch.Tensor
-    """The same on the CPU as int64 (for formulas and providers)."""
+    """The counts on the CPU as int64 (for formulas and providers); ones when every tile is an item."""
+    extras: dict[str, torch.Tensor]
+    """Extra inputs by role, aligned with the pixels on dim 0."""
 
 
 class SpecAdapter:
@@ -54,10 +61,13 @@ class SpecAdapter:
         self.module = module
         self.geometry: dict[str, int] = spec.resolve_geometry(config_snapshot(module.config))
         self._call = getattr(module, spec.encoder.method)
-        self._graph_call = torch.compile(self._call, dynamic=True) if compile_forward else self._call
+        self._scope = _submodule(module, spec.graph_scope) if spec.graph_scope else None
+        graph_call = self._scope.forward if self._scope is not None else self._call
+        self._graph_call = torch.compile(graph_call, dynamic=True) if compile_forward else graph_call
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._configs = configs_of(module)
-        self._pixels_buffer = spec.providers()["pixels"]
+        self._rows_buffer = next(b for b in spec.buffers if b.padding in ("zeros", "ones"))
+        """The buffer whose first dimension is the row (or tile) capacity: where padding segments end."""
         parameter = next(module.parameters())
         self.device: torch.device = parameter.device
         """Where the encoder lives (read once: build the adapter after moving the module)."""
@@ -72,22 +82,33 @@ class SpecAdapter:
     def _inputs(self, mm_kwargs: Mapping[str, Any]) -> list[_Input]:
         found = []
         for modality in self.spec.modalities:
-            keys = [modality.pixels_key, modality.count_key]
+            keys = list(modality.inputs.values())
             present = [k for k in keys if mm_kwargs.get(k) is not None]
             if not present:
                 continue
-            if len(present) == 1:
-                missing = next(k for k in keys if k not in present)
-                raise InputError(f"{self.spec.name}: {present[0]!r} is given without {missing!r}")
+            missing = [k for k in keys if k not in present]
+            if missing:
+                raise InputError(f"{self.spec.name}: {present[0]!r} is given without {missing[0]!r}")
             pixels = mm_kwargs[modality.pixels_key]
-            counts = torch.as_tensor(mm_kwargs[modality.count_key])
-            counts_cpu = counts.detach().to("cpu", torch.int64)
+            if modality.count_key is None:
+                counts, counts_cpu = None, torch.ones(pixels.shape[0], dtype=torch.int64)
+            else:
+                counts = torch.as_tensor(mm_kwargs[modality.count_key])
+                counts_cpu = counts.detach().to("cpu", torch.int64)
             want = 2 if self.spec.style != "tiles" else 1
             if counts_cpu.dim() != want or (want == 2 and counts_cpu.shape[-1] != 3):
                 shape = "(items, 3)" if want == 2 else "(items,)"
                 raise InputError(f"{self.spec.name}: {modality.count_key!r} must have shape {shape}, "
                                  f"got {tuple(counts_cpu.shape)}")
-            found.append(_Input(modality, pixels, counts, counts_cpu))
+            extras = {role: mm_kwargs[modality.inputs[role]] for role in modality.extra_roles}
+            for role, value in extras.items():
+                if value.shape[0] != pixels.shape[0]:
+                    raise InputError(f"{self.spec.name}: {modality.inputs[role]!r} has {value.shape[0]} rows on "
+                                     f"dim 0, {modality.pixels_key!r} has {pixels.shape[0]}; they must align")
+            found.append(_Input(modality, pixels, counts, counts_cpu, extras))
+        if not found and any(v is not None for v in mm_kwargs.values()):
+            expected = "; ".join(f"{m.name}: {', '.join(m.inputs.values())}" for m in self.spec.modalities)
+            raise InputError(f"{self.spec.name}: no known input key in {sorted(mm_kwargs)}; expected {expected}")
         return found
 
     def _names(self, row: Sequence[int]) -> dict[str, int]:
@@ -116,7 +137,7 @@ class SpecAdapter:
     def get_input_modality(self, mm_kwargs: Mapping[str, Any]) -> str:
         inputs = self._inputs(mm_kwargs)
         if not inputs:
-            expected = "; ".join(f"{m.name}: {m.pixels_key} + {m.count_key}" for m in self.spec.modalities)
+            expected = "; ".join(f"{m.name}: {', '.join(m.inputs.values())}" for m in self.spec.modalities)
             raise InputError(f"{self.spec.name}: no known input key in {sorted(mm_kwargs)}; expected {expected}")
         return "+".join(i.modality.name for i in inputs)
 
@@ -142,12 +163,12 @@ class SpecAdapter:
             offsets = [0]
             for size in sizes:
                 offsets.append(offsets[-1] + size)
-            if local == list(range(len(rows))):
-                pixels = inp.pixels
-            else:
-                pixels = torch.cat([inp.pixels[offsets[i]:offsets[i + 1]] for i in local])
-            selected[inp.modality.pixels_key] = pixels
-            selected[inp.modality.count_key] = inp.counts[local] if len(local) < len(rows) else inp.counts
+            everything = local == list(range(len(rows)))
+            for role, tensor in (("pixels", inp.pixels), *inp.extras.items()):
+                key = inp.modality.inputs[role]
+                selected[key] = tensor if everything else torch.cat([tensor[offsets[i]:offsets[i + 1]] for i in local])
+            if inp.counts is not None:
+                selected[inp.modality.count_key] = inp.counts if everything else inp.counts[local]
         if wanted and (wanted[0] < 0 or wanted[-1] >= start):
             bad = wanted[0] if wanted[0] < 0 else wanted[-1]
             raise InputError(f"{self.spec.name}: item index {bad} out of range ({start} items)")
@@ -174,6 +195,7 @@ class SpecAdapter:
             padding_logics={b.name: b.padding for b in self.spec.buffers},
             max_frames_per_video=video.max_frames_per_video if video else 1,
             segment_key=segment.name if (segment := self.spec.providers().get("cu_seqlens")) else None,
+            scoped=self._scope is not None,
         )
 
 
@@ -191,6 +213,8 @@ class SpecAdapter:
                 values[buffer.name] = buffer.value.evaluate(names)
                 continue
             kind = PROVIDERS[buffer.provider].dtype
+            if kind == "param":
+                kind = buffer.params.get("dtype", "model")
             shape = tuple(f.evaluate(names) for f in buffer.shape)
             values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else metadata.DTYPES[kind],
                                               device=device)
@@ -201,20 +225,24 @@ class SpecAdapter:
         return EncoderCudaGraphCaptureInputs(values)
 
     def row_capacity(self, values: Mapping[str, torch.Tensor | int]) -> int:
-        """Rows (patches or tiles) the pixel buffer of these capture inputs holds."""
-        return values[self._pixels_buffer.name].shape[0]
+        """Rows (patches or tiles) these capture inputs hold: the first dimension of the row buffer."""
+        return values[self._rows_buffer.name].shape[0]
 
     def _pack(self, mm_kwargs: Mapping[str, Any]) -> tuple[metadata.Pack, list[EncoderItemSpec]]:
         inputs = self._inputs(mm_kwargs)
         items = [self.item_spec(i.modality, row) for i in inputs for row in i.counts_cpu.tolist()]
+        def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
+
         if inputs:
-            pixels = torch.cat([i.pixels for i in inputs]) if len(inputs) > 1 else inputs[0].pixels
+            pixels = joined([i.pixels for i in inputs])
             counts = torch.cat([i.counts_cpu for i in inputs])
+            extras = {role: joined([i.extras[role] for i in inputs]) for role in inputs[0].extras}
         else:
-            pixels = torch.zeros(0)
+            pixels, extras = torch.zeros(0), {}
             counts = torch.zeros((0,) if self.spec.style == "tiles" else (0, 3), dtype=torch.int64)
         pack = metadata.Pack(pixels.to(self.device, self.dtype), counts, self.geometry, self.spec.segments,
-                             self._metadata_cache)
+                             self._metadata_cache, extras)
         return pack, items
 
     def prepare_encoder_cudagraph_replay_buffers(
@@ -244,19 +272,93 @@ class SpecAdapter:
                              f"row counts {sorted(rows)}; they cannot be concatenated")
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
-    def encoder_cudagraph_forward(self, values: Mapping[str, torch.Tensor | int]) -> torch.Tensor:
+    def encoder_cudagraph_forward(self, values: Mapping[str, torch.Tensor | int]) -> Any:
+        """The fixed-shape forward: the combined output tensor, or with ``graph_scope`` the scoped
+        submodule's own output structure."""
         kwargs = {b.arg: values[b.name] for b in self.spec.buffers}
         with use_attention(self._configs, ATTENTION_NAME), torch.no_grad():
+            if self._scope is not None:
+                return self._graph_call(**kwargs)
             return self._combine(self._graph_call(**kwargs, **self._call_kwargs))
 
     def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any]) -> torch.Tensor:
         outputs = []
         for inp in self._inputs(mm_kwargs):
-            by_role = {"pixels": inp.pixels.to(self.device, self.dtype), "grid": inp.counts.to(self.device),
-                       "tiles": inp.counts.to(self.device)}
+            counts = inp.counts.to(self.device) if inp.counts is not None else None
+            by_role = {"pixels": inp.pixels.to(self.device, self.dtype), "grid": counts, "tiles": counts,
+                       **{role: value.to(self.device) for role, value in inp.extras.items()}}
             kwargs = {arg: by_role[role] for arg, role in self.spec.encoder.args.items()}
             with torch.no_grad():
                 outputs.append(self._combine(self._call(**kwargs, **self._call_kwargs)))
         if not outputs:
             return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    def encoder_scoped_forward(self, mm_kwargs: Mapping[str, Any],
+                               replay: Callable[[dict[str, torch.Tensor | None]], tuple[Any, Mapping]]) -> torch.Tensor:
+        """The model's eager forward with each call of the scoped submodule answered by ``replay``.
+
+        ``replay`` receives the call's arguments by buffer name (unpadded; None for host integers and
+        absent optional arguments) and returns the captured output structure with the capture values it
+        ran on; the interceptor slices the output back to the call's rows and clones it, so a later
+        replay cannot overwrite what the epilogue still reads. Raises InputError for a tensor argument no
+        buffer carries, or a call that never came.
+        """
+        scope = self._scope
+        signature = inspect.signature(scope.forward)
+        calls = []
+
+        def intercept(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            arguments = dict(bound.arguments)
+            for name, param in signature.parameters.items():
+                if param.kind is param.VAR_KEYWORD:
+                    arguments.update(arguments.pop(name, {}))
+            covered = {b.arg for b in self.spec.buffers}
+            stray = [k for k, v in arguments.items() if isinstance(v, torch.Tensor) and k not in covered]
+            if stray:
+                raise InputError(f"{self.spec.name}: the scoped call {self.spec.graph_scope}({', '.join(stray)}) "
+                                 "passes tensors no buffer carries; add scope_arg buffers for them")
+            values = {b.name: (None if b.is_host else arguments.get(b.arg)) for b in self.spec.buffers}
+            calls.append(1)
+            rows = arguments.get(self._rows_buffer.arg)
+            captured, capture_values = replay(values)
+            return _slice_rows(captured, self.row_capacity(capture_values), rows.shape[0] if rows is not None else None)
+
+        previous = vars(scope).get("forward")
+        scope.forward = intercept
+        try:
+            output = self.encoder_eager_forward(mm_kwargs)
+        finally:
+            if previous is None:
+                del scope.forward
+            else:
+                scope.forward = previous
+        if self._inputs(mm_kwargs) and not calls:
+            raise InputError(f"{self.spec.name}: the eager forward never called graph_scope "
+                             f"{self.spec.graph_scope!r}; check the module path")
+        return output
+
+
+def _submodule(module: nn.Module, path: str) -> nn.Module:
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        names = [name for name, _ in module.named_modules() if name and name.count(".") <= path.count(".")]
+        from .spec.formulas import suggest
+
+        raise InputError(f"graph_scope module {path!r} is not in {type(module).__name__}"
+                         + (f"; {suggest(path, names)}" if suggest(path, names) else "")) from None
+
+
+def _slice_rows(value: Any, capacity: int, rows: int | None) -> Any:
+    """``value`` with every tensor whose dim 0 is the capacity cut to ``rows`` and cloned; same structure."""
+    if isinstance(value, torch.Tensor):
+        if rows is not None and value.dim() and value.shape[0] == capacity:
+            return value[:rows].clone()
+        return value.clone()
+    if isinstance(value, Mapping):
+        return type(value)(**{k: _slice_rows(v, capacity, rows) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return type(value)(_slice_rows(v, capacity, rows) for v in value)
+    return value

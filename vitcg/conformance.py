@@ -89,29 +89,51 @@ Inputs = dict[str, torch.Tensor]
 
 
 class CaseBuilder:
-    """Builds multimodal kwargs of given item sizes for one spec, with seeded random pixels."""
+    """Builds multimodal kwargs of given item sizes for one spec: seeded random pixels, and every other
+    input role as the spec's ``tests.inputs`` describes it."""
 
     def __init__(self, spec: Spec, adapter: SpecAdapter, generator: torch.Generator):
         self.spec, self.adapter, self.generator = spec, adapter, generator
         self.geometry = adapter.geometry
 
-    def row_shape(self) -> tuple[int, ...]:
-        """Shape of one pixel row (packed) or one tile, read from the pixel buffer's shape formula."""
+    def row_shape(self, role: str = "pixels") -> tuple[int, ...]:
+        """Shape of one row (a patch row or a tile) of ``role``: from ``tests.inputs``, or for pixels from the
+        pixel buffer's shape formula."""
+        example = self.spec.tests.inputs.get(role)
+        if example is not None:
+            return tuple(f.evaluate(self.geometry) for f in example.shape)
         pixels = self.spec.providers()["pixels"]
         names = {"budget": self.spec.budget_min.evaluate({**self.geometry, "max_num_batched_tokens": 1 << 20,
                                                           "max_model_len": 1 << 20}),
                  "max_items": 1, "max_frames": 1, **self.geometry}
         return tuple(f.evaluate(names) for f in pixels.shape[1:])
 
+    def _fill(self, role: str, rows: int) -> torch.Tensor:
+        example = self.spec.tests.inputs.get(role)
+        shape = (rows, *self.row_shape(role))
+        fill = example.fill if example is not None else "randn"
+        dtype = {"bool": torch.bool, "int32": torch.int32, "int64": torch.int64}.get(
+            example.dtype if example is not None else "model", torch.float32)
+        if not isinstance(fill, str):
+            row = torch.tensor([f.evaluate(self.geometry) for f in fill], dtype=dtype)
+            return row.expand(shape).clone()
+        if fill == "randn":
+            return torch.randn(shape, generator=self.generator).to(dtype)
+        return (torch.ones if fill == "ones" else torch.zeros)(shape, dtype=dtype)
+
     def inputs(self, modality: str, sizes: list) -> Inputs:
         m = self.spec.modality(modality)
-        if self.spec.style == "tiles":
+        if m.count_key is None:
+            counts = torch.ones(len(sizes), dtype=torch.int64)  # every tile is an item
+        elif self.spec.style == "tiles":
             counts = torch.tensor(sizes, dtype=torch.int64)
         else:
             counts = torch.tensor(sizes, dtype=torch.int64).reshape(-1, 3)
         rows = sum(self.adapter.item_spec(m, row).input_size for row in counts.tolist())
-        pixels = torch.randn((rows, *self.row_shape()), generator=self.generator)
-        return {m.pixels_key: pixels, m.count_key: counts}
+        kwargs = {key: self._fill(role, rows) for role, key in m.inputs.items() if role not in ("grid", "tiles")}
+        if m.count_key is not None:
+            kwargs[m.count_key] = counts
+        return kwargs
 
     def image(self, a: int, b: int) -> list:
         """A grid of ``a x b`` merged tokens, or ``a`` tiles."""
@@ -140,6 +162,7 @@ def _cases(builder: CaseBuilder, max_budget: int) -> list[tuple[str, Callable[[]
         return builder.image(a, b) if modality == "image" else builder.video(1, a, b)
 
     no_video = "no video modality"
+    single = spec.modality(first).count_key is None
     return [
         ("one small image" if has_image else "one small item", one(first, item(first, 2, 4))),
         ("images of different sizes",  # more items than one pack holds: two packs, two budgets
@@ -151,6 +174,7 @@ def _cases(builder: CaseBuilder, max_budget: int) -> list[tuple[str, Callable[[]
                    **builder.inputs("video", [builder.video(max(1, frames // 2), 2, 4)])})
          if has_image and has_video else "needs image and video"),
         ("item larger than the largest budget",
+         "every item is one tile, within every budget" if single else
          one(first, item(first, 2, 2), item(first, huge, huge) if not tiles else huge)),
         ("empty batch", one(first)),
     ]

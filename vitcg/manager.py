@@ -282,8 +282,15 @@ class EncoderCudaGraphManager:
         packs, eager = self.plan_packs(items)
         results: list[torch.Tensor | None] = [None] * len(items)
         for pack in packs:
-            output = self._replay(pack, mm_kwargs)
-            self._split(output, pack.indices, items, results, exact=False, source=f"budget {pack.budget} graph")
+            if self.config.scoped:
+                selected = self.model.select_encoder_cudagraph_items(mm_kwargs, list(pack.indices))
+                entry = self.graphs[pack.budget]
+                output = self.model.encoder_scoped_forward(selected, lambda values, e=entry: self._run(e, values))
+                self._split(output, pack.indices, items, results, exact=True,
+                            source=f"forward around the budget {pack.budget} graph")
+            else:
+                output = self._replay(pack, mm_kwargs)
+                self._split(output, pack.indices, items, results, exact=False, source=f"budget {pack.budget} graph")
             self.stats.replays += 1
             self.stats.replays_per_budget[pack.budget] += 1
             self.stats.hits += len(pack.indices)
@@ -304,14 +311,18 @@ class EncoderCudaGraphManager:
         entry = self.graphs[pack.budget]
         selected = self.model.select_encoder_cudagraph_items(mm_kwargs, list(pack.indices))
         fresh = self.model.prepare_encoder_cudagraph_replay_buffers(selected, self.plan.max_items, self.plan.max_frames)
-        for key, value in fresh.values.items():
-            if value is None:
-                continue
+        return self._run(entry, fresh.values)[0]
+
+    def _run(self, entry: _BudgetGraph, values: Mapping[str, torch.Tensor | None]) -> tuple[Any, Mapping]:
+        """Refill ``entry``'s buffers in place from ``values`` (None: leave as captured), then replay it (or
+        run the static forward). Returns the output and the capture values it ran on."""
+        for key, value in values.items():
             dest = entry.inputs.values[key]
-            if dest.data_ptr() != entry.pointers[key]:
-                raise RuntimeError(f"buffer identity broken: capture buffer {key!r} of budget {pack.budget} "
+            if isinstance(dest, torch.Tensor) and dest.data_ptr() != entry.pointers[key]:
+                raise RuntimeError(f"buffer identity broken: capture buffer {key!r} of budget {entry.budget} "
                                    "was replaced after capture")
-            metadata.fill(self.config.padding_logics[key], dest, value, entry.capacity, key)
+            if value is not None:
+                metadata.fill(self.config.padding_logics[key], dest, value, entry.capacity, key)
         tic = time.perf_counter()
         if entry.graph is not None:
             entry.graph.replay()
@@ -319,7 +330,7 @@ class EncoderCudaGraphManager:
         else:
             output = self.model.encoder_cudagraph_forward(entry.inputs.values)
         self._forward_seconds += time.perf_counter() - tic
-        return output
+        return output, entry.inputs.values
 
     def _split(self, output: torch.Tensor, indices: Sequence[int], items: Sequence[EncoderItemSpec],
                results: list, *, exact: bool, source: str) -> None:

@@ -9,6 +9,7 @@ is not precomputed). Each padding rule writes such a value into a fixed-size cap
   at the buffer's row capacity, spread over the free slots (real tokens never attend to padding, padding
   rows are computed so no uninitialized memory turns into NaN, and no long padding segment costs
   quadratic attention); without padding the free slots repeat the last offset;
+- ``ones``: value rows first, rows of ones after them (attention masks of padding tiles);
 - ``identity``: indices first, then each padding slot maps to itself;
 - ``fixed``: a host integer fixed at capture, never refilled.
 """
@@ -40,6 +41,8 @@ class Pack:
     """``frame``, ``clip`` or ``tile``."""
     cache: RowCache = field(default_factory=lambda: RowCache(), compare=False)
     """Per-item results of the vision_utils helpers; owned by the adapter, shared across packs."""
+    extras: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    """Extra inputs by role, aligned with the pixels on dim 0."""
 
     @property
     def rows(self) -> list:
@@ -138,6 +141,7 @@ def _interp(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.
 
 _COMPUTE: dict[str, Callable[[Pack, Mapping[str, Any]], torch.Tensor]] = {
     "pixels": lambda pack, params: pack.pixels,
+    "aligned": lambda pack, params: pack.extras[params["role"]].to(pack.cache.device),
     "grid": lambda pack, params: pack.counts,
     "cu_seqlens": _cu_seqlens,
     "position_ids": _position_ids,
@@ -171,6 +175,16 @@ def pad_zeros(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) ->
     dest[:n].copy_(src, non_blocking=True)
     if n < dest.shape[0]:
         dest[n:].zero_()
+
+
+def pad_ones(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
+    """Value rows, then rows of ones: padding tiles with an all-true attention mask never see an empty
+    softmax, so they cannot turn into NaN."""
+    _check_fits(dest, src, key)
+    n = src.shape[0]
+    dest[:n].copy_(src, non_blocking=True)
+    if n < dest.shape[0]:
+        dest[n:].fill_(1)
 
 
 def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
@@ -209,6 +223,7 @@ def pad_identity(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str)
 
 PADDING_RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, int, str], None]] = {
     "zeros": pad_zeros,
+    "ones": pad_ones,
     "trailing_segment": pad_trailing_segment,
     "identity": pad_identity,
 }
@@ -223,4 +238,4 @@ def fill(rule: str, dest: torch.Tensor, src: torch.Tensor | None, capacity: int,
     PADDING_RULES[rule](dest, src, capacity, key)
 
 
-DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32}
+DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32, "bool": torch.bool}

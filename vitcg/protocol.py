@@ -51,6 +51,10 @@ class EncoderCudaGraphConfig:
     segment_key: str | None = None
     """Buffer of segment boundaries (``cu_seqlens``) whose length bounds the segments of one pack: its
     slots minus the leading zero and one padding segment. vitcg extension; None: no such bound."""
+    scoped: bool = False
+    """The graphs capture one submodule call and the model's forward runs eagerly around it: the manager
+    calls ``encoder_scoped_forward(mm_kwargs, replay)`` instead of refilling and replaying itself.
+    vitcg extension."""
 
 
 @dataclass

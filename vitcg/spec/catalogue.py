@@ -17,48 +17,60 @@ SEGMENTED = frozenset({"packed", "windowed"})
 class ProviderInfo:
     name: str
     kind: str
-    """``tensor`` (allocated at capture, refilled in place) or ``host`` (an int fixed at capture)."""
+    """``tensor`` (allocated at capture, refilled in place), ``host`` (an int fixed at capture), or
+    ``either`` (a buffer with ``value`` is a host int, one with ``shape`` a tensor)."""
     styles: frozenset[str]
-    padding: str
-    """The padding rule the provider implements; a spec must name the same rule."""
+    paddings: tuple[str, ...]
+    """Padding rules the provider supports; a spec must name one of them."""
     dtype: str
-    """``model`` (the encoder's dtype), ``int32``, ``int64`` or ``float32``."""
+    """``model`` (the encoder's dtype), ``int32``, ``int64``, ``float32``, or ``param`` (the buffer's
+    ``params.dtype``, default ``model``)."""
     geometry: tuple[str, ...] = ()
     """Geometry names the provider reads; the spec must define them."""
     params: frozenset[str] = frozenset()
     """Allowed keys of the buffer's ``params``."""
     description: str = ""
+    scoped: bool = False
+    """Fills the arguments of a graph-scoped submodule call (``graph_scope``) and nothing else."""
 
 
 PROVIDERS: dict[str, ProviderInfo] = {
     p.name: p
     for p in (
-        ProviderInfo("pixels", "tensor", frozenset(STYLES), "zeros", "model",
+        ProviderInfo("pixels", "tensor", frozenset(STYLES), ("zeros",), "model",
                      description="pixel rows (packed) or tiles (dim 0) of the pack, zero rows after them"),
-        ProviderInfo("grid", "tensor", SEGMENTED, "zeros", "int64",
+        ProviderInfo("grid", "tensor", SEGMENTED, ("zeros",), "int64",
                      description="the items' t/h/w rows, zero rows after them"),
-        ProviderInfo("cu_seqlens", "tensor", SEGMENTED, "trailing_segment", "int32",
+        ProviderInfo("cu_seqlens", "tensor", SEGMENTED, ("trailing_segment",), "int32",
                      description="segment boundaries (per frame or per clip); padding rows form one trailing "
                                  "segment and unused slots repeat the last offset"),
-        ProviderInfo("max_seqlen", "host", SEGMENTED, "fixed", "int64",
+        ProviderInfo("max_seqlen", "host", SEGMENTED, ("fixed",), "int64",
                      description="worst-case segment length for the budget, fixed at capture"),
-        ProviderInfo("position_ids", "tensor", SEGMENTED, "zeros", "int64", ("spatial_merge_size",),
+        ProviderInfo("position_ids", "tensor", SEGMENTED, ("zeros",), "int64", ("spatial_merge_size",),
                      frozenset({"include_temporal"}),
                      description="rotary (h, w) or (t, h, w) position ids in merge-block order"),
-        ProviderInfo("window_index", "tensor", frozenset({"windowed"}), "identity", "int64",
+        ProviderInfo("window_index", "tensor", frozenset({"windowed"}), ("identity",), "int64",
                      ("spatial_merge_size", "window_size", "patch_size"),
                      description="window order of merged units; padding units map to themselves"),
-        ProviderInfo("cu_window_seqlens", "tensor", frozenset({"windowed"}), "trailing_segment", "int32",
+        ProviderInfo("cu_window_seqlens", "tensor", frozenset({"windowed"}), ("trailing_segment",), "int32",
                      ("spatial_merge_size", "window_size", "patch_size"),
                      description="window boundaries; padding forms one trailing window"),
-        ProviderInfo("max_window_seqlen", "host", frozenset({"windowed"}), "fixed", "int64",
+        ProviderInfo("max_window_seqlen", "host", frozenset({"windowed"}), ("fixed",), "int64",
                      description="worst-case window length for the budget, fixed at capture"),
-        ProviderInfo("interp_indices", "tensor", SEGMENTED, "zeros", "int64",
+        ProviderInfo("interp_indices", "tensor", SEGMENTED, ("zeros",), "int64",
                      ("num_grid_per_side", "spatial_merge_size"), frozenset({"mode", "align_corners", "padding"}),
                      description="gather indices resampling a learned position table to each grid"),
-        ProviderInfo("interp_weights", "tensor", SEGMENTED, "zeros", "float32",
+        ProviderInfo("interp_weights", "tensor", SEGMENTED, ("zeros",), "float32",
                      ("num_grid_per_side", "spatial_merge_size"), frozenset({"mode", "align_corners", "padding"}),
                      description="weights of those taps; zero for padding rows"),
+        ProviderInfo("aligned", "tensor", frozenset(STYLES), ("zeros", "ones"), "param", (),
+                     frozenset({"role", "dtype"}),
+                     description="an extra input aligned with the pixels on dim 0 (a per-tile mask, per-image "
+                                 "shapes), sliced and padded like them; params: role, dtype"),
+        ProviderInfo("scope_arg", "either", frozenset(STYLES), ("zeros", "ones", "trailing_segment", "identity", "fixed"),
+                     "param", (), frozenset({"dtype"}), scoped=True,
+                     description="an argument of the graph-scoped submodule call, taken from the model's own "
+                                 "eager prologue at replay; host integers (value) are fixed at capture"),
     )
 }
 
@@ -72,9 +84,14 @@ REQUIRED_PROVIDERS: dict[str, tuple[str, ...]] = {
 INPUT_ROLES: dict[str, tuple[str, ...]] = {
     "packed": ("pixels", "grid"),
     "windowed": ("pixels", "grid"),
-    "tiles": ("pixels", "tiles"),
+    "tiles": ("pixels",),
 }
 """The mm_kwargs roles every modality of a style must name."""
+OPTIONAL_ROLES: dict[str, tuple[str, ...]] = {"packed": (), "windowed": (), "tiles": ("tiles",)}
+"""Roles a style may name: tiles without a per-item count are one item each."""
+STANDARD_ROLES = ("pixels", "grid", "tiles")
+"""Any other role is an extra input aligned with the pixels on dim 0."""
+DTYPES = ("model", "bool", "int32", "int64", "float32")
 
 ITEM_NAMES: dict[str, tuple[str, ...]] = {
     "packed": ("t", "h", "w"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from functools import lru_cache
+from types import MappingProxyType
 from importlib import resources
 from typing import Any
 
@@ -21,7 +22,7 @@ from . import catalogue as cat
 from .bindings import Bindings
 from .formulas import Formula, parse, suggest
 from .loader import LoadedYaml, Path_, format_path
-from .model import Buffer, Docs, Encoder, Modality, Spec, TestMeta, freeze, thaw
+from .model import Buffer, Docs, Encoder, ExampleInput, Modality, Spec, TestMeta, freeze, thaw
 
 TORCH_MODULE = "torch.nn.modules.module.Module"
 PRETRAINED_CONFIG = "transformers.configuration_utils.PreTrainedConfig"
@@ -153,13 +154,15 @@ class SemanticChecker:
         budget_vocab = [*cat.LIMIT_NAMES, *names]
         budget_min = self.formula(("budget", "min"), budget_vocab)
         budget_max = self.formula(("budget", "max"), budget_vocab)
-        encoder = self._encoder(style)
-        buffers = self._buffers(style, names, encoder)
-        tests = self._tests(modalities)
+        encoder = self._encoder(style, modalities)
+        scope = data.get("graph_scope")
+        buffers = self._buffers(style, names, encoder, modalities, scope is not None)
+        tests = self._tests(modalities, names, scope is not None)
         if self.diagnostics:
             return None
         spec = Spec(
             file=self.loaded.file,
+            graph_scope=scope["module"] if scope else None,
             name=data["name"],
             display_name=data["display_name"],
             architectures=tuple(data["architectures"]),
@@ -212,18 +215,20 @@ class SemanticChecker:
         return given or "frame"
 
     def _modalities(self, style: str) -> list[Modality]:
-        roles = cat.INPUT_ROLES[style]
-        out, seen_keys = [], {}
+        required, optional = cat.INPUT_ROLES[style], cat.OPTIONAL_ROLES[style]
+        allowed = [*required, *optional]
+        out, seen_keys, extras = [], {}, {}
         for name, entry in self.data["modalities"].items():
             inputs = entry["inputs"]
-            for role in roles:
+            for role in required:
                 if role not in inputs:
                     self.error(("modalities", name, "inputs"), f"{style} style needs input role {role!r}",
-                               hint=f"a {style} modality names: {', '.join(roles)}")
+                               hint=f"a {style} modality names: {', '.join(allowed)}")
             for role in inputs:
-                if role not in roles:
+                if role in cat.STANDARD_ROLES and role not in allowed:
                     self.error(("modalities", name, "inputs", role), f"input role {role!r} does not apply to {style} style",
-                               hint=f"a {style} modality names: {', '.join(roles)}", key=True)
+                               hint=f"a {style} modality names: {', '.join(allowed)}", key=True)
+            extras[name] = sorted(r for r in inputs if r not in cat.STANDARD_ROLES)
             for role, key in inputs.items():
                 if key in seen_keys:
                     self.error(("modalities", name, "inputs", role), f"input key {key!r} is already used by {seen_keys[key]}")
@@ -236,15 +241,18 @@ class SemanticChecker:
                 self.error(("modalities", name), "video needs 'max_frames_per_video'",
                            hint="the largest frame count of one video item (grid t, or tiles)")
             out.append(Modality(name, freeze(inputs), frames or 1))
+        if len({tuple(v) for v in extras.values()}) > 1:
+            self.error(("modalities",), "every modality must name the same extra input roles, got "
+                       + "; ".join(f"{k}: {', '.join(v) or 'none'}" for k, v in extras.items()))
         return out
 
-    def _encoder(self, style: str) -> Encoder:
+    def _encoder(self, style: str, modalities: list[Modality]) -> Encoder:
         enc = self.data["encoder"]
-        roles = cat.INPUT_ROLES[style]
+        roles = sorted({role for m in modalities for role in m.inputs})
         for arg, role in enc["args"].items():
             if role not in roles:
-                self.error(("encoder", "args", arg), f"input role {role!r} does not apply to {style} style",
-                           hint=f"roles: {', '.join(roles)}")
+                self.error(("encoder", "args", arg), f"input role {role!r} is not an input of the modalities",
+                           hint=suggest(role, roles) or f"roles: {', '.join(roles)}")
         if "pixels" not in enc["args"].values():
             self.error(("encoder", "args"), "the eager call must pass the 'pixels' role",
                        hint="e.g. args: {hidden_states: pixels, grid_thw: grid}")
@@ -260,7 +268,8 @@ class SemanticChecker:
             real_config=freeze(enc.get("real_config", {})),
         )
 
-    def _buffers(self, style: str, geometry: list[str], encoder: Encoder) -> list[Buffer]:
+    def _buffers(self, style: str, geometry: list[str], encoder: Encoder, modalities: list[Modality],
+                 scoped: bool) -> list[Buffer]:
         out: list[Buffer] = []
         vocab = [*cat.BUFFER_NAMES, *geometry]
         names: dict[str, int] = {}
@@ -271,7 +280,10 @@ class SemanticChecker:
             name, provider = entry["name"], entry["provider"]
             arg = entry.get("arg", name)
             info = cat.PROVIDERS[provider]
-            for table, key, what in ((names, name, "name"), (args, arg, "arg"), (providers, provider, "provider")):
+            unique = ((names, name, "name"), (args, arg, "arg"))
+            if provider not in ("aligned", "scope_arg"):
+                unique += ((providers, provider, "provider"),)
+            for table, key, what in unique:
                 if key in table:
                     self.error(base + (what,) if what in entry else base,
                                f"buffer {what} {key!r} is already used by buffers[{table[key]}]")
@@ -280,9 +292,21 @@ class SemanticChecker:
                 self.error(base + ("provider",), f"provider {provider!r} does not apply to {style} style",
                            hint=f"it serves: {', '.join(sorted(info.styles))}")
                 continue
-            if entry["padding"] != info.padding:
-                self.error(base + ("padding",), f"provider {provider!r} pads with {info.padding!r}, "
-                           f"not {entry['padding']!r}", hint=f"padding: {info.padding}")
+            if info.scoped != scoped:
+                self.error(base + ("provider",), f"provider {provider!r} fills the arguments of a graph_scope call"
+                           if info.scoped else f"with graph_scope every buffer is a 'scope_arg', not {provider!r}",
+                           hint="add graph_scope.module" if info.scoped else "provider: scope_arg")
+                continue
+            if entry["padding"] not in info.paddings:
+                self.error(base + ("padding",), f"provider {provider!r} pads with {' or '.join(map(repr, info.paddings))}, "
+                           f"not {entry['padding']!r}", hint=f"padding: {info.paddings[0]}")
+            if (entry["padding"] == "fixed") != ("value" in entry) and info.kind == "either":
+                self.error(base + ("padding",), "a host integer ('value') has padding 'fixed', a tensor ('shape') "
+                           "does not")
+            extra_roles = sorted({r for m in modalities for r in m.inputs if r not in cat.STANDARD_ROLES})
+            if provider == "aligned" and entry.get("params", {}).get("role") not in extra_roles:
+                self.error(base + ("params",), f"an 'aligned' buffer names one of the extra input roles in "
+                           f"params.role ({', '.join(extra_roles) or 'the modalities have none'})")
             if info.kind == "host" and "shape" in entry:
                 self.error(base + ("shape",), f"{provider!r} is a host integer fixed at capture: give 'value', "
                            "not 'shape'", key=True)
@@ -305,7 +329,7 @@ class SemanticChecker:
             else:
                 value = self.formula(base + ("value",), vocab)
             out.append(Buffer(name, arg, provider, shape, value, entry["padding"], freeze(entry.get("params", {}))))
-        for needed in cat.REQUIRED_PROVIDERS[style]:
+        for needed in () if scoped else cat.REQUIRED_PROVIDERS[style]:
             if needed not in providers:
                 self.error(("buffers",), f"{style} style needs a buffer filled by provider {needed!r}",
                            hint=cat.PROVIDERS[needed].description)
@@ -318,8 +342,26 @@ class SemanticChecker:
                            f"{by_role[role]!r}", hint=f"arg: {by_role[role]}")
         return out
 
-    def _tests(self, modalities: list[Modality]) -> TestMeta:
+    def _tests(self, modalities: list[Modality], geometry: list[str], scoped: bool) -> TestMeta:
         t = self.data["tests"]
+        roles = sorted({role for m in modalities for role in m.inputs if role not in ("grid", "tiles")})
+        examples = {}
+        for role, entry in t.get("inputs", {}).items():
+            base = ("tests", "inputs", role)
+            if role not in roles:
+                self.error(base, f"{role!r} is not an input role of the modalities", key=True,
+                           hint=suggest(role, roles) or f"roles: {', '.join(roles)}")
+                continue
+            shape = tuple(self.formula(base + ("shape", j), geometry) for j in range(len(entry["shape"])))
+            fill = entry.get("fill", "randn")
+            if not isinstance(fill, str):
+                fill = tuple(self.formula(base + ("fill", j), geometry) for j in range(len(fill)))
+            examples[role] = ExampleInput(shape, fill, entry.get("dtype", "model"))
+        needed = [r for r in roles if r != "pixels" or scoped]
+        for role in needed:
+            if role not in examples:
+                self.error(("tests",), f"tests.inputs must say how to build input role {role!r} for vitcg check",
+                           hint="e.g. inputs: {" + role + ": {shape: [max_patches], fill: ones, dtype: bool}}")
         has_video = any(m.name == "video" for m in modalities)
         if has_video and "video_placeholder" not in t:
             self.error(("tests",), "a spec with video needs 'video_placeholder'")
@@ -337,6 +379,7 @@ class SemanticChecker:
             runner_kwargs=freeze(t.get("runner_kwargs", {})),
             marks=tuple(t.get("marks", ())),
             budgets=tuple(t["budgets"]),
+            inputs=MappingProxyType(examples),
         )
 
     def _check_bindings(self, spec: Spec) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -42,9 +42,15 @@ class Modality:
         return self.inputs["pixels"]
 
     @property
-    def count_key(self) -> str:
-        """The per-item metadata key: the grid (packed, windowed) or the tile counts (tiles)."""
-        return self.inputs.get("grid") or self.inputs["tiles"]
+    def count_key(self) -> str | None:
+        """The per-item metadata key: the grid (packed, windowed) or the tile counts (tiles); None when
+        every tile is an item of its own."""
+        return self.inputs.get("grid") or self.inputs.get("tiles")
+
+    @property
+    def extra_roles(self) -> tuple[str, ...]:
+        """Roles of extra inputs aligned with the pixels on dim 0 (masks, per-image shapes)."""
+        return tuple(r for r in self.inputs if r not in ("pixels", "grid", "tiles"))
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,16 @@ class Docs:
 
 
 @dataclass(frozen=True)
+class ExampleInput:
+    """How ``vitcg check`` synthesizes one input role, per row (a patch row or a tile)."""
+
+    shape: tuple[Formula, ...]
+    fill: str | tuple[Formula, ...]
+    """``randn``, ``ones``, ``zeros``, or per-row integer formulas (one per element of a 1-D row)."""
+    dtype: str
+
+
+@dataclass(frozen=True)
 class TestMeta:
     prompt_template: str
     image_placeholder: str
@@ -108,6 +124,8 @@ class TestMeta:
     runner_kwargs: Mapping[str, Any]
     marks: tuple[str, ...]
     budgets: tuple[int, ...]
+    inputs: Mapping[str, ExampleInput] = field(default_factory=lambda: MappingProxyType({}))
+    """Example inputs by role for ``vitcg check``; pixels default to the pixel buffer's row shape."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +154,8 @@ class Spec:
     buffers: tuple[Buffer, ...]
     docs: Docs
     tests: TestMeta
+    graph_scope: str | None = None
+    """Dotted path of the submodule whose call is captured; None: the whole encoder call is captured."""
 
     def modality(self, name: str) -> Modality | None:
         return next((m for m in self.modalities if m.name == name), None)
@@ -177,6 +197,7 @@ class Spec:
             },
             "geometry": {name: formula.source for name, formula in self.geometry},
             "attention": {"style": self.style, "segments": self.segments},
+            "graph_scope": self.graph_scope,
             "modalities": {
                 m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video}
                 for m in self.modalities
@@ -209,5 +230,8 @@ class Spec:
                 "runner_kwargs": thaw(self.tests.runner_kwargs),
                 "marks": list(self.tests.marks),
                 "budgets": list(self.tests.budgets),
+                "inputs": {role: {"shape": [f.source for f in e.shape],
+                                  "fill": e.fill if isinstance(e.fill, str) else [f.source for f in e.fill],
+                                  "dtype": e.dtype} for role, e in self.tests.inputs.items()},
             },
         }
