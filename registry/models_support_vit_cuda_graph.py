@@ -3,6 +3,7 @@
 offline vision-language example, which asserts the model type is listed before enabling ViT CUDA graphs)."""
 
 MODELS_SUPPORT_VIT_CUDA_GRAPH = [
+    "glm_ocr",
     "internvl",
     "lfm2_vl",
     "qwen2_5_vl",

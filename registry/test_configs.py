@@ -30,6 +30,18 @@ class VitCudagraphTestConfig:
 
 
 VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
+    "glm_ocr": VitCudagraphTestConfig(
+        model="zai-org/GLM-OCR",
+        modalities=["image", "video"],
+        image_prompt="[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>What is in this image?<|assistant|>\n",
+        video_prompt="[gMASK]<sop><|user|>\n<|begin_of_video|><|video|><|end_of_video|>Describe this video in one sentence.<|assistant|>\n",
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "internvl": VitCudagraphTestConfig(
         model="OpenGVLab/InternVL3-1B-hf",
         modalities=["image", "video"],

@@ -218,6 +218,29 @@ def bench(
         _plot(results, plot_out)
 
 
+@app.command()
+def new(
+    model_type: Annotated[str, typer.Argument(help="A transformers model type, e.g. glm_ocr.", show_default=False)],
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Where to write the draft ('-' for "
+                                               "stdout; default: specs/MODEL_TYPE.yaml).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Draft a spec from a transformers model type; every guess is marked TODO(vitcg new)."""
+    from .scaffold import draft, render
+
+    text = render(draft(model_type))
+    if output == "-":
+        sys.stdout.write(text)
+        return
+    path = Path(output or f"specs/{model_type}.yaml")
+    if path.exists() and not force:
+        raise UsageError(f"{path} exists; pass --force to overwrite it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    todos = text.count("TODO(vitcg new)")
+    typer.echo(f"wrote {path}: {todos} TODOs to confirm. Next: vitcg validate {path} && vitcg check {path}")
+
+
 def _plot(results: list[dict], path: Path) -> None:
     try:
         import matplotlib  # noqa: F401

@@ -116,7 +116,7 @@ def test_supported_models_table_has_one_row_per_spec(case_specs, rendered):
     for row in rows:
         # Cells split on unescaped pipes only: an escaped one stays inside its cell.
         cells = row.replace("\\|", "").strip("|").split("|")
-        assert len(cells) == 7, row
+        assert len(cells) == 9, row
     assert "Qwen2.5-VL \\| windowed" in rows[2]
     assert [r.split("|")[1].strip() for r in rows] == [
         "`Qwen2VLForConditionalGeneration`", "`InternVLForConditionalGeneration`",
@@ -128,7 +128,7 @@ def test_supported_models_renders_as_tables(case_specs, rendered):
     html = markdown_it.MarkdownIt("commonmark").enable("table").render(rendered["SUPPORTED_MODELS.md"])
     models = html.split("<table>")[1]
     assert models.count("<tr>") == 1 + len(case_specs)
-    assert models.count("<td>") == 7 * len(case_specs)
+    assert models.count("<td>") == 9 * len(case_specs)
     assert "<td>Qwen2.5-VL | windowed</td>" in models
     assert html.count("<h3>") == len(case_specs)
 

@@ -1,0 +1,41 @@
+"""``vitcg new``: a draft spec from a transformers model type that validates, marks its guesses, and checks."""
+
+from __future__ import annotations
+
+from helpers import vitcg
+
+
+def test_draft_validates_and_passes_check(tmp_path):
+    path = tmp_path / "glm_ocr.yaml"
+    run = vitcg("new", "glm_ocr", "--output", str(path))
+    assert run.returncode == 0, run.stderr
+    assert "TODOs to confirm" in run.stdout
+    text = path.read_text()
+    assert "TODO(vitcg new)" in text
+    assert "class: transformers.models.glm_ocr.modeling_glm_ocr.GlmOcrVisionModel" in text
+    assert "style: packed" in text
+    assert vitcg("validate", str(path)).returncode == 0
+    check = vitcg("check", str(path))
+    assert check.returncode == 0, check.stdout  # the guesses hold for this encoder
+
+
+def test_draft_of_a_tile_encoder_is_valid_but_flags_what_check_disproves(tmp_path):
+    path = tmp_path / "llava.yaml"
+    assert vitcg("new", "llava", "--output", str(path)).returncode == 0
+    assert vitcg("validate", str(path)).returncode == 0
+    check = vitcg("check", str(path))
+    assert check.returncode == 1  # CLIP keeps a CLS token: tokens_per_tile must be confirmed
+    assert "items.output_tokens says 16" in check.stdout
+
+
+def test_stdout_and_refusals(tmp_path):
+    run = vitcg("new", "qwen2_vl", "--output", "-")
+    assert run.returncode == 0 and run.stdout.startswith("# yaml-language-server")
+    run = vitcg("new", "qwen2_vll", "--output", "-")
+    assert run.returncode == 2 and "did you mean 'qwen2_vl'?" in run.stderr
+    path = tmp_path / "x.yaml"
+    path.write_text("keep me")
+    run = vitcg("new", "qwen2_vl", "--output", str(path))
+    assert run.returncode == 2 and "pass --force" in run.stderr
+    assert path.read_text() == "keep me"
+    assert vitcg("new", "qwen2_vl", "--output", str(path), "--force").returncode == 0
