@@ -64,6 +64,8 @@ def _tiles(height: int, width: int, size: int) -> int:
 def make_inputs(adapter: SpecAdapter, workload: Workload, generator: torch.Generator) -> dict[str, torch.Tensor] | None:
     """Encoder inputs for ``workload`` as the model's processor would shape them; None if unsupported."""
     spec, g = adapter.spec, adapter.geometry
+    if any(m.extra_roles or m.count_key is None for m in spec.modalities):
+        return None  # inputs beyond pixels and grids/tile counts: no processor-shaped workload for them yet
     kwargs: dict[str, torch.Tensor] = {}
     for name, entries in (("image", workload.images), ("video", workload.videos)):
         if not entries:
@@ -226,6 +228,8 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
         cpu_inputs = make_inputs(adapter, workload, generator)
         if cpu_inputs is None:
             result.skipped.append(name)
+            log(f"  {name:<12} skipped: {spec.name} takes inputs this workload cannot shape (extra roles, "
+                "tiles without counts, or no such modality)")
             continue
         inputs = _on(torch_device, cpu_inputs, dtype)
         items = adapter.get_encoder_cudagraph_item_specs(inputs)
