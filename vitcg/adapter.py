@@ -12,7 +12,6 @@ rows) and the scoped call inside it is answered by a graph replay (:meth:`encode
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from torch import nn
 
 from . import metadata
 from .attention import ATTENTION_NAME, configs_of, register, use_attention
+from .scope import Scope
 from .errors import InputError
 from .protocol import (
     EncoderCudaGraphCaptureInputs,
@@ -61,7 +61,7 @@ class SpecAdapter:
         self.module = module
         self.geometry: dict[str, int] = spec.resolve_geometry(config_snapshot(module.config))
         self._call = getattr(module, spec.encoder.method)
-        self._scope = _submodule(module, spec.graph_scope) if spec.graph_scope else None
+        self._scope = Scope(spec, module) if spec.graph_scope else None
         graph_call = self._scope.forward if self._scope is not None else self._call
         self._graph_call = torch.compile(graph_call, dynamic=True) if compile_forward else graph_call
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
@@ -194,10 +194,18 @@ class SpecAdapter:
             out_hidden_size=self.geometry["out_hidden_size"],
             padding_logics={b.name: b.padding for b in self.spec.buffers},
             max_frames_per_video=video.max_frames_per_video if video else 1,
-            segment_key=segment.name if (segment := self.spec.providers().get("cu_seqlens")) else None,
+            segment_key=self._segment_buffer(),
             scoped=self._scope is not None,
         )
 
+
+    def _segment_buffer(self) -> str | None:
+        """The buffer whose slots bound a pack's segments: cu_seqlens, or a scoped spec's first
+        trailing-segment argument."""
+        for buffer in self.spec.buffers:
+            if buffer.provider == "cu_seqlens" or (buffer.provider == "scope_arg" and buffer.padding == "trailing_segment"):
+                return buffer.name
+        return None
 
     def prepare_encoder_cudagraph_capture_inputs(
         self, token_budget: int, max_batch_size: int, max_frames_per_batch: int,
@@ -216,6 +224,8 @@ class SpecAdapter:
             if kind == "param":
                 kind = buffer.params.get("dtype", "model")
             shape = tuple(f.evaluate(names) for f in buffer.shape)
+            if self._scope is not None:
+                shape = self._scope.storage_shape(buffer, shape)
             values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else metadata.DTYPES[kind],
                                               device=device)
         capacity = self.row_capacity(values)
@@ -259,12 +269,20 @@ class SpecAdapter:
 
     def _combine(self, output: Any) -> torch.Tensor:
         parts = []
-        for field_name in self.spec.encoder.outputs:
+        for entry in self.spec.encoder.outputs:
+            field_name, _, index = entry.partition("[")
             value = output[field_name] if isinstance(output, Mapping) else getattr(output, field_name, None)
+            if value is not None and index:
+                position = int(index.rstrip("]"))
+                inside = isinstance(value, (list, tuple)) and -len(value) <= position < len(value)
+                value = value[position] if inside else None
             if value is None:
-                raise InputError(f"{self.spec.name}: the encoder output has no field {field_name!r} "
-                                 f"(encoder.outputs); it returned {type(output).__name__}")
+                raise InputError(f"{self.spec.name}: the encoder output has no {entry!r} (encoder.outputs); it "
+                                 f"returned {type(output).__name__}")
             tensors = list(value) if isinstance(value, (list, tuple)) else [value]
+            if not all(isinstance(t, torch.Tensor) for t in tensors):
+                raise InputError(f"{self.spec.name}: output {entry!r} holds {[type(t).__name__ for t in tensors]}, "
+                                 "not tensors; pick one element with field[i]")
             parts.extend(t.reshape(-1, t.shape[-1]) for t in tensors)
         rows = {p.shape[0] for p in parts}
         if len(rows) != 1:
@@ -275,10 +293,12 @@ class SpecAdapter:
     def encoder_cudagraph_forward(self, values: Mapping[str, torch.Tensor | int]) -> Any:
         """The fixed-shape forward: the combined output tensor, or with ``graph_scope`` the scoped
         submodule's own output structure."""
-        kwargs = {b.arg: values[b.name] for b in self.spec.buffers}
-        with use_attention(self._configs, ATTENTION_NAME), torch.no_grad():
+        # tensors the model creates without a device (SAM's torch.arange index) must not be host tensors
+        # copied in during capture: the encoder's device is the default one here
+        with use_attention(self._configs, ATTENTION_NAME), torch.no_grad(), torch.device(self.device):
             if self._scope is not None:
-                return self._graph_call(**kwargs)
+                return self._graph_call(values)
+            kwargs = {b.arg: values[b.name] for b in self.spec.buffers}
             return self._combine(self._graph_call(**kwargs, **self._call_kwargs))
 
     def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any]) -> torch.Tensor:
@@ -286,7 +306,8 @@ class SpecAdapter:
         for inp in self._inputs(mm_kwargs):
             counts = inp.counts.to(self.device) if inp.counts is not None else None
             by_role = {"pixels": inp.pixels.to(self.device, self.dtype), "grid": counts, "tiles": counts,
-                       **{role: value.to(self.device) for role, value in inp.extras.items()}}
+                       **{role: value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
+                          for role, value in inp.extras.items()}}
             kwargs = {arg: by_role[role] for arg, role in self.spec.encoder.args.items()}
             with torch.no_grad():
                 outputs.append(self._combine(self._call(**kwargs, **self._call_kwargs)))
@@ -295,70 +316,12 @@ class SpecAdapter:
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     def encoder_scoped_forward(self, mm_kwargs: Mapping[str, Any],
-                               replay: Callable[[dict[str, torch.Tensor | None]], tuple[Any, Mapping]]) -> torch.Tensor:
-        """The model's eager forward with each call of the scoped submodule answered by ``replay``.
-
-        ``replay`` receives the call's arguments by buffer name (unpadded; None for host integers and
-        absent optional arguments) and returns the captured output structure with the capture values it
-        ran on; the interceptor slices the output back to the call's rows and clones it, so a later
-        replay cannot overwrite what the epilogue still reads. Raises InputError for a tensor argument no
-        buffer carries, or a call that never came.
-        """
-        scope = self._scope
-        signature = inspect.signature(scope.forward)
-        calls = []
-
-        def intercept(*args, **kwargs):
-            bound = signature.bind(*args, **kwargs)
-            arguments = dict(bound.arguments)
-            for name, param in signature.parameters.items():
-                if param.kind is param.VAR_KEYWORD:
-                    arguments.update(arguments.pop(name, {}))
-            covered = {b.arg for b in self.spec.buffers}
-            stray = [k for k, v in arguments.items() if isinstance(v, torch.Tensor) and k not in covered]
-            if stray:
-                raise InputError(f"{self.spec.name}: the scoped call {self.spec.graph_scope}({', '.join(stray)}) "
-                                 "passes tensors no buffer carries; add scope_arg buffers for them")
-            values = {b.name: (None if b.is_host else arguments.get(b.arg)) for b in self.spec.buffers}
-            calls.append(1)
-            rows = arguments.get(self._rows_buffer.arg)
-            captured, capture_values = replay(values)
-            return _slice_rows(captured, self.row_capacity(capture_values), rows.shape[0] if rows is not None else None)
-
-        previous = vars(scope).get("forward")
-        scope.forward = intercept
-        try:
-            output = self.encoder_eager_forward(mm_kwargs)
-        finally:
-            if previous is None:
-                del scope.forward
-            else:
-                scope.forward = previous
+                               replay: Callable[[dict[str, Any]], tuple[Any, Mapping]]) -> torch.Tensor:
+        """The model's eager forward with each call of the graph scope answered by ``replay``
+        (:class:`vitcg.scope.Scope`): ``replay`` gets the call's arguments as buffer values and returns the
+        captured output and the capture values it ran on. Raises InputError when the scope is never called."""
+        output, calls = self._scope.run(lambda: self.encoder_eager_forward(mm_kwargs), replay)
         if self._inputs(mm_kwargs) and not calls:
             raise InputError(f"{self.spec.name}: the eager forward never called graph_scope "
                              f"{self.spec.graph_scope!r}; check the module path")
         return output
-
-
-def _submodule(module: nn.Module, path: str) -> nn.Module:
-    try:
-        return module.get_submodule(path)
-    except AttributeError:
-        names = [name for name, _ in module.named_modules() if name and name.count(".") <= path.count(".")]
-        from .spec.formulas import suggest
-
-        raise InputError(f"graph_scope module {path!r} is not in {type(module).__name__}"
-                         + (f"; {suggest(path, names)}" if suggest(path, names) else "")) from None
-
-
-def _slice_rows(value: Any, capacity: int, rows: int | None) -> Any:
-    """``value`` with every tensor whose dim 0 is the capacity cut to ``rows`` and cloned; same structure."""
-    if isinstance(value, torch.Tensor):
-        if rows is not None and value.dim() and value.shape[0] == capacity:
-            return value[:rows].clone()
-        return value.clone()
-    if isinstance(value, Mapping):
-        return type(value)(**{k: _slice_rows(v, capacity, rows) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return type(value)(_slice_rows(v, capacity, rows) for v in value)
-    return value

@@ -16,12 +16,15 @@ SIZES = ("tiny", "real")
 
 
 def build_config(spec: Spec, size: str = "tiny"):
-    """The HF config instance for ``size``: the spec's ``tiny_config`` or ``real_config`` overrides."""
+    """The HF config instance for ``size``: the spec's ``tiny_config`` or ``real_config`` overrides, with the
+    reference attention the encoder class supports (sdpa, else eager)."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {SIZES}, got {size!r}")
     overrides = spec.encoder.tiny_config if size == "tiny" else spec.encoder.real_config
     config = import_object(spec.encoder.config_class)(**thaw(overrides))
-    config._attn_implementation = "sdpa"  # the eager reference keeps the model's own (sdpa) attention
+    cls = import_object(spec.encoder.class_path)
+    # the eager reference keeps the model's own attention; some classes (GIT, GOT-OCR2) have no sdpa
+    config._attn_implementation = "sdpa" if getattr(cls, "_supports_sdpa", True) else "eager"
     return config
 
 
@@ -33,4 +36,6 @@ def build_encoder(spec: Spec, size: str = "tiny", *, device: torch.device | str 
     torch.manual_seed(seed)
     with torch.device(device):
         module = cls(config)
-    return module.to(dtype=dtype).eval()
+    # only floating tensors change dtype: Module.to(dtype) would also cast complex buffers (rotary tables
+    # such as Llama 4's freqs_ci) to real and drop their imaginary part
+    return module._apply(lambda t: t.to(dtype) if t.is_floating_point() else t).eval()

@@ -8,7 +8,8 @@ item larger than every budget (or with more frames than a batch allows) runs eag
 (the adapter's canonical item order), each cloned before the next replay can overwrite it.
 
 Without CUDA the same buffers and padding are used and the fixed-shape forward runs directly: the
-static-shape path that CPU tests compare against eager.
+static-shape path that CPU tests compare against eager. There, host syncs and data-dependent shapes
+raise (:mod:`vitcg.syncs`), as a capture would.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from . import metadata
 from .budgets import plan_budgets
 from .errors import BudgetError, InputError
+from .syncs import no_host_syncs
 from .protocol import EncoderCudaGraphCaptureInputs, EncoderItemSpec, SupportsEncoderCudaGraph
 
 
@@ -314,8 +316,8 @@ class EncoderCudaGraphManager:
         return self._run(entry, fresh.values)[0]
 
     def _run(self, entry: _BudgetGraph, values: Mapping[str, torch.Tensor | None]) -> tuple[Any, Mapping]:
-        """Refill ``entry``'s buffers in place from ``values`` (None: leave as captured), then replay it (or
-        run the static forward). Returns the output and the capture values it ran on."""
+        """Refill ``entry``'s buffers in place from ``values`` (None: leave as captured; EMPTY: all padding),
+        then replay it (or run the static forward). Returns the output and the capture values it ran on."""
         for key, value in values.items():
             dest = entry.inputs.values[key]
             if isinstance(dest, torch.Tensor) and dest.data_ptr() != entry.pointers[key]:
@@ -328,7 +330,8 @@ class EncoderCudaGraphManager:
             entry.graph.replay()
             output = entry.output
         else:
-            output = self.model.encoder_cudagraph_forward(entry.inputs.values)
+            with no_host_syncs():  # what a capture would reject must fail here too
+                output = self.model.encoder_cudagraph_forward(entry.inputs.values)
         self._forward_seconds += time.perf_counter() - tic
         return output, entry.inputs.values
 

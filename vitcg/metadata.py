@@ -230,9 +230,18 @@ PADDING_RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, int, str], None]]
 """Padding rule -> ``fill(dest, src, row_capacity, key)``. ``fixed`` buffers are never refilled."""
 
 
+class _Empty:
+    def __repr__(self) -> str:
+        return "EMPTY"
+
+
+EMPTY = _Empty()
+"""A replay value meaning "no data": the buffer gets its all-padding value (an absent mask: all ones)."""
+
+
 def fill(rule: str, dest: torch.Tensor, src: torch.Tensor | None, capacity: int, key: str) -> None:
-    """Write ``src`` into ``dest`` by ``rule``; ``src=None`` writes the all-padding value (an empty pack)."""
-    if src is None:
+    """Write ``src`` into ``dest`` by ``rule``; ``src=None`` or EMPTY writes the all-padding value."""
+    if src is None or src is EMPTY:
         src = (torch.zeros(1, dtype=dest.dtype) if rule == "trailing_segment"
                else dest.new_zeros((0, *dest.shape[1:])))
     PADDING_RULES[rule](dest, src, capacity, key)

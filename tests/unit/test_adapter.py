@@ -171,5 +171,5 @@ def test_output_field_missing_is_clear(qwen2):
     class NoPooler:
         last_hidden_state = torch.zeros(1, 2)
 
-    with pytest.raises(InputError, match="no field 'pooler_output'"):
+    with pytest.raises(InputError, match="has no 'pooler_output'"):
         qwen2._combine(NoPooler())

@@ -39,7 +39,7 @@ PROVIDERS: dict[str, ProviderInfo] = {
     for p in (
         ProviderInfo("pixels", "tensor", frozenset(STYLES), ("zeros",), "model",
                      description="pixel rows (packed) or tiles (dim 0) of the pack, zero rows after them"),
-        ProviderInfo("grid", "tensor", SEGMENTED, ("zeros",), "int64",
+        ProviderInfo("grid", "tensor", SEGMENTED, ("zeros", "ones"), "int64",
                      description="the items' t/h/w rows, zero rows after them"),
         ProviderInfo("cu_seqlens", "tensor", SEGMENTED, ("trailing_segment",), "int32",
                      description="segment boundaries (per frame or per clip); padding rows form one trailing "
@@ -68,7 +68,7 @@ PROVIDERS: dict[str, ProviderInfo] = {
                      description="an extra input aligned with the pixels on dim 0 (a per-tile mask, per-image "
                                  "shapes), sliced and padded like them; params: role, dtype"),
         ProviderInfo("scope_arg", "either", frozenset(STYLES), ("zeros", "ones", "trailing_segment", "identity", "fixed"),
-                     "param", (), frozenset({"dtype"}), scoped=True,
+                     "param", (), frozenset({"dtype", "rows_dim"}), scoped=True,
                      description="an argument of the graph-scoped submodule call, taken from the model's own "
                                  "eager prologue at replay; host integers (value) are fixed at capture"),
     )

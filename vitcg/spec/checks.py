@@ -288,6 +288,8 @@ class SemanticChecker:
                     self.error(base + (what,) if what in entry else base,
                                f"buffer {what} {key!r} is already used by buffers[{table[key]}]")
                 table[key] = i
+            if "." in arg and provider != "scope_arg":
+                self.error(base + ("arg",), "only scope_arg buffers address tuple elements (name.N)")
             if style not in info.styles:
                 self.error(base + ("provider",), f"provider {provider!r} does not apply to {style} style",
                            hint=f"it serves: {', '.join(sorted(info.styles))}")
@@ -300,6 +302,10 @@ class SemanticChecker:
             if entry["padding"] not in info.paddings:
                 self.error(base + ("padding",), f"provider {provider!r} pads with {' or '.join(map(repr, info.paddings))}, "
                            f"not {entry['padding']!r}", hint=f"padding: {info.paddings[0]}")
+            rows_dim = entry.get("params", {}).get("rows_dim", 0)
+            if rows_dim and "shape" in entry and rows_dim >= len(entry["shape"]):
+                self.error(base + ("params", "rows_dim"), f"rows_dim {rows_dim} is beyond the buffer's "
+                           f"{len(entry['shape'])} dimensions")
             if (entry["padding"] == "fixed") != ("value" in entry) and info.kind == "either":
                 self.error(base + ("padding",), "a host integer ('value') has padding 'fixed', a tensor ('shape') "
                            "does not")
@@ -329,6 +335,15 @@ class SemanticChecker:
             else:
                 value = self.formula(base + ("value",), vocab)
             out.append(Buffer(name, arg, provider, shape, value, entry["padding"], freeze(entry.get("params", {}))))
+        tuples: dict[str, list[int]] = {}
+        for buffer in out:
+            name, _, index = buffer.arg.partition(".")
+            if index:
+                tuples.setdefault(name, []).append(int(index))
+        for name, indices in tuples.items():
+            if sorted(indices) != list(range(len(indices))):
+                self.error(("buffers",), f"tuple argument {name!r} has elements {sorted(indices)}; "
+                           f"give {name}.0 to {name}.{len(indices) - 1} without gaps")
         for needed in () if scoped else cat.REQUIRED_PROVIDERS[style]:
             if needed not in providers:
                 self.error(("buffers",), f"{style} style needs a buffer filled by provider {needed!r}",

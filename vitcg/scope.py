@@ -1,0 +1,217 @@
+"""Graph scope: capture one submodule call, or a stack of layers, inside the model's own eager forward.
+
+``graph_scope.module`` names a submodule. If it is a module, each of its calls is answered by a replay.
+If it is an ``nn.ModuleList`` the parent loops over, the whole loop is one graph: the call of layer 0
+replays the captured stack and returns its final output, and layers 1..L-1 pass that output through,
+after checking that each gets exactly the previous layer's output and the same other arguments (a
+parent that changes anything between layers cannot be one graph, and is told so).
+
+The call's arguments are matched to ``scope_arg`` buffers by name; ``name.0``, ``name.1`` address the
+elements of a tuple argument (rotary ``(cos, sin)``), and ``params.rows_dim`` puts the rows on another
+dimension (``(1, rows, hidden)`` tensors). Buffers are stored rows-first whatever the call's layout, so
+padding rules stay one-dimensional. Any argument that no buffer carries must be None or its default.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import InputError
+from .metadata import EMPTY
+from .spec.model import Buffer, Spec
+
+Replay = Callable[[dict[str, Any]], tuple[Any, Mapping[str, Any]]]
+"""Takes buffer values (rows-first tensors, None for host integers, EMPTY for an absent mask), refills and
+replays the budget's graph, returns its output and the capture values it ran on."""
+
+
+def submodule(module: nn.Module, path: str) -> nn.Module:
+    """``module.get_submodule(path)``. Raises InputError with a close match when the path is wrong."""
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        from .spec.formulas import suggest
+
+        names = [name for name, _ in module.named_modules() if name]
+        hint = suggest(path, names)
+        raise InputError(f"graph_scope module {path!r} is not in {type(module).__name__}"
+                         + (f"; {hint}" if hint else "")) from None
+
+
+def _rows_dim(buffer: Buffer) -> int:
+    return int(buffer.params.get("rows_dim", 0))
+
+
+class Scope:
+    """The captured part of a graph-scoped spec, and the interception of its calls."""
+
+    def __init__(self, spec: Spec, module: nn.Module):
+        self.spec = spec
+        self.target = submodule(module, spec.graph_scope)
+        self.layers = list(self.target) if isinstance(self.target, nn.ModuleList) else [self.target]
+        self.stack = isinstance(self.target, nn.ModuleList)
+        if not self.layers:
+            raise InputError(f"{spec.name}: graph_scope {spec.graph_scope!r} is an empty ModuleList")
+        self.signature = inspect.signature(self.layers[0].forward)
+        self._forwards = [layer.forward for layer in self.layers]
+        """The original bound forwards: the captured computation calls these, never the interceptors."""
+        self.rows = next(b for b in spec.buffers if b.padding in ("zeros", "ones"))
+        """The buffer whose rows are the call's rows: it sets the capacity and how outputs are cut."""
+
+    def storage_shape(self, buffer: Buffer, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The call's shape of ``buffer`` with its rows moved first (how the buffer is stored)."""
+        d = _rows_dim(buffer)
+        return (shape[d], *shape[:d], *shape[d + 1:]) if d else shape
+
+    def call_kwargs(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Stored buffer values -> the call's keyword arguments (rows back in place, tuples rebuilt)."""
+        kwargs: dict[str, Any] = {}
+        tuples: dict[str, dict[int, Any]] = {}
+        for buffer in self.spec.buffers:
+            value = values[buffer.name]
+            if isinstance(value, torch.Tensor) and _rows_dim(buffer):
+                value = value.movedim(0, _rows_dim(buffer))
+            name, _, index = buffer.arg.partition(".")
+            if index:
+                tuples.setdefault(name, {})[int(index)] = value
+            else:
+                kwargs[name] = value
+        for name, parts in tuples.items():
+            kwargs[name] = tuple(parts[i] for i in range(len(parts)))
+        for name, param in self.signature.parameters.items():
+            # a required argument no buffer carries can only ever be None (see _values)
+            if (name not in kwargs and param.default is param.empty
+                    and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)):
+                kwargs[name] = None
+        return kwargs
+
+    def forward(self, values: Mapping[str, Any]) -> Any:
+        """The captured computation: the scoped call, or every layer of the stack in turn."""
+        kwargs = self.call_kwargs(values)
+        if not self.stack:
+            return self._forwards[0](**kwargs)
+        hidden = kwargs.pop(self.rows.arg)
+        for forward in self._forwards:
+            hidden = forward(**{self.rows.arg: hidden}, **kwargs)
+            if not isinstance(hidden, torch.Tensor):
+                raise InputError(f"{self.spec.name}: a layer of graph_scope {self.spec.graph_scope!r} returned "
+                                 f"{type(hidden).__name__}; a stack scope needs layers that return the hidden tensor")
+        return hidden
+
+    def _arguments(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        bound = self.signature.bind(*args, **kwargs)
+        arguments = dict(bound.arguments)
+        for name, param in self.signature.parameters.items():
+            if param.kind is param.VAR_KEYWORD:
+                arguments.update(arguments.pop(name, {}))
+        flat = {}
+        for name, value in arguments.items():
+            if isinstance(value, (tuple, list)) and any(f"{name}.{i}" == b.arg for b in self.spec.buffers
+                                                        for i in range(len(value))):
+                flat.update({f"{name}.{i}": v for i, v in enumerate(value)})
+            else:
+                flat[name] = value
+        return flat
+
+    def _values(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments as buffer values; anything no buffer carries must be None or its default."""
+        covered = {b.arg for b in self.spec.buffers}
+        for name, value in arguments.items():
+            if name in covered or value is None:
+                continue
+            param = self.signature.parameters.get(name)
+            default = param.default if param is not None else inspect.Parameter.empty
+            if not isinstance(value, torch.Tensor) and default is not inspect.Parameter.empty and value == default:
+                continue
+            raise InputError(f"{self.spec.name}: the scoped call passes {name}={type(value).__name__}, which no "
+                             "buffer carries (the graph would silently ignore it); add a scope_arg buffer for it")
+        values = {}
+        for buffer in self.spec.buffers:
+            value = arguments.get(buffer.arg)
+            if buffer.is_host:
+                values[buffer.name] = None
+            elif value is None:
+                if buffer.padding != "ones":
+                    raise InputError(f"{self.spec.name}: the scoped call passes no {buffer.arg!r}, but the graph was "
+                                     "captured with one; only a mask (padding: ones) may be absent")
+                values[buffer.name] = EMPTY  # no mask: attend to everything
+            else:
+                values[buffer.name] = value.movedim(_rows_dim(buffer), 0) if _rows_dim(buffer) else value
+        return values
+
+    def run(self, forward: Callable[[], Any], replay: Replay) -> Any:
+        """``forward()`` with every call of the scope answered by ``replay``. Raises InputError when the scope
+        is never called, or a stack's layers are not chained with the same arguments."""
+        state: dict[str, Any] = {"calls": 0, "first": None, "last": None, "next": 0}
+        rows_dim = _rows_dim(self.rows)
+
+        def answer(args, kwargs):
+            if state["calls"] and state["next"] != len(self.layers):
+                raise InputError(f"{self.spec.name}: only {state['next']} of the {len(self.layers)} layers of "
+                                 f"graph_scope {self.spec.graph_scope!r} ran; the stack cannot be one graph")
+            arguments = self._arguments(args, kwargs)
+            rows = arguments.get(self.rows.arg)
+            captured, capture_values = replay(self._values(arguments))
+            capacity = capture_values[self.rows.name].shape[0]
+            out = _slice_rows(captured, capacity, rows.shape[rows_dim] if rows is not None else None, rows_dim)
+            state.update(calls=state["calls"] + 1, first=arguments, last=out, next=1)
+            return out
+
+        def layer(index: int):
+            def intercept(*args, **kwargs):
+                if index == 0:
+                    return answer(args, kwargs)
+                arguments = self._arguments(args, kwargs)
+                if state["next"] != index or arguments.get(self.rows.arg) is not state["last"]:
+                    raise InputError(f"{self.spec.name}: layer {index} of graph_scope {self.spec.graph_scope!r} does "
+                                     "not receive the previous layer's output; the stack cannot be one graph")
+                changed = [k for k, v in arguments.items() if k != self.rows.arg
+                           and not _same(v, state["first"].get(k))]
+                if changed:
+                    raise InputError(f"{self.spec.name}: layer {index} of graph_scope {self.spec.graph_scope!r} gets "
+                                     f"other {', '.join(changed)} than layer 0; the stack cannot be one graph")
+                state["next"] = index + 1
+                return state["last"]
+            return intercept
+
+        saved = [vars(m).get("forward") for m in self.layers]
+        for index, module in enumerate(self.layers):
+            module.forward = layer(index)
+        try:
+            output = forward()
+        finally:
+            for module, previous in zip(self.layers, saved):
+                if previous is None:
+                    del module.forward
+                else:
+                    module.forward = previous
+        if state["calls"] and state["next"] != len(self.layers):
+            raise InputError(f"{self.spec.name}: only {state['next']} of the {len(self.layers)} layers of graph_scope "
+                             f"{self.spec.graph_scope!r} ran; the stack cannot be one graph")
+        return output, state["calls"]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _slice_rows(value: Any, capacity: int, rows: int | None, dim: int) -> Any:
+    """``value`` with every tensor whose ``dim`` is the capacity cut to ``rows`` there, cloned; same structure."""
+    if isinstance(value, torch.Tensor):
+        if rows is not None and value.dim() > dim and value.shape[dim] == capacity:
+            return value.narrow(dim, 0, rows).clone()
+        return value.clone()
+    if isinstance(value, Mapping):
+        return type(value)(**{k: _slice_rows(v, capacity, rows, dim) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return type(value)(_slice_rows(v, capacity, rows, dim) for v in value)
+    return value

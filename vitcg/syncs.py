@@ -1,0 +1,70 @@
+"""Host syncs and data-dependent shapes, made to fail loudly where a CUDA graph would not capture them.
+
+On CPU nothing is captured, so a fixed-shape forward that reads a tensor on the host (``.item()``,
+``.tolist()``, ``bool(t)``), picks a shape from data (``nonzero``, boolean indexing, ``repeat_interleave``
+without ``output_size``) or copies host data in (``torch.tensor``) would pass a CPU check and then fail
+(or silently bake in one input) on the GPU. :func:`no_host_syncs` raises at the first such call instead.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .errors import VitcgError
+
+
+class HostSyncError(VitcgError, RuntimeError):
+    """The fixed-shape forward does something a CUDA graph cannot capture."""
+
+
+_ALWAYS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "argwhere",
+                     "unique", "unique_consecutive", "masked_select", "cpu", "numpy", "tensor", "as_tensor"})
+
+
+def _offending(func, args, kwargs) -> str | None:
+    name = getattr(func, "__name__", str(func))
+    if name in _ALWAYS:
+        return name
+    if name == "repeat_interleave" and "output_size" not in (kwargs or {}):
+        repeats = args[1] if len(args) > 1 else (kwargs or {}).get("repeats")
+        if isinstance(repeats, torch.Tensor) and repeats.numel() > 1:
+            return "repeat_interleave without output_size"
+    if name == "__getitem__" and len(args) > 1:
+        index = args[1]
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
+            return "boolean-mask indexing"
+    if name == "where" and len(args) == 1 and not kwargs:
+        return "where(condition)"
+    return None
+
+
+def _caller() -> str:
+    """Where the model made the call: the innermost frame in a transformers model file, else the innermost
+    frame outside torch and vitcg."""
+    paths = [(f.filename.replace("\\", "/"), f.lineno) for f in reversed(traceback.extract_stack())]
+    outside = [(p, n) for p, n in paths if "/torch/" not in p and "/vitcg/" not in p]
+    chosen = next(((p, n) for p, n in outside if "/transformers/models/" in p), outside[0] if outside else None)
+    return f"{chosen[0].rsplit('/', 1)[-1]}:{chosen[1]}" if chosen else "unknown location"
+
+
+class _NoHostSyncs(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        what = _offending(func, args, kwargs)
+        if what is not None:
+            raise HostSyncError(
+                f"the fixed-shape forward calls {what} at {_caller()}: a CUDA graph cannot capture it. Precompute "
+                "what it computes as a buffer, or leave that step outside the graph with graph_scope")
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def no_host_syncs() -> Iterator[None]:
+    """Inside the block, host syncs and data-dependent shapes raise :class:`HostSyncError`."""
+    with _NoHostSyncs():
+        yield
