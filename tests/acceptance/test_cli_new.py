@@ -39,3 +39,28 @@ def test_stdout_and_refusals(tmp_path):
     assert run.returncode == 2 and "pass --force" in run.stderr
     assert path.read_text() == "keep me"
     assert vitcg("new", "qwen2_vl", "--output", str(path), "--force").returncode == 0
+
+
+WALKTHROUGH = [
+    "vitcg new cohere_compass",
+    "vitcg validate specs/cohere_compass.yaml",
+    "vitcg check specs/cohere_compass.yaml",
+    "vitcg generate",
+]
+
+
+def test_readme_walkthrough_works_as_written(tmp_path):
+    """The README's "Adding a model" commands, run in a copy of the project (the editor step aside)."""
+    import shutil
+
+    from helpers import REPO
+
+    readme = (REPO / "README.md").read_text()
+    for command in WALKTHROUGH:
+        assert command in readme, command
+    for folder in ("specs", "templates", "registry"):
+        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for command in WALKTHROUGH:
+        run = vitcg(*command.split()[1:], cwd=tmp_path)
+        assert run.returncode == 0, f"{command}\n{run.stdout}\n{run.stderr}"
+    assert "cohere_compass" in (tmp_path / "registry" / "SUPPORTED_MODELS.md").read_text()
