@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, check, check-real, profile, bench-qwen2, bench-quick, bench-rest, bench-all; each with a time limit.
+# Steps: env, tests, check, check-real, check-real-all, profile, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
 mkdir -p "$OUT"
@@ -25,7 +26,12 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     bench-quick) run 400 bench.log python3 -m vitcg bench qwen2_vl qwen2_5_vl --no-compile --device cuda --json "$OUT/bench_quick.json" ;;
     bench-rest) run 560 bench.log python3 -m vitcg bench qwen2_5_vl qwen3_vl qwen3_vl_moe internvl --no-compile --device cuda --json "$OUT/bench_rest.json" ;;
     profile) run 200 profile.log python3 benchmarks/host_profile.py qwen2_vl 1x224 8x224 ;;
-    bench-all) run 560 bench.log python3 -m vitcg bench --all --no-compile --device cuda --json "$OUT/bench_all.json" ;;
+    check-real-all) run 300 check.log python3 -m vitcg check --all --device cuda --size real ;;
+    bench-smoke) run 120 bench.log python3 -m vitcg bench hunyuan_vl siglip2 idefics3 --size tiny --no-compile --iters 2 \
+      --device cuda --json "$OUT/bench_smoke.json" ;;
+    bench-all-a|bench-all-b)
+      specs=$(ls specs/*.yaml | sort | awk -v half="${step##*-}" '(NR % 2 == 1) == (half == "a")')
+      run 570 bench.log python3 -m vitcg bench $specs --no-compile --iters 5 --device cuda --json "$OUT/$step.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -29,7 +29,7 @@ def main() -> None:
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
     manager.capture()
     for workload in workloads:
-        inputs = _on(torch.device(device), make_inputs(adapter, WORKLOADS[workload], torch.Generator()), dtype)
+        inputs = _on(adapter, make_inputs(adapter, WORKLOADS[workload], torch.Generator()), dtype)
         for _ in range(5):
             manager.execute(inputs)
         samples = []

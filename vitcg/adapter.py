@@ -301,16 +301,24 @@ class SpecAdapter:
             kwargs = {b.arg: values[b.name] for b in self.spec.buffers}
             return self._combine(self._graph_call(**kwargs, **self._call_kwargs))
 
-    def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any]) -> torch.Tensor:
-        outputs = []
+    def eager_calls(self, mm_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The keyword arguments of each encoder call the eager path makes: one per modality present, inputs
+        on the encoder's device (``encoder.args`` plus ``call_kwargs``)."""
+        calls = []
         for inp in self._inputs(mm_kwargs):
             counts = inp.counts.to(self.device) if inp.counts is not None else None
             by_role = {"pixels": inp.pixels.to(self.device, self.dtype), "grid": counts, "tiles": counts,
                        **{role: value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
                           for role, value in inp.extras.items()}}
-            kwargs = {arg: by_role[role] for arg, role in self.spec.encoder.args.items()}
+            calls.append({**{arg: by_role[role] for arg, role in self.spec.encoder.args.items()},
+                          **self._call_kwargs})
+        return calls
+
+    def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any]) -> torch.Tensor:
+        outputs = []
+        for kwargs in self.eager_calls(mm_kwargs):
             with torch.no_grad():
-                outputs.append(self._combine(self._call(**kwargs, **self._call_kwargs)))
+                outputs.append(self._combine(self._call(**kwargs)))
         if not outputs:
             return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

@@ -21,10 +21,11 @@ from typing import Any
 import torch
 
 from .adapter import SpecAdapter
-from .conformance import relative_error
+from .conformance import CaseBuilder, relative_error
 from .encoders import build_encoder
+from .errors import InputError
 from .manager import EncoderCudaGraphManager
-from .spec.model import Spec
+from .spec.model import Modality, Spec
 
 
 @dataclass(frozen=True)
@@ -61,44 +62,47 @@ def _tiles(height: int, width: int, size: int) -> int:
     return blocks + (1 if blocks > 1 else 0)
 
 
-def make_inputs(adapter: SpecAdapter, workload: Workload, generator: torch.Generator) -> dict[str, torch.Tensor] | None:
-    """Encoder inputs for ``workload`` as the model's processor would shape them; None if unsupported."""
+def _item_size(adapter: SpecAdapter, modality: Modality, entry: tuple[int, ...]) -> int | list[int]:
+    """The grid row or tile count of one image ``(height, width)`` or video ``(frames, height, width)``, as
+    the model's processor would shape it."""
     spec, g = adapter.spec, adapter.geometry
-    if any(m.extra_roles or m.count_key is None for m in spec.modalities):
-        return None  # inputs beyond pixels and grids/tile counts: no processor-shaped workload for them yet
+    frames, height, width = (1, *entry) if modality.name == "image" else entry
+    if spec.style == "tiles":
+        if modality.count_key is None:
+            return 1  # one resized tile (or one whole clip) per item
+        return _tiles(height, width, g[TILE_SIZE_KEY]) if modality.name == "image" else frames
+    unit = g["patch_size"] * g.get("spatial_merge_size", 1)
+    t = 1 if modality.name == "image" else max(1, frames // g.get("temporal_patch_size", 1))
+    return [t, max(1, round(height / unit)) * (unit // g["patch_size"]),
+            max(1, round(width / unit)) * (unit // g["patch_size"])]
+
+
+def make_inputs(adapter: SpecAdapter, workload: Workload, generator: torch.Generator) -> dict[str, torch.Tensor] | None:
+    """Encoder inputs for ``workload`` as the model's processor would shape them (on the host); None when the
+    spec lacks one of its modalities.
+
+    Packed encoders get patch grids rounded to the merge unit; tile encoders with tile counts get dynamic
+    tiling (:func:`_tiles`), and video frames as tiles; tile encoders without counts get one resized tile
+    (or clip) per item. Inputs beyond pixels and grids (masks, per-image shapes, instructions) are filled as
+    the spec's ``tests.inputs`` describe them, exactly as ``vitcg check`` fills them."""
+    builder = CaseBuilder(adapter.spec, adapter, generator)
     kwargs: dict[str, torch.Tensor] = {}
     for name, entries in (("image", workload.images), ("video", workload.videos)):
         if not entries:
             continue
-        modality = spec.modality(name)
+        modality = adapter.spec.modality(name)
         if modality is None:
             return None
-        if spec.style == "tiles":
-            size = g[TILE_SIZE_KEY]
-            counts = [(_tiles(e[0], e[1], size) if name == "image" else e[0]) for e in entries]
-            count_tensor = torch.tensor(counts)
-            pixels = torch.randn((sum(counts), g["in_channels"], size, size), generator=generator)
-        else:
-            unit = g["patch_size"] * g.get("spatial_merge_size", 1)
-            temporal = g.get("temporal_patch_size", 1)
-            rows = []
-            for entry in entries:
-                frames, height, width = (1, *entry) if name == "image" else entry
-                t = 1 if name == "image" else max(1, frames // temporal)
-                rows.append([t, max(1, round(height / unit)) * (unit // g["patch_size"]),
-                             max(1, round(width / unit)) * (unit // g["patch_size"])])
-            count_tensor = torch.tensor(rows)
-            dim = g["in_channels"] * temporal * g["patch_size"] ** 2
-            pixels = torch.randn((int(count_tensor.prod(-1).sum()), dim), generator=generator)
-        kwargs[modality.pixels_key] = pixels
-        kwargs[modality.count_key] = count_tensor
+        kwargs.update(builder.inputs(name, [_item_size(adapter, modality, e) for e in entries]))
     return kwargs
 
 
-def _on(device: torch.device, kwargs: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Pixels on the device in the model dtype; grids and tile counts stay on the host, as processors emit
-    them (reading them on the device would cost a sync per call)."""
-    return {k: (v.to(device, dtype) if v.is_floating_point() else v) for k, v in kwargs.items()}
+def _on(adapter: SpecAdapter, kwargs: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Inputs on the device, floating ones in the model dtype; grids and tile counts stay on the host, as
+    processors emit them (reading them on the device would cost a sync per call)."""
+    counts = {m.count_key for m in adapter.spec.modalities}
+    return {k: v if k in counts else v.to(adapter.device, dtype if v.is_floating_point() else v.dtype)
+            for k, v in kwargs.items()}
 
 
 def timed(fn: Callable[[], Any], iters: int, warmup: int, device: torch.device) -> float:
@@ -155,6 +159,20 @@ class ExactGraph:
     def replay(self) -> torch.Tensor:
         self.graph.replay()
         return self.output
+
+
+def exact_scope_manager(adapter: SpecAdapter, items: list, device: str, dtype: torch.dtype) -> EncoderCudaGraphManager:
+    """For a graph-scoped spec, the exact-shape bound: one graph of exactly this input's tokens, items and
+    frames (captured), served through the scope. The eager prologue and epilogue still run around it."""
+    tokens = sum(i.output_tokens for i in items)
+    min_budget, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 30,
+                                                                "max_model_len": 1 << 30})
+    limit = max(tokens, min_budget)
+    manager = EncoderCudaGraphManager(adapter, token_budgets=[tokens], max_items_per_batch=len(items),
+                                      max_frames_per_batch=sum(i.frames for i in items),
+                                      max_num_batched_tokens=limit, max_model_len=limit, device=device, dtype=dtype)
+    manager.capture()
+    return manager
 
 
 @dataclass
@@ -228,15 +246,20 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
         cpu_inputs = make_inputs(adapter, workload, generator)
         if cpu_inputs is None:
             result.skipped.append(name)
-            log(f"  {name:<12} skipped: {spec.name} takes inputs this workload cannot shape (extra roles, "
-                "tiles without counts, or no such modality)")
+            missing = [m for m, entries in (("image", workload.images), ("video", workload.videos))
+                       if entries and spec.modality(m) is None]
+            log(f"  {name:<12} skipped: {spec.name} has no {' or '.join(missing)} modality")
             continue
-        inputs = _on(torch_device, cpu_inputs, dtype)
+        inputs = _on(adapter, cpu_inputs, dtype)
         items = adapter.get_encoder_cudagraph_item_specs(inputs)
         row = WorkloadResult(name, workload.description, len(items), sum(i.output_tokens for i in items))
         eager_out = adapter.encoder_eager_forward(inputs)
-        got = manager.execute(inputs)
-        row.max_rel_error = relative_error(torch.cat(got), eager_out)
+        got = torch.cat(manager.execute(inputs))
+        if got.shape != eager_out.shape:
+            raise InputError(f"{spec.name}, workload {name}: manager output {tuple(got.shape)} but eager output "
+                             f"{tuple(eager_out.shape)}; check the spec's items.output_tokens formula and its "
+                             f"merge geometry (vitcg check {spec.name} names the item)")
+        row.max_rel_error = relative_error(got, eager_out)
         # eager is host-bound and noisy on a shared VM: three times the runs for a stable median
         row.ms["eager"] = timed(lambda: adapter.encoder_eager_forward(inputs), 3 * iters, warmup, torch_device)
         for packing in PACKINGS:
@@ -249,11 +272,16 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
             row.max_rel_error = max(row.max_rel_error, relative_error(torch.cat(got), eager_out))
             row.ms["vitcg_inductor"] = timed(lambda: inductor.execute(inputs), iters, warmup, torch_device)
         if cuda:
-            exact = ExactGraph(adapter, inputs)
-            exact.capture()
-            row.ms["exact"] = timed(exact.replay, iters, warmup, torch_device)
-            row.max_rel_error = max(row.max_rel_error, relative_error(exact.replay(), eager_out))
-            del exact
+            if spec.graph_scope:
+                exact = exact_scope_manager(adapter, items, device, dtype)
+                run_exact = lambda: torch.cat(exact.execute(inputs))  # noqa: E731
+            else:
+                exact = ExactGraph(adapter, inputs)
+                exact.capture()
+                run_exact = exact.replay
+            row.ms["exact"] = timed(run_exact, iters, warmup, torch_device)
+            row.max_rel_error = max(row.max_rel_error, relative_error(run_exact(), eager_out))
+            del exact, run_exact
         if compiled is not None:
             call = _eager_call(adapter, inputs, compiled)
             try:
@@ -298,19 +326,12 @@ def _measure(manager: EncoderCudaGraphManager, inputs, iters: int, warmup: int, 
 
 
 def _eager_call(adapter: SpecAdapter, inputs: Mapping[str, torch.Tensor], fn: Callable) -> Callable[[], Any]:
-    """``fn`` (the encoder method, maybe compiled) called per modality exactly as the eager path calls it."""
-    calls = []
-    for modality in adapter.spec.modalities:
-        if modality.pixels_key not in inputs:
-            continue
-        counts = inputs[modality.count_key].to(adapter.device)  # as the eager path passes them
-        by_role = {"pixels": inputs[modality.pixels_key], "grid": counts, "tiles": counts}
-        calls.append({arg: by_role[role] for arg, role in adapter.spec.encoder.args.items()})
-    extra = dict(adapter._call_kwargs)
+    """``fn`` (the encoder method, maybe compiled) called exactly as the eager path calls it."""
+    calls = adapter.eager_calls(inputs)
 
     def run():
         with torch.no_grad():
-            return [fn(**kwargs, **extra) for kwargs in calls]
+            return [fn(**kwargs) for kwargs in calls]
     return run
 
 
@@ -346,6 +367,9 @@ def plot(results: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    results = [r for r in results if r.get("workloads")]  # failed specs carry only an error
+    if not results:
+        raise ValueError("no measured workloads to plot")
     count = len(results)
     cols = min(count, 3)
     fig, axes = plt.subplots(math.ceil(count / cols), cols, figsize=(5 * cols, 4 * math.ceil(count / cols)),

@@ -99,6 +99,7 @@ def check(
     for spec in _select_specs(specs, all_specs, specs_dir):
         report = check_spec(spec, device=device, dtype=dtypes.get(dtype), size=size)
         reports.append(report)
+        _release(device)
         if not as_json:
             sys.stdout.write(check_text([report], summary=False))
             sys.stdout.flush()
@@ -202,20 +203,33 @@ def bench(
     if dtype not in dtypes or size not in ("tiny", "real") or iters < 1 or warmup < 0:
         raise UsageError("--dtype must be bfloat16/float16/float32, --size tiny/real, --iters >= 1, --warmup >= 0")
     chosen = _select_specs(specs, all_specs, specs_dir)
-    results = []
-    for spec in chosen:
-        result = bench_spec(spec, workloads=workload or list(WORKLOADS), device=device, size=size,
-                            dtype=dtypes[dtype], iters=iters, warmup=warmup, compile_eager=not no_compile,
-                            max_num_batched_tokens=max_num_batched_tokens,
-                            log=lambda line: typer.echo(line))
-        results.append(dataclasses.asdict(result))
+    results: list[dict] = []
     document = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "command": "vitcg " + " ".join(sys.argv[1:]), "environment": environment(device),
                 "workloads": {k: dataclasses.asdict(v) for k, v in WORKLOADS.items()}, "specs": results}
-    if json_out is not None:
-        json_out.write_text(json.dumps(document, indent=2) + "\n")
+    failed = []
+    for number, spec in enumerate(chosen, 1):
+        typer.echo(f"[{number}/{len(chosen)}] {spec.name}")
+        try:
+            result = bench_spec(spec, workloads=workload or list(WORKLOADS), device=device, size=size,
+                                dtype=dtypes[dtype], iters=iters, warmup=warmup, compile_eager=not no_compile,
+                                max_num_batched_tokens=max_num_batched_tokens,
+                                log=lambda line: typer.echo(line))
+            results.append(dataclasses.asdict(result))
+        except (VitcgError, RuntimeError, ValueError, TypeError, ImportError) as exc:
+            # one spec's failure is a result: the others still run, and the JSON says what broke
+            failed.append(spec.name)
+            results.append({"spec": spec.name, "error": f"{type(exc).__name__}: {exc}"})
+            typer.echo(f"  {spec.name} failed: {results[-1]['error']}", err=True)
+        finally:
+            _release(device)
+        if json_out is not None:  # after every spec: a run cut short keeps what it measured
+            json_out.write_text(json.dumps(document, indent=2) + "\n")
     if plot_out is not None:
         _plot(results, plot_out)
+    if failed:
+        typer.echo(f"{len(failed)} of {len(chosen)} specs failed: {', '.join(failed)}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -239,6 +253,18 @@ def new(
     path.write_text(text)
     todos = text.count("TODO(vitcg new)")
     typer.echo(f"wrote {path}: {todos} TODOs to confirm. Next: vitcg validate {path} && vitcg check {path}")
+
+
+def _release(device: str) -> None:
+    """Free one spec's encoder, graphs and pool before the next spec is built (a real-size run over every
+    spec would otherwise hold them all)."""
+    if device.startswith("cuda"):
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _plot(results: list[dict], path: Path) -> None:
