@@ -2,8 +2,8 @@
 
 Usage: python benchmarks/tables.py RESULTS.json [MORE.json ...] [--merged OUT.json] [--summary-only]
 
-Several files (runs of one session split across device calls) are merged in order: specs are listed as
-they come, a spec measured twice keeps its last run. ``--merged`` writes the merged document (with every
+Several files (runs of one session split across device calls) are merged in order: a spec measured twice
+keeps its last run, and specs are listed by name. ``--merged`` writes the merged document (with every
 run's command under ``commands``). Failed specs (``error``) are listed, never tabulated.
 """
 
@@ -27,7 +27,7 @@ def merge(documents: list[dict]) -> dict:
             specs[spec["spec"]] = spec
     first = documents[0]
     return {"date": first["date"], "commands": commands, "environment": first["environment"],
-            "workloads": first["workloads"], "specs": list(specs.values())}
+            "workloads": first["workloads"], "specs": [specs[name] for name in sorted(specs)]}
 
 
 def spec_table(spec: dict) -> str:
