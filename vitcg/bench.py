@@ -200,6 +200,8 @@ class SpecBench:
     capture_s: float
     pool_mib: float
     parameters_m: float
+    replay_ms: dict[int, float] = field(default_factory=dict)
+    """Measured GPU time of one replay per budget (what tight packing minimizes)."""
     inductor_capture_s: float | None = None
     """Compile plus capture time of the inductor-compiled variant (``vitcg_inductor``), when measured."""
     inductor_error: str | None = None
@@ -221,7 +223,8 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
     report = manager.capture()
     result = SpecBench(spec.name, size, str(dtype).removeprefix("torch."), list(manager.budgets),
                        manager.plan.max_items, round(report.seconds, 3), round(report.pool_bytes / 2**20, 1),
-                       round(sum(p.numel() for p in module.parameters()) / 1e6, 1))
+                       round(sum(p.numel() for p in module.parameters()) / 1e6, 1),
+                       {b: round(ms, 3) for b, ms in report.replay_ms.items()})
     log(f"{spec.name}: {len(manager.budgets)} budgets captured in {report.seconds:.1f} s, "
         f"pool {result.pool_mib:.0f} MiB")
     compiled = inductor = None

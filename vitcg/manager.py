@@ -4,8 +4,9 @@ Budgets follow vLLM's ``EncoderCudaGraphManager`` and the invariants of vLLM PR 
 :func:`plan_budgets`). Items are sorted by output tokens, packed greedily under the largest budget, the
 item cap, the frame cap and the segment capacity; each pack replays the smallest budget that fits; an
 item larger than every budget (or with more frames than a batch allows) runs eagerly. That is vLLM's
-``packing="greedy"``; the default ``packing="tight"`` chooses packs that pad less. Results come back in the caller's order
-(the adapter's canonical item order), each cloned before the next replay can overwrite it.
+``packing="greedy"``; the default ``packing="tight"`` chooses the packs whose replays cost least (replay
+times measured at capture on CUDA, padded tokens on the static path). Results come back in the caller's
+order (the adapter's canonical item order), each cloned before the next replay can overwrite it.
 
 Without CUDA the same buffers and padding are used and the fixed-shape forward runs directly: the
 static-shape path that CPU tests compare against eager. There, host syncs and data-dependent shapes
@@ -30,9 +31,12 @@ from .protocol import EncoderCudaGraphCaptureInputs, EncoderItemSpec, SupportsEn
 
 
 PACKING = ("tight", "greedy")
-"""Packing policies. ``tight`` (default): padding-aware, largest item first, fewer padded tokens (1.09x
-the exact-shape graph on the mixed workload of benchmarks/RESULTS.md, against 1.72x for greedy).
-``greedy``: vLLM's smallest-first policy, for drop-in parity."""
+"""Packing policies. ``tight`` (default): cost-aware, largest item first, chooses the packs whose replays
+cost least (1.05x the exact-shape graph on the mixed workload of benchmarks/RESULTS.md, against 1.69x for
+greedy). ``greedy``: vLLM's smallest-first policy, for drop-in parity."""
+
+COST_RUNS = 3
+"""Timed replays per budget graph when replay costs are measured at capture (after one untimed replay)."""
 
 
 @dataclass
@@ -87,6 +91,8 @@ class CaptureReport:
     per_budget: dict[int, float]
     pool_bytes: int
     """GPU memory held after capture beyond what was held before (graph pool plus buffers)."""
+    replay_ms: dict[int, float] = field(default_factory=dict)
+    """Measured GPU time of one replay per budget (CUDA graphs only; empty otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,10 @@ class EncoderCudaGraphManager:
         self.packing = packing
         self.progress = progress
         self.graphs: dict[int, _BudgetGraph] = {}
+        self.replay_costs: dict[int, float] = {}
+        """Cost of one replay per budget, which ``tight`` packing minimizes: on CUDA the replay time measured
+        at capture (ms); empty means the token model, budget plus the smallest budget per replay. A caller
+        may set its own (any unit, every budget)."""
         self.stats = ManagerStats()
         self._forward_seconds = 0.0
         self._pool = None
@@ -159,7 +169,28 @@ class EncoderCudaGraphManager:
         if cuda:
             torch.cuda.synchronize(self.device)
             pool_bytes = torch.cuda.memory_allocated(self.device) - before
-        return CaptureReport(time.perf_counter() - start, per_budget, pool_bytes)
+            # a replay costs milliseconds of launches whatever its size: measure, so that packing knows
+            self.replay_costs = {budget: self._time_replay(entry) for budget, entry in self.graphs.items()}
+        return CaptureReport(time.perf_counter() - start, per_budget, pool_bytes, dict(self.replay_costs))
+
+    def _time_replay(self, entry: _BudgetGraph) -> float:
+        """Median GPU milliseconds of one replay of ``entry`` on its capture contents (all padding)."""
+        entry.graph.replay()
+        samples = []
+        for _ in range(COST_RUNS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            entry.graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        return sorted(samples)[len(samples) // 2]
+
+    def replay_cost(self, budget: int) -> float:
+        """What one replay at ``budget`` costs for ``tight`` packing (:attr:`replay_costs`)."""
+        if self.replay_costs:
+            return self.replay_costs[budget]
+        return budget + self.plan.budgets[0]  # tokens computed, plus at least the smallest graph per replay
 
     def _capture_one(self, budget: int) -> _BudgetGraph:
         inputs = self.model.prepare_encoder_cudagraph_capture_inputs(
@@ -207,8 +238,8 @@ class EncoderCudaGraphManager:
 
         An item runs eagerly when no budget holds it (too many tokens or segments) or it has more frames
         than a batch allows. ``greedy`` (vLLM's policy) fills packs smallest item first up to the largest
-        budget; ``tight`` packs largest first into budgets chosen to minimize padded tokens plus one
-        smallest budget per replay.
+        budget; ``tight`` packs largest first into the budgets whose replays cost least
+        (:meth:`replay_cost`: measured on CUDA, padded tokens otherwise).
         """
         eager = [i for i, item in enumerate(items)
                  if item.frames > self.plan.max_frames or self._fit(item.output_tokens, item.segments) is None]
@@ -261,8 +292,7 @@ class EncoderCudaGraphManager:
                 candidates.append([self._pack(items, chosen), *self._tight(items, [i for i in order if i not in taken])])
         if not candidates:  # nothing fits under the total: the largest item alone, then the rest
             candidates.append([self._pack(items, order[:1]), *self._tight(items, order[1:])])
-        overhead = self.plan.budgets[0]  # a replay costs at least the smallest graph
-        return min(candidates, key=lambda packs: sum(p.budget + overhead for p in packs))
+        return min(candidates, key=lambda packs: sum(self.replay_cost(p.budget) for p in packs))
 
     def execute(self, mm_kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         """Encode every item of ``mm_kwargs``; one ``(output_tokens, hidden)`` tensor per item, caller's order."""

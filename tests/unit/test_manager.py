@@ -234,6 +234,27 @@ def test_tight_packing_pads_less_than_greedy(toy):
         torch.testing.assert_close(got, want)
 
 
+def test_tight_packing_minimizes_replay_costs(toy):
+    """With measured costs (as on CUDA: a replay costs milliseconds of launches whatever its size), tight
+    packing prefers one larger replay to two smaller ones; without, it counts padded tokens."""
+    items = toy.get_encoder_cudagraph_item_specs(batch(2, 30, 1))
+    manager = make(toy, max_num_batched_tokens=64)
+    assert sorted(p.budget for p in manager.plan_packs(items)[0]) == [4, 32]
+    assert manager.replay_cost(32) == 32 + 4  # the token model: budget plus the smallest budget
+    manager.replay_costs = {4: 10.0, 8: 10.5, 16: 11.0, 32: 12.0, 64: 14.0}
+    assert [p.budget for p in manager.plan_packs(items)[0]] == [64]
+    manager.replay_costs = {4: 1.0, 8: 2.0, 16: 4.0, 32: 8.0, 64: 16.0}  # cost proportional to size
+    assert sorted(p.budget for p in manager.plan_packs(items)[0]) == [4, 32]
+    kwargs = batch(2, 30, 1, seed=3)
+    for got, want in zip(manager.execute(kwargs), reference(kwargs, toy)):
+        torch.testing.assert_close(got, want)
+
+
+def test_static_path_measures_nothing(toy):
+    report = make(toy).capture()
+    assert report.replay_ms == {}
+
+
 def test_unknown_packing_is_rejected(toy):
     from vitcg.errors import BudgetError
 
