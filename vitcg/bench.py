@@ -26,6 +26,7 @@ from .encoders import build_encoder
 from .errors import InputError
 from .manager import EncoderCudaGraphManager
 from .spec.model import Modality, Spec
+from .timing import timed
 
 
 @dataclass(frozen=True)
@@ -103,28 +104,6 @@ def _on(adapter: SpecAdapter, kwargs: Mapping[str, torch.Tensor], dtype: torch.d
     counts = {m.count_key for m in adapter.spec.modalities}
     return {k: v if k in counts else v.to(adapter.device, dtype if v.is_floating_point() else v.dtype)
             for k, v in kwargs.items()}
-
-
-def timed(fn: Callable[[], Any], iters: int, warmup: int, device: torch.device) -> float:
-    """Median milliseconds of ``fn`` over ``iters`` runs (CUDA events on GPU, wall clock on CPU)."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    cuda = device.type == "cuda"
-    for _ in range(iters):
-        if cuda:
-            torch.cuda.synchronize(device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        else:
-            tic = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - tic) * 1e3)
-    return statistics.median(samples)
 
 
 class ExactGraph:

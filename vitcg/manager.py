@@ -27,6 +27,7 @@ from . import metadata
 from .budgets import plan_budgets
 from .errors import BudgetError, InputError
 from .syncs import no_host_syncs
+from .timing import timed
 from .protocol import EncoderCudaGraphCaptureInputs, EncoderItemSpec, SupportsEncoderCudaGraph
 
 
@@ -170,21 +171,9 @@ class EncoderCudaGraphManager:
             torch.cuda.synchronize(self.device)
             pool_bytes = torch.cuda.memory_allocated(self.device) - before
             # a replay costs milliseconds of launches whatever its size: measure, so that packing knows
-            self.replay_costs = {budget: self._time_replay(entry) for budget, entry in self.graphs.items()}
+            self.replay_costs = {budget: timed(entry.graph.replay, COST_RUNS, 1, self.device)
+                                 for budget, entry in self.graphs.items()}
         return CaptureReport(time.perf_counter() - start, per_budget, pool_bytes, dict(self.replay_costs))
-
-    def _time_replay(self, entry: _BudgetGraph) -> float:
-        """Median GPU milliseconds of one replay of ``entry`` on its capture contents (all padding)."""
-        entry.graph.replay()
-        samples = []
-        for _ in range(COST_RUNS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            entry.graph.replay()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        return sorted(samples)[len(samples) // 2]
 
     def replay_cost(self, budget: int) -> float:
         """What one replay at ``budget`` costs for ``tight`` packing (:attr:`replay_costs`)."""
