@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from vitcg.adapter import SpecAdapter
+from vitcg.adapter import adapter_for
 from vitcg.bench import WORKLOADS, _on, make_inputs
 from vitcg.encoders import build_encoder
 from vitcg.manager import EncoderCudaGraphManager
@@ -25,7 +25,7 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     device, dtype, size = ("cuda", torch.bfloat16, "real") if cuda else ("cpu", torch.float32, "tiny")
     spec = {s.name: s for s in load_registry(["specs"])}[name]
-    adapter = SpecAdapter(spec, build_encoder(spec, size, device=device, dtype=dtype))
+    adapter = adapter_for(spec, build_encoder(spec, size, device=device, dtype=dtype))
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
     manager.capture()
     for workload in workloads:

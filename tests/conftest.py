@@ -36,3 +36,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture
+def no_tf32():
+    """float32 comparisons at 1e-5 on CUDA need full-precision convolutions and matmuls on both paths."""
+    import torch
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

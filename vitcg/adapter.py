@@ -2,12 +2,16 @@
 
 Nothing here knows a model. Item sizes come from the spec's formulas, buffer shapes from its buffer
 formulas, buffer contents from the providers it names, and the encoder call from its ``args``,
-``call_kwargs`` and ``outputs``. Items are ordered canonically: the spec's modalities in order
-(image, then video), each in input order.
+``call_kwargs`` and ``outputs``. Items are numbered canonically: the spec's modalities in order (image,
+then video), each in input order; a selection keeps the order of the indices it is given.
 
-With ``graph_scope`` the graphs capture one submodule call instead of the whole encoder call: the
-model's own forward runs eagerly (a prologue that may sync, an epilogue that may select data-dependent
-rows) and the scoped call inside it is answered by a graph replay (:meth:`encoder_scoped_forward`).
+:class:`SpecAdapter` implements :class:`~vitcg.protocol.SupportsEncoderCudaGraph` (vLLM's protocol) plus
+:mod:`vitcg.extension`. With ``graph_scope`` the graphs capture one submodule call instead of the whole
+encoder call: the model's own forward runs eagerly around it (a prologue that may sync, an epilogue that
+may select data-dependent rows) and each scoped call is answered by a graph replay. Such a spec cannot be
+driven by a protocol-only manager, so :class:`ScopedSpecAdapter` does not claim the protocol: it offers
+what vitcg's manager needs and raises :class:`~vitcg.errors.UnsupportedError` for the rest.
+:func:`adapter_for` picks the class.
 """
 
 from __future__ import annotations
@@ -21,14 +25,19 @@ from torch import nn
 
 from . import metadata
 from .attention import ATTENTION_NAME, configs_of, register, use_attention
-from .scope import Scope
-from .errors import InputError
+from .engine import read_limits
+from .errors import InputError, SpecRuntimeError, UnsupportedError
+from .extension import MIXED, Replay
+from .padding import BufferPadding, Capacities, fill
 from .protocol import (
+    DEFAULT_PATH,
     EncoderCudaGraphCaptureInputs,
     EncoderCudaGraphConfig,
     EncoderCudaGraphReplayBuffers,
     EncoderItemSpec,
+    postprocess_by_rows,
 )
+from .scope import Scope
 from .spec.bindings import config_snapshot
 from .spec.catalogue import PROVIDERS
 from .spec.model import Modality, Spec, thaw
@@ -50,8 +59,19 @@ class _Input:
     """Extra inputs by role, aligned with the pixels on dim 0."""
 
 
-class SpecAdapter:
-    """Implements :class:`~vitcg.protocol.SupportsEncoderCudaGraph` for ``module`` as ``spec`` describes it."""
+def adapter_for(spec: Spec, module: nn.Module, **options: Any) -> SpecAdapter | ScopedSpecAdapter:
+    """The adapter of ``spec`` over ``module``: :class:`ScopedSpecAdapter` for a graph-scoped spec, else
+    :class:`SpecAdapter`. ``options`` as for :class:`SpecAdapter`."""
+    return (ScopedSpecAdapter if spec.graph_scope else SpecAdapter)(spec, module, **options)
+
+
+def _check_path(path: str) -> None:
+    if path != DEFAULT_PATH:
+        raise InputError(f"encoder path {path!r} is unknown: spec adapters have one path, {DEFAULT_PATH!r}")
+
+
+class _Adapter:
+    """Everything both adapters share: items, selection, capture buffers, forwards."""
 
     def __init__(self, spec: Spec, module: nn.Module, *, compile_forward: bool = False):
         """``compile_forward``: run the fixed-shape forward through ``torch.compile`` (inductor kernels, one
@@ -72,11 +92,13 @@ class SpecAdapter:
         self.device: torch.device = parameter.device
         """Where the encoder lives (read once: build the adapter after moving the module)."""
         self.dtype: torch.dtype = parameter.dtype
-        self._item_cache: dict[tuple, EncoderItemSpec] = {}
+        self._item_cache: dict[tuple, tuple[EncoderItemSpec, int]] = {}
+        """Item spec and frames by (modality, grid row): serving sees the same image sizes again and again."""
         self._metadata_cache = metadata.RowCache(self.device)
-        """Item specs by (modality, grid row): serving sees the same image sizes again and again."""
+        self._capacities = Capacities()
+        self._padding = {b.name: BufferPadding(b.name, b.padding, self._capacities)
+                         for b in spec.buffers if not b.is_host}
         register()
-
 
 
     def _inputs(self, mm_kwargs: Mapping[str, Any]) -> list[_Input]:
@@ -117,44 +139,70 @@ class SpecAdapter:
         t, h, w = (int(v) for v in row)
         return {"t": t, "h": h, "w": w, **self.geometry}
 
-    def item_spec(self, modality: Modality, row) -> EncoderItemSpec:
-        """The item spec of one grid row (or tile count) of ``modality``."""
+    def _item(self, modality: Modality, row) -> tuple[EncoderItemSpec, int]:
         key = (modality.name, tuple(row) if isinstance(row, (list, tuple)) else row)
         cached = self._item_cache.get(key)
         if cached is None:
             if len(self._item_cache) >= ITEM_CACHE_SIZE:
                 self._item_cache.clear()
-            cached = self._item_cache[key] = self._evaluate_item(modality, row)
+            names = self._names(row)
+            frames = self.spec.frames.evaluate(names) if modality.name == "video" else 0
+            cached = self._item_cache[key] = (
+                EncoderItemSpec(self.spec.input_size.evaluate(names), self.spec.output_tokens.evaluate(names)), frames)
         return cached
 
-    def _evaluate_item(self, modality: Modality, row) -> EncoderItemSpec:
-        names = self._names(row)
-        frames = self.spec.frames.evaluate(names) if modality.name == "video" else 0
-        segments = {"frame": names.get("t", 1), "clip": 1}.get(self.spec.segments, 0)
-        return EncoderItemSpec(self.spec.input_size.evaluate(names), self.spec.output_tokens.evaluate(names),
-                               frames, segments)
+    def item_spec(self, modality: Modality, row) -> EncoderItemSpec:
+        """The item spec of one grid row (or tile count) of ``modality``."""
+        return self._item(modality, row)[0]
 
     def get_input_modality(self, mm_kwargs: Mapping[str, Any]) -> str:
+        """``image`` or ``video``; ``image+video`` when both are present (vitcg extension)."""
         inputs = self._inputs(mm_kwargs)
         if not inputs:
             expected = "; ".join(f"{m.name}: {', '.join(m.inputs.values())}" for m in self.spec.modalities)
             raise InputError(f"{self.spec.name}: no known input key in {sorted(mm_kwargs)}; expected {expected}")
-        return "+".join(i.modality.name for i in inputs)
+        return MIXED if len(inputs) > 1 else inputs[0].modality.name
+
+    def get_max_frames_per_video(self) -> int:
+        video = self.spec.modality("video")
+        return video.max_frames_per_video if video else 1
 
     def get_encoder_cudagraph_item_specs(self, mm_kwargs: Mapping[str, Any]) -> list[EncoderItemSpec]:
         return [self.item_spec(i.modality, row) for i in self._inputs(mm_kwargs) for row in i.counts_cpu.tolist()]
 
+    def get_encoder_cudagraph_item_frames(self, mm_kwargs: Mapping[str, Any]) -> list[int]:
+        """Video frames of each item (0 for images), in item order (vitcg extension)."""
+        return [self._item(i.modality, row)[1] for i in self._inputs(mm_kwargs) for row in i.counts_cpu.tolist()]
+
+    def is_encoder_cudagraph_scoped(self) -> bool:
+        return self._scope is not None
+
     def select_encoder_cudagraph_items(self, mm_kwargs: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:
-        """The kwargs of the items at ``indices`` (canonical positions); each modality keeps input order."""
-        wanted = sorted(set(indices))
+        """The kwargs of the items at ``indices`` (canonical positions), in the order of ``indices``.
+
+        With image and video in one call the indices must list images before videos (the eager call
+        encodes images first). Raises InputError for an index out of range or a repeated index."""
+        indices = [int(i) for i in indices]
+        inputs = self._inputs(mm_kwargs)
+        starts, total = [], 0
+        for inp in inputs:
+            starts.append(total)
+            total += inp.counts_cpu.shape[0]
+        bad = [i for i in indices if not 0 <= i < total]
+        if bad:
+            raise InputError(f"{self.spec.name}: item index {bad[0]} out of range ({total} items)")
+        if len(set(indices)) != len(indices):
+            raise InputError(f"{self.spec.name}: item indices {indices} repeat an item")
+        owner = [next(k for k in reversed(range(len(inputs))) if starts[k] <= i) for i in indices]
+        if owner != sorted(owner):
+            raise InputError(f"{self.spec.name}: indices {indices} interleave modalities; with image and video "
+                             "in one call, list the image items first")
         selected: dict[str, Any] = {}
-        start = 0
-        for inp in self._inputs(mm_kwargs):
-            rows = inp.counts_cpu.tolist()
-            local = [i - start for i in wanted if start <= i < start + len(rows)]
-            start += len(rows)
-            if not local:
+        for k, inp in enumerate(inputs):
+            local = [i - starts[k] for i, o in zip(indices, owner) if o == k]
+            if not local and (indices or k):
                 continue
+            rows = inp.counts_cpu.tolist()
             sizes = [self.item_spec(inp.modality, row).input_size for row in rows]
             if sum(sizes) != inp.pixels.shape[0]:
                 raise InputError(
@@ -166,55 +214,58 @@ class SpecAdapter:
             everything = local == list(range(len(rows)))
             for role, tensor in (("pixels", inp.pixels), *inp.extras.items()):
                 key = inp.modality.inputs[role]
-                selected[key] = tensor if everything else torch.cat([tensor[offsets[i]:offsets[i + 1]] for i in local])
+                selected[key] = tensor if everything else (
+                    torch.cat([tensor[offsets[i]:offsets[i + 1]] for i in local]) if local else tensor[:0])
             if inp.counts is not None:
-                selected[inp.modality.count_key] = inp.counts if everything else inp.counts[local]
-        if wanted and (wanted[0] < 0 or wanted[-1] >= start):
-            bad = wanted[0] if wanted[0] < 0 else wanted[-1]
-            raise InputError(f"{self.spec.name}: item index {bad} out of range ({start} items)")
+                counts = inp.counts if isinstance(inp.counts, torch.Tensor) else torch.as_tensor(inp.counts)
+                selected[inp.modality.count_key] = counts if everything else counts[
+                    torch.tensor(local, dtype=torch.long, device=counts.device)]
         return selected
 
+    def postprocess_encoder_output(
+        self, outputs: Mapping[str, torch.Tensor], indices: Sequence[int], per_item_out_tokens: Sequence[int],
+        dest: Any, clone: bool = False, batch_mm_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """The protocol's default: item ``i``'s rows of ``outputs["default"]`` at ``dest[i]``, ``indices`` order."""
+        postprocess_by_rows(outputs, indices, per_item_out_tokens, dest, clone)
 
-    def get_encoder_cudagraph_budget_range(self, limits: Any) -> tuple[int, int]:
-        def limit(name: str) -> int:
-            value = limits.get(name) if isinstance(limits, Mapping) else getattr(limits, name, None)
-            if value is None:
-                raise InputError(f"engine limits lack {name!r}")
-            return int(value)
-
-        names = {"max_num_batched_tokens": limit("max_num_batched_tokens"),
-                 "max_model_len": limit("max_model_len"), **self.geometry}
+    def get_encoder_cudagraph_budget_range(self, vllm_config: Any) -> tuple[int, int]:
+        """Budget range from ``vllm_config.scheduler_config.max_num_batched_tokens`` and
+        ``vllm_config.model_config.max_model_len`` (a mapping with those keys works too)."""
+        tokens, length = read_limits(vllm_config)
+        names = {"max_num_batched_tokens": tokens, "max_model_len": length, **self.geometry}
         return self.spec.budget_min.evaluate(names), self.spec.budget_max.evaluate(names)
 
     def get_encoder_cudagraph_config(self) -> EncoderCudaGraphConfig:
-        video = self.spec.modality("video")
         return EncoderCudaGraphConfig(
             modalities=list(self.spec.modality_names),
             buffer_keys=[b.name for b in self.spec.buffers],
             out_hidden_size=self.geometry["out_hidden_size"],
-            padding_logics={b.name: b.padding for b in self.spec.buffers},
-            max_frames_per_video=video.max_frames_per_video if video else 1,
-            segment_key=self._segment_buffer(),
-            scoped=self._scope is not None,
+            padding_logics=dict(self._padding),
+            max_frames_per_video=self.get_max_frames_per_video(),
         )
 
-
-    def _segment_buffer(self) -> str | None:
-        """The buffer whose slots bound a pack's segments: cu_seqlens, or a scoped spec's first
-        trailing-segment argument."""
-        for buffer in self.spec.buffers:
-            if buffer.provider == "cu_seqlens" or (buffer.provider == "scope_arg" and buffer.padding == "trailing_segment"):
-                return buffer.name
-        return None
+    def _is_segment_buffer(self, buffer) -> bool:
+        """Whether ``buffer`` holds one slot per attention segment (frame, clip, image)."""
+        return buffer.provider == "cu_seqlens" or (buffer.provider == "scope_arg"
+                                                   and buffer.padding == "trailing_segment")
 
     def prepare_encoder_cudagraph_capture_inputs(
         self, token_budget: int, max_batch_size: int, max_frames_per_batch: int,
         device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+        path: str = DEFAULT_PATH, axis_keys: tuple | None = None,
     ) -> EncoderCudaGraphCaptureInputs:
+        """Buffers for ``token_budget`` that hold any pack of ``max_batch_size`` items and
+        ``max_frames_per_batch`` frames. Shape formulas may read ``max_segments``, the most attention
+        segments such a pack has (``min(budget, max_items + max_frames)``: every segment has at least one
+        output token); whatever a spec's shape says, a segment buffer gets a slot per possible segment plus
+        the leading zero and a padding segment, and a grid buffer a row per item."""
+        _check_path(path)
         device = torch.device(device) if device is not None else self.device
         dtype = dtype or self.dtype
+        segments = min(token_budget, max_batch_size + max_frames_per_batch)
         names = {"budget": token_budget, "max_items": max_batch_size, "max_frames": max_frames_per_batch,
-                 **self.geometry}
+                 "max_segments": segments, **self.geometry}
         values: dict[str, torch.Tensor | int] = {}
         for buffer in self.spec.buffers:
             if buffer.is_host:
@@ -224,6 +275,10 @@ class SpecAdapter:
             if kind == "param":
                 kind = buffer.params.get("dtype", "model")
             shape = tuple(f.evaluate(names) for f in buffer.shape)
+            if self._is_segment_buffer(buffer):  # the leading zero, the segments, one padding segment
+                shape = (max(shape[0], segments + 2), *shape[1:])
+            elif buffer.provider == "grid":  # a row per item
+                shape = (max(shape[0], max_batch_size), *shape[1:])
             if self._scope is not None:
                 shape = self._scope.storage_shape(buffer, shape)
             values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else metadata.DTYPES[kind],
@@ -231,7 +286,8 @@ class SpecAdapter:
         capacity = self.row_capacity(values)
         for buffer in self.spec.buffers:
             if not buffer.is_host:
-                metadata.fill(buffer.padding, values[buffer.name], None, capacity, buffer.name)
+                self._capacities.record(values[buffer.name], capacity)
+                fill(buffer.padding, values[buffer.name], None, capacity, buffer.name)
         return EncoderCudaGraphCaptureInputs(values)
 
     def row_capacity(self, values: Mapping[str, torch.Tensor | int]) -> int:
@@ -255,17 +311,6 @@ class SpecAdapter:
                              self._metadata_cache, extras)
         return pack, items
 
-    def prepare_encoder_cudagraph_replay_buffers(
-        self, mm_kwargs: Mapping[str, Any], max_batch_size: int, max_frames_per_batch: int,
-    ) -> EncoderCudaGraphReplayBuffers:
-        pack, items = self._pack(mm_kwargs)
-        if len(items) > max_batch_size:
-            raise InputError(f"{len(items)} items exceed max_batch_size {max_batch_size}")
-        frames = sum(item.frames for item in items)
-        if frames > max_frames_per_batch and frames:
-            raise InputError(f"{frames} video frames exceed max_frames_per_batch {max_frames_per_batch}")
-        return EncoderCudaGraphReplayBuffers({b.name: metadata.compute(b, pack) for b in self.spec.buffers})
-
 
     def _combine(self, output: Any) -> torch.Tensor:
         parts = []
@@ -277,22 +322,24 @@ class SpecAdapter:
                 inside = isinstance(value, (list, tuple)) and -len(value) <= position < len(value)
                 value = value[position] if inside else None
             if value is None:
-                raise InputError(f"{self.spec.name}: the encoder output has no {entry!r} (encoder.outputs); it "
-                                 f"returned {type(output).__name__}")
+                raise SpecRuntimeError(f"{self.spec.name}: the encoder output has no {entry!r} (encoder.outputs); "
+                                       f"it returned {type(output).__name__}")
             tensors = list(value) if isinstance(value, (list, tuple)) else [value]
             if not all(isinstance(t, torch.Tensor) for t in tensors):
-                raise InputError(f"{self.spec.name}: output {entry!r} holds {[type(t).__name__ for t in tensors]}, "
+                raise SpecRuntimeError(f"{self.spec.name}: output {entry!r} holds {[type(t).__name__ for t in tensors]}, "
                                  "not tensors; pick one element with field[i]")
             parts.extend(t.reshape(-1, t.shape[-1]) for t in tensors)
         rows = {p.shape[0] for p in parts}
         if len(rows) != 1:
-            raise InputError(f"{self.spec.name}: output fields {list(self.spec.encoder.outputs)} have different "
+            raise SpecRuntimeError(f"{self.spec.name}: output fields {list(self.spec.encoder.outputs)} have different "
                              f"row counts {sorted(rows)}; they cannot be concatenated")
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
-    def encoder_cudagraph_forward(self, values: Mapping[str, torch.Tensor | int]) -> Any:
+    def encoder_cudagraph_forward(self, inputs: Mapping[str, torch.Tensor | int], path: str = DEFAULT_PATH) -> Any:
         """The fixed-shape forward: the combined output tensor, or with ``graph_scope`` the scoped
         submodule's own output structure."""
+        _check_path(path)
+        values = inputs
         # tensors the model creates without a device (SAM's torch.arange index) must not be host tensors
         # copied in during capture: the encoder's device is the default one here
         with use_attention(self._configs, ATTENTION_NAME), torch.no_grad(), torch.device(self.device):
@@ -314,7 +361,8 @@ class SpecAdapter:
                           **self._call_kwargs})
         return calls
 
-    def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any]) -> torch.Tensor:
+    def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:
+        _check_path(path)
         outputs = []
         for kwargs in self.eager_calls(mm_kwargs):
             with torch.no_grad():
@@ -323,13 +371,61 @@ class SpecAdapter:
             return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
-    def encoder_scoped_forward(self, mm_kwargs: Mapping[str, Any],
-                               replay: Callable[[dict[str, Any]], tuple[Any, Mapping]]) -> torch.Tensor:
+
+
+class SpecAdapter(_Adapter):
+    """Implements :class:`~vitcg.protocol.SupportsEncoderCudaGraph` (and :mod:`vitcg.extension`) for
+    ``module`` as ``spec`` describes it. Raises UnsupportedError for a graph-scoped spec (see
+    :class:`ScopedSpecAdapter`)."""
+
+    supports_encoder_cudagraph = True
+
+    def __init__(self, spec: Spec, module: nn.Module, *, compile_forward: bool = False):
+        """``compile_forward``: run the fixed-shape forward through ``torch.compile`` (inductor kernels, one
+        compilation with dynamic shapes for all budgets) before it is captured."""
+        if spec.graph_scope:
+            raise UnsupportedError(f"{spec.name}: graph-scoped specs cannot implement the protocol; build "
+                                   "ScopedSpecAdapter (vitcg.adapter.adapter_for picks it)")
+        super().__init__(spec, module, compile_forward=compile_forward)
+
+    def prepare_encoder_cudagraph_replay_buffers(
+        self, mm_kwargs: Mapping[str, Any], max_batch_size: int, max_frames_per_batch: int,
+        path: str = DEFAULT_PATH,
+    ) -> EncoderCudaGraphReplayBuffers:
+        """Unpadded buffer values for the items of ``mm_kwargs``, in their order; host integers are None.
+        Raises InputError when the items exceed ``max_batch_size``. (Frames are not checked here: vLLM packs
+        by items and tokens, and the segment buffers hold a slot per output token if need be.)"""
+        _check_path(path)
+        pack, items = self._pack(mm_kwargs)
+        if len(items) > max_batch_size:
+            raise InputError(f"{self.spec.name}: {len(items)} items exceed max_batch_size {max_batch_size}")
+        return EncoderCudaGraphReplayBuffers({b.name: metadata.compute(b, pack) for b in self.spec.buffers})
+
+
+_NOT_FOR_SCOPED = frozenset({"supports_encoder_cudagraph", "prepare_encoder_cudagraph_replay_buffers"})
+
+
+class ScopedSpecAdapter(_Adapter):
+    """A graph-scoped spec's adapter. Its graphs hold one submodule call whose arguments come from the
+    model's own eager prologue, so no protocol-only manager can refill them: it does not claim
+    :class:`~vitcg.protocol.SupportsEncoderCudaGraph`, and the members it lacks raise UnsupportedError.
+    vitcg's manager drives it through :meth:`encoder_scoped_forward` (:mod:`vitcg.extension`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _NOT_FOR_SCOPED:
+            raise UnsupportedError(
+                f"{self.spec.name} is graph-scoped ({self.spec.graph_scope!r}): its graph inputs come from the "
+                f"model's own eager forward, so it has no {name!r} and cannot run under a protocol-only "
+                "manager such as vLLM's; use vitcg's EncoderCudaGraphManager")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def encoder_scoped_forward(self, mm_kwargs: Mapping[str, Any], replay: Replay) -> torch.Tensor:
         """The model's eager forward with each call of the graph scope answered by ``replay``
         (:class:`vitcg.scope.Scope`): ``replay`` gets the call's arguments as buffer values and returns the
-        captured output and the capture values it ran on. Raises InputError when the scope is never called."""
+        captured output and the capture values it ran on. Raises SpecRuntimeError when the scope is never
+        called."""
         output, calls = self._scope.run(lambda: self.encoder_eager_forward(mm_kwargs), replay)
         if self._inputs(mm_kwargs) and not calls:
-            raise InputError(f"{self.spec.name}: the eager forward never called graph_scope "
-                             f"{self.spec.graph_scope!r}; check the module path")
+            raise SpecRuntimeError(f"{self.spec.name}: the eager forward never called graph_scope "
+                                   f"{self.spec.graph_scope!r}; check the module path")
         return output

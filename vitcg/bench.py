@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .adapter import SpecAdapter
+from .adapter import SpecAdapter, adapter_for
 from .conformance import CaseBuilder, relative_error
 from .encoders import build_encoder
 from .errors import InputError
@@ -111,9 +111,10 @@ class ExactGraph:
 
     def __init__(self, adapter: SpecAdapter, kwargs: Mapping[str, torch.Tensor]):
         items = adapter.get_encoder_cudagraph_item_specs(kwargs)
-        frames = sum(i.frames for i in items)
+        frames = sum(adapter.get_encoder_cudagraph_item_frames(kwargs))
         fresh = adapter.prepare_encoder_cudagraph_replay_buffers(kwargs, len(items), frames)
         names = {"budget": sum(i.output_tokens for i in items), "max_items": len(items), "max_frames": frames,
+                 "max_segments": min(sum(i.output_tokens for i in items), len(items) + frames),
                  **adapter.geometry}
         self.values: dict[str, Any] = {}
         for buffer in adapter.spec.buffers:
@@ -140,7 +141,8 @@ class ExactGraph:
         return self.output
 
 
-def exact_scope_manager(adapter: SpecAdapter, items: list, device: str, dtype: torch.dtype) -> EncoderCudaGraphManager:
+def exact_scope_manager(adapter: SpecAdapter, items: list, frames: int, device: str, dtype: torch.dtype
+                        ) -> EncoderCudaGraphManager:
     """For a graph-scoped spec, the exact-shape bound: one graph of exactly this input's tokens, items and
     frames (captured), served through the scope. The eager prologue and epilogue still run around it."""
     tokens = sum(i.output_tokens for i in items)
@@ -148,7 +150,7 @@ def exact_scope_manager(adapter: SpecAdapter, items: list, device: str, dtype: t
                                                                 "max_model_len": 1 << 30})
     limit = max(tokens, min_budget)
     manager = EncoderCudaGraphManager(adapter, token_budgets=[tokens], max_items_per_batch=len(items),
-                                      max_frames_per_batch=sum(i.frames for i in items),
+                                      max_frames_per_batch=frames,
                                       max_num_batched_tokens=limit, max_model_len=limit, device=device, dtype=dtype)
     manager.capture()
     return manager
@@ -196,7 +198,7 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
     torch_device = torch.device(device)
     cuda = torch_device.type == "cuda"
     module = build_encoder(spec, size, device=device, dtype=dtype)
-    adapter = SpecAdapter(spec, module)
+    adapter = adapter_for(spec, module)
     manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len, device=device, dtype=dtype, progress=False)
     report = manager.capture()
@@ -211,7 +213,7 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
         compiled = torch.compile(getattr(module, spec.encoder.method), mode="reduce-overhead")
         tic = time.perf_counter()
         try:
-            inductor = EncoderCudaGraphManager(SpecAdapter(spec, module, compile_forward=True),
+            inductor = EncoderCudaGraphManager(adapter_for(spec, module, compile_forward=True),
                                                max_num_batched_tokens=max_num_batched_tokens,
                                                max_model_len=max_model_len, device=device, dtype=dtype)
             inductor.capture()
@@ -255,7 +257,8 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
             row.ms["vitcg_inductor"] = timed(lambda: inductor.execute(inputs), iters, warmup, torch_device)
         if cuda:
             if spec.graph_scope:
-                exact = exact_scope_manager(adapter, items, device, dtype)
+                exact = exact_scope_manager(adapter, items, sum(adapter.get_encoder_cudagraph_item_frames(inputs)),
+                                            device, dtype)
                 run_exact = lambda: torch.cat(exact.execute(inputs))  # noqa: E731
             else:
                 exact = ExactGraph(adapter, inputs)

@@ -43,6 +43,12 @@ def check_limits(budgets: Sequence[Any] | None, max_items: Any, max_frames: Any 
         raise BudgetError(f"{MAX_FRAMES} must be an integer >= 0, got {max_frames!r}")
 
 
+LADDERS = ("vllm", "pow2")
+"""Generated budget ladders: ``vllm`` (default) doubles from the min budget, as vLLM's manager does, so the
+same configuration captures the same budgets in both; ``pow2`` uses powers of two from the first one at
+or above the min budget (vitcg's earlier choice: fewer distinct shapes when min is not a power of two)."""
+
+
 @dataclass(frozen=True)
 class BudgetPlan:
     """The token budgets and batch limits one manager captures."""
@@ -55,6 +61,17 @@ class BudgetPlan:
     """Most video frames in one pack (0 when video is disabled)."""
     min_budget: int
     max_budget: int
+
+
+def doubling_budgets(start: int, max_budget: int) -> list[int]:
+    """vLLM's ladder: ``start, 2*start, 4*start, ...`` while ``<= max_budget``, then ``max_budget`` if missing."""
+    budgets, value = [], start
+    while value <= max_budget:
+        budgets.append(value)
+        value *= 2
+    if not budgets or budgets[-1] < max_budget:
+        budgets.append(max_budget)
+    return budgets
 
 
 def power_of_two_budgets(start: int, max_budget: int) -> list[int]:
@@ -75,6 +92,7 @@ def plan_budgets(
     max_frames_per_batch: int | None = None,
     max_frames_per_video: int = 1,
     video: bool = True,
+    ladder: str = "vllm",
 ) -> BudgetPlan:
     """Resolve budgets and limits from the engine options, enforcing vLLM's invariants.
 
@@ -82,7 +100,8 @@ def plan_budgets(
     - only items given: budgets are generated from ``max(min_budget, items)``;
     - only budgets given, or neither: ``items = min(max_budget // min_budget, min(budgets))``;
     - ``0 < min_budget <= max_budget``; every budget > 0 and <= max_budget;
-    - ``max_frames_per_batch``: None means items x max_frames_per_video, and 0 when video is disabled.
+    - ``max_frames_per_batch``: None means items x max_frames_per_video, and 0 when video is disabled;
+    - ``ladder``: how budgets are generated when none are given (:data:`LADDERS`).
 
     Raises BudgetError naming the values and a remedy.
     """
@@ -93,6 +112,8 @@ def plan_budgets(
         raise BudgetError(f"min token budget {min_budget} is larger than max token budget {max_budget} "
                           "(min(max_num_batched_tokens, max_model_len)); raise those limits to at least "
                           f"{min_budget}")
+    if ladder not in LADDERS:
+        raise BudgetError(f"budget ladder must be one of {', '.join(LADDERS)}, got {ladder!r}")
     check_limits(token_budgets, max_items, max_frames_per_batch)
     if token_budgets is not None:
         token_budgets = list(token_budgets)
@@ -102,7 +123,8 @@ def plan_budgets(
                               "(min(max_num_batched_tokens, max_model_len)); drop them or raise those limits")
         budgets = sorted(set(token_budgets))
     else:
-        budgets = power_of_two_budgets(max(min_budget, max_items), max_budget)
+        generate = doubling_budgets if ladder == "vllm" else power_of_two_budgets
+        budgets = generate(max(min_budget, max_items), max_budget)
         if max_items > max_budget:
             raise BudgetError(f"encoder_cudagraph_max_vision_items_per_batch={max_items} exceeds the max token "
                               f"budget {max_budget}; lower it or raise max_num_batched_tokens")

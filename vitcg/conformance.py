@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .adapter import SpecAdapter
+from .adapter import SpecAdapter, adapter_for
 from .encoders import build_encoder
 from .errors import VitcgError
 from .manager import EncoderCudaGraphManager
@@ -105,7 +105,7 @@ class CaseBuilder:
         pixels = self.spec.providers()["pixels"]
         names = {"budget": self.spec.budget_min.evaluate({**self.geometry, "max_num_batched_tokens": 1 << 20,
                                                           "max_model_len": 1 << 20}),
-                 "max_items": 1, "max_frames": 1, **self.geometry}
+                 "max_items": 1, "max_frames": 1, "max_segments": 2, **self.geometry}
         return tuple(f.evaluate(names) for f in pixels.shape[1:])
 
     def _fill(self, role: str, rows: int) -> torch.Tensor:
@@ -203,9 +203,9 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
     tolerance = TOLERANCE[dtype]
     try:
         module = build_encoder(spec, size, device=device, dtype=dtype, seed=seed)
-        adapter = SpecAdapter(spec, module)
+        adapter = adapter_for(spec, module)
         # same seed, same weights: the float32 twin is the reference for half-precision noise
-        reference = (SpecAdapter(spec, build_encoder(spec, size, device=device, dtype=torch.float32, seed=seed))
+        reference = (adapter_for(spec, build_encoder(spec, size, device=device, dtype=torch.float32, seed=seed))
                      if dtype in HALF else None)
         min_budget, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 30,
                                                                     "max_model_len": 1 << 30})

@@ -74,7 +74,22 @@ class BudgetError(VitcgError, ValueError):
 
 
 class InputError(VitcgError, ValueError):
-    """Multimodal inputs do not match what the spec declares (missing keys, bad shapes)."""
+    """A caller's bad input at run time: multimodal kwargs that do not match what the spec declares (missing
+    keys, bad shapes), item indices out of range, engine limits that are missing."""
+
+
+class SpecRuntimeError(VitcgError, RuntimeError):
+    """A spec that validated fails against the real encoder at run time: an output field the encoder does
+    not return, rows that do not add up to ``items.output_tokens``, a graph scope that is never called."""
+
+
+class HostSyncError(VitcgError, RuntimeError):
+    """The fixed-shape forward does something a CUDA graph cannot capture (a host sync, a shape from data)."""
+
+
+class UnsupportedError(VitcgError, AttributeError):
+    """A protocol member this adapter cannot provide (a graph-scoped spec under a protocol-only manager).
+    An AttributeError, so ``hasattr`` and protocol checks see the member as absent."""
 
 
 class RenderError(VitcgError, ValueError):

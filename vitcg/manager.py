@@ -1,12 +1,18 @@
 """The budget graph manager: budgets, capture (CUDA) or static runs (CPU), packing, replay, fallback, stats.
 
-Budgets follow vLLM's ``EncoderCudaGraphManager`` and the invariants of vLLM PR #38040 (checked in
-:func:`plan_budgets`). Items are sorted by output tokens, packed greedily under the largest budget, the
-item cap, the frame cap and the segment capacity; each pack replays the smallest budget that fits; an
-item larger than every budget (or with more frames than a batch allows) runs eagerly. That is vLLM's
-``packing="greedy"``; the default ``packing="tight"`` chooses the packs whose replays cost least (replay
-times measured at capture on CUDA, padded tokens on the static path). Results come back in the caller's
-order (the adapter's canonical item order), each cloned before the next replay can overwrite it.
+It talks to a model only through :mod:`vitcg.protocol` (vLLM's protocol) and, where the model offers it,
+:mod:`vitcg.extension`; it imports nothing of the spec language or the adapter, so it drives any
+protocol implementation, hand-written ones included. Buffers are refilled through the model's padding
+logics (callables), or zeroed and copied into when a key has none, exactly as vLLM's manager does.
+
+Budgets follow vLLM's ``EncoderCudaGraphManager``: the configuration paths and invariants of vLLM PR
+#38040 (:func:`plan_budgets`) and its doubling ladder (``ladder="pow2"`` for powers of two). Packing
+``tight`` (default) chooses the packs whose replays cost least (replay times measured at capture on CUDA,
+padded tokens on the static path); ``greedy`` is vLLM's: items sorted by output tokens, packed under the
+largest budget and the item cap, a pack closed early when an item alone outweighs it. With the
+extension, packs also respect the frame cap, and a video with more frames than a batch allows runs
+eagerly. Each pack replays the smallest budget that fits; an item larger than every budget runs eagerly.
+Results come back in the caller's item order, each cloned before the next replay can overwrite it.
 
 Without CUDA the same buffers and padding are used and the fixed-shape forward runs directly: the
 static-shape path that CPU tests compare against eager. There, host syncs and data-dependent shapes
@@ -15,6 +21,8 @@ raise (:mod:`vitcg.syncs`), as a capture would.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -23,18 +31,35 @@ from typing import Any
 
 import torch
 
-from . import metadata
 from .budgets import plan_budgets
-from .errors import BudgetError, InputError
+from .engine import EngineConfig, engine_config
+from .errors import BudgetError, InputError, SpecRuntimeError
+from .extension import MIXED, SupportsVitcgExtension
+from .protocol import (
+    DEFAULT_PATH,
+    ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
+    EncoderCudaGraphCaptureInputs,
+    EncoderItemSpec,
+    SupportsEncoderCudaGraph,
+    postprocess_by_rows,
+)
 from .syncs import no_host_syncs
 from .timing import timed
-from .protocol import EncoderCudaGraphCaptureInputs, EncoderItemSpec, SupportsEncoderCudaGraph
 
 
 PACKING = ("tight", "greedy")
-"""Packing policies. ``tight`` (default): cost-aware, largest item first, chooses the packs whose replays
-cost least (1.05x the exact-shape graph on the mixed workload of benchmarks/RESULTS.md, against 1.69x for
-greedy). ``greedy``: vLLM's smallest-first policy, for drop-in parity."""
+"""Packing policies. ``tight`` (default, a deliberate difference from vLLM): cost-aware, largest item
+first, chooses the packs whose replays cost least (H100, Qwen2-VL-7B tower, mixed batch of 8 images:
+129 ms against greedy's 206 ms and eager's 119 ms; benchmarks/RESULTS.md). ``greedy``: vLLM's
+smallest-first policy with its early close, for drop-in parity: both managers then form the same packs."""
+
+LEAN_ITEMS = 16
+"""Items per pack when the engine leaves the count to be inferred and ``lean`` is on (vitcg's default).
+vLLM infers ``max_budget // min_budget`` (128 for Qwen2-VL at 8192 tokens) and frames per pack as items
+times frames per video (4096): capture buffers must then hold that many attention segments, and every
+slot of ``cu_seqlens`` widens the flash kernel's grid at every layer. Measured on the H100 (Qwen2-VL-7B
+tower, benchmarks/RESULTS.md), vLLM's caps made 8 images 1.4x and a mixed batch 2.3-2.8x slower than
+these. Lean caps: this many items, and the frames of one longest video."""
 
 COST_RUNS = 3
 """Timed replays per budget graph when replay costs are measured at capture (after one untimed replay)."""
@@ -49,6 +74,8 @@ class ManagerStats:
     """Items served by a budget graph."""
     misses: int = 0
     """Items that ran eagerly (larger than every budget, or too many frames)."""
+    graph_hits = property(lambda self: self.hits, doc="vLLM's name for :attr:`hits`.")
+    graph_misses = property(lambda self: self.misses, doc="vLLM's name for :attr:`misses`.")
     replays: int = 0
     eager_calls: int = 0
     used_tokens: int = 0
@@ -79,8 +106,7 @@ class _BudgetGraph:
     inputs: EncoderCudaGraphCaptureInputs
     pointers: dict[str, int]
     """Storage address of each tensor buffer at capture (buffer identity)."""
-    capacity: int
-    """Rows the pixel buffer holds: where the trailing padding segment ends (0 when no buffer needs it)."""
+    axis_keys: tuple = ()
     graph: Any = None
     """``torch.cuda.CUDAGraph``, or None on the static (CPU) path."""
     output: torch.Tensor | None = None
@@ -104,31 +130,64 @@ class Pack:
 
 
 class EncoderCudaGraphManager:
-    """Captures one graph per token budget and serves batches of items through them."""
+    """Captures one graph per token budget and serves batches of items through them.
+
+    Engine options come from ``vllm_config`` (a vLLM config, or :func:`vitcg.engine.engine_config`) or,
+    when it is None, from the keyword arguments of the same names. ``device`` and ``dtype`` are the
+    graphs' (as vLLM passes them); nothing is read from the model but the protocol. ``lean``: when items
+    or frames per batch are left to be inferred, use :data:`LEAN_ITEMS` and one video's frames instead of
+    vLLM's larger values (budgets are vLLM's either way)."""
 
     def __init__(
         self,
         model: SupportsEncoderCudaGraph,
         *,
+        vllm_config: EngineConfig | Any = None,
         token_budgets: Sequence[int] | None = None,
         max_items_per_batch: int = 0,
         max_frames_per_batch: int | None = None,
         max_num_batched_tokens: int = 8192,
         max_model_len: int = 32768,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        video: bool = True,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
         use_cuda_graphs: bool | None = None,
         progress: bool = False,
         packing: str = "tight",
+        ladder: str = "vllm",
+        lean: bool = True,
     ):
         self.model = model
         self.config = model.get_encoder_cudagraph_config()
-        min_budget, max_budget = model.get_encoder_cudagraph_budget_range(
-            {"max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len})
-        self.plan = plan_budgets(min_budget, max_budget, token_budgets, max_items_per_batch, max_frames_per_batch,
-                                 self.config.max_frames_per_video, video="video" in self.config.modalities)
-        self.device = torch.device(device) if device is not None else getattr(model, "device", torch.device("cpu"))
-        self.dtype = dtype or getattr(model, "dtype", torch.float32)
+        if set(self.config.paths) != {DEFAULT_PATH} or self.config.paths[DEFAULT_PATH].min_token_budget is not None:
+            raise BudgetError(f"the model declares encoder paths {sorted(self.config.paths)}; vitcg's manager "
+                              "serves one path, 'default', on the manager's own ladder")
+        if vllm_config is None:
+            vllm_config = engine_config(max_num_batched_tokens, max_model_len, token_budgets=token_budgets,
+                                        max_items_per_batch=max_items_per_batch,
+                                        max_frames_per_batch=max_frames_per_batch, video=video)
+        self.vllm_config = vllm_config
+        options = vllm_config.compilation_config
+        video_limit = getattr(vllm_config, "video_limit_per_prompt", None)
+        min_budget, max_budget = model.get_encoder_cudagraph_budget_range(vllm_config)
+        self.plan = plan_budgets(min_budget, max_budget, options.encoder_cudagraph_token_budgets,
+                                 options.encoder_cudagraph_max_vision_items_per_batch,
+                                 options.encoder_cudagraph_max_frames_per_batch, self.config.max_frames_per_video,
+                                 video="video" in self.config.modalities and video_limit != 0, ladder=ladder)
+        if lean and not options.encoder_cudagraph_max_vision_items_per_batch:
+            items = min(self.plan.max_items, LEAN_ITEMS)
+            frames = self.plan.max_frames
+            if options.encoder_cudagraph_max_frames_per_batch is None and frames:
+                frames = min(frames, self.config.max_frames_per_video)
+            self.plan = dataclasses.replace(self.plan, max_items=items, max_frames=frames)
+        self.extension = model if isinstance(model, SupportsVitcgExtension) else None
+        """The model's vitcg extension (frames per item, graph scope), or None for a protocol-only model."""
+        self.scoped = bool(self.extension and self.extension.is_encoder_cudagraph_scoped())
+        self.axes = tuple(tuple(axis) for axis in self.config.capture_axes)
+        if any(not axis for axis in self.axes):
+            raise BudgetError("capture_axes must each hold at least one key")
+        self.device = torch.device(device)
+        self.dtype = dtype
         self.use_cuda_graphs = self.device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
         if self.use_cuda_graphs and self.device.type != "cuda":
             raise BudgetError("CUDA graphs need a CUDA device; use_cuda_graphs=False runs the static path")
@@ -136,7 +195,8 @@ class EncoderCudaGraphManager:
             raise BudgetError(f"packing must be one of {', '.join(PACKING)}, got {packing!r}")
         self.packing = packing
         self.progress = progress
-        self.graphs: dict[int, _BudgetGraph] = {}
+        self.graphs: dict[Any, _BudgetGraph] = {}
+        """Captured graphs by budget, or by ``(budget, axis_keys)`` when the model has capture axes."""
         self.replay_costs: dict[int, float] = {}
         """Cost of one replay per budget, which ``tight`` packing minimizes: on CUDA the replay time measured
         at capture (ms); empty means the token model, budget plus the smallest budget per replay. A caller
@@ -149,6 +209,12 @@ class EncoderCudaGraphManager:
     def budgets(self) -> tuple[int, ...]:
         return self.plan.budgets
 
+    def _keys(self) -> list[Any]:
+        """Graph keys, largest budget first: budgets, or (budget, axis keys) per combination."""
+        if not self.axes:
+            return sorted(self.budgets, reverse=True)
+        return [(b, keys) for b in sorted(self.budgets, reverse=True) for keys in itertools.product(*self.axes)]
+
     def capture(self) -> CaptureReport:
         """Allocate every budget's buffers and capture its graph, largest budget first, into one shared pool."""
         if self.graphs:
@@ -160,19 +226,21 @@ class EncoderCudaGraphManager:
             self._pool = torch.cuda.graph_pool_handle()
         per_budget: dict[int, float] = {}
         start = time.perf_counter()
-        with _progress(self.progress, len(self.budgets), "capturing" if cuda else "allocating") as advance:
-            for budget in sorted(self.budgets, reverse=True):
+        keys = self._keys()
+        with _progress(self.progress, len(keys), "capturing" if cuda else "allocating") as advance:
+            for key in keys:
+                budget, axis_keys = key if self.axes else (key, ())
                 tic = time.perf_counter()
-                self.graphs[budget] = self._capture_one(budget)
-                per_budget[budget] = time.perf_counter() - tic
+                self.graphs[key] = self._capture_one(budget, axis_keys)
+                per_budget[budget] = per_budget.get(budget, 0.0) + time.perf_counter() - tic
                 advance(budget)
         pool_bytes = 0
         if cuda:
             torch.cuda.synchronize(self.device)
             pool_bytes = torch.cuda.memory_allocated(self.device) - before
             # a replay costs milliseconds of launches whatever its size: measure, so that packing knows
-            self.replay_costs = {budget: timed(entry.graph.replay, COST_RUNS, 1, self.device)
-                                 for budget, entry in self.graphs.items()}
+            self.replay_costs = {entry.budget: timed(entry.graph.replay, COST_RUNS, 1, self.device)
+                                 for entry in self.graphs.values()}
         return CaptureReport(time.perf_counter() - start, per_budget, pool_bytes, dict(self.replay_costs))
 
     def replay_cost(self, budget: int) -> float:
@@ -181,67 +249,52 @@ class EncoderCudaGraphManager:
             return self.replay_costs[budget]
         return budget + self.plan.budgets[0]  # tokens computed, plus at least the smallest graph per replay
 
-    def _capture_one(self, budget: int) -> _BudgetGraph:
+    def _capture_one(self, budget: int, axis_keys: tuple) -> _BudgetGraph:
         inputs = self.model.prepare_encoder_cudagraph_capture_inputs(
-            budget, self.plan.max_items, self.plan.max_frames, self.device, self.dtype)
+            budget, self.plan.max_items, self.plan.max_frames, self.device, self.dtype, DEFAULT_PATH,
+            axis_keys if self.axes else None)
         tensors = {k: v for k, v in inputs.values.items() if isinstance(v, torch.Tensor)}
-        # A trailing-segment buffer captured empty holds the padding segment's end (the row capacity) last.
-        ends = {int(tensors[k][-1]) for k, rule in self.config.padding_logics.items()
-                if rule == "trailing_segment" and k in tensors}
-        if len(ends) > 1:
-            raise BudgetError(f"budget {budget}: trailing-segment buffers end at different rows {sorted(ends)}")
-        entry = _BudgetGraph(budget, inputs, {k: v.data_ptr() for k, v in tensors.items()}, ends.pop() if ends else 0)
+        entry = _BudgetGraph(budget, inputs, {k: v.data_ptr() for k, v in tensors.items()}, axis_keys)
         if not self.use_cuda_graphs:
             return entry
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self.model.encoder_cudagraph_forward(inputs.values)  # warm-up: lazy init, autotuning
+        with torch.cuda.stream(side), torch.inference_mode():
+            self.model.encoder_cudagraph_forward({**inputs.values}, path=DEFAULT_PATH)  # warm-up: lazy init
         torch.cuda.current_stream(self.device).wait_stream(side)
         entry.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(entry.graph, pool=self._pool):
-            entry.output = self.model.encoder_cudagraph_forward(inputs.values)
+        with torch.inference_mode(), torch.cuda.graph(entry.graph, pool=self._pool):
+            entry.output = self.model.encoder_cudagraph_forward({**inputs.values}, path=DEFAULT_PATH)
         return entry
 
-    def segment_capacity(self, budget: int) -> int | None:
-        """Segments one pack may hold at ``budget`` (slots of the segment buffer minus the leading zero and
-        one padding segment), or None when the model has no segment buffer."""
-        key = self.config.segment_key
-        if key is None:
-            return None
-        if not self.graphs:
-            self.capture()
-        return self.graphs[budget].inputs.values[key].shape[0] - 2
+    def _fit(self, tokens: int) -> int | None:
+        """The smallest budget holding ``tokens`` output tokens, or None."""
+        return next((b for b in self.plan.budgets if b >= tokens), None)
 
-    def _fit(self, tokens: int, segments: int) -> int | None:
-        """The smallest budget holding ``tokens`` output tokens and ``segments`` segments, or None."""
-        for budget in self.plan.budgets:
-            if budget >= tokens:
-                cap = self.segment_capacity(budget)
-                if cap is None or segments <= cap:
-                    return budget
-        return None
-
-    def plan_packs(self, items: Sequence[EncoderItemSpec]) -> tuple[list[Pack], list[int]]:
+    def plan_packs(self, items: Sequence[EncoderItemSpec], frames: Sequence[int] | None = None
+                   ) -> tuple[list[Pack], list[int]]:
         """Split items into packs, one replay each: ``(packs, eager item indices)``.
 
-        An item runs eagerly when no budget holds it (too many tokens or segments) or it has more frames
-        than a batch allows. ``greedy`` (vLLM's policy) fills packs smallest item first up to the largest
-        budget; ``tight`` packs largest first into the budgets whose replays cost least
-        (:meth:`replay_cost`: measured on CUDA, padded tokens otherwise).
+        An item runs eagerly when no budget holds it or it has more ``frames`` than a batch allows.
+        ``greedy`` (vLLM's policy) fills packs smallest item first up to the largest budget, closing a pack
+        early when an item alone needs at least the pack's budget and splitting costs fewer budget tokens;
+        ``tight`` packs largest first into the budgets whose replays cost least (:meth:`replay_cost`).
+        A pack's indices are in the order its items were packed.
         """
+        frames = list(frames) if frames is not None else [0] * len(items)
         eager = [i for i, item in enumerate(items)
-                 if item.frames > self.plan.max_frames or self._fit(item.output_tokens, item.segments) is None]
+                 if frames[i] > self.plan.max_frames or self._fit(item.output_tokens) is None]
         skip = set(eager)
         rest = [i for i in range(len(items)) if i not in skip]
         if self.packing == "tight":
             rest.sort(key=lambda i: (-items[i].output_tokens, i))
-            return self._tight(items, rest), eager
+            return self._tight(items, frames, rest), eager
         rest.sort(key=lambda i: (items[i].output_tokens, i))
         packs: list[Pack] = []
         current: list[int] = []
         for i in rest:
-            if current and not self._feasible(items, [*current, i], self.plan.budgets[-1]):
+            if current and (not self._feasible(items, frames, [*current, i], self.plan.budgets[-1])
+                            or self._defer(items, current, i)):
                 packs.append(self._pack(items, current))
                 current = []
             current.append(i)
@@ -249,38 +302,46 @@ class EncoderCudaGraphManager:
             packs.append(self._pack(items, current))
         return packs, eager
 
-    def _feasible(self, items, chosen: list[int], limit: int) -> bool:
+    def _defer(self, items, current: list[int], i: int) -> bool:
+        """vLLM's early close: item ``i`` alone needs at least the current pack's budget, and two replays
+        cost fewer budget tokens than one merged replay."""
+        tokens = sum(items[j].output_tokens for j in current)
+        alone, now = self._fit(items[i].output_tokens), self._fit(tokens)
+        merged = self._fit(tokens + items[i].output_tokens)
+        return alone >= now and now + alone < merged
+
+    def _feasible(self, items, frames, chosen: list[int], limit: int) -> bool:
         """Whether ``chosen`` forms one pack replayable at a budget no larger than ``limit``."""
-        if len(chosen) > self.plan.max_items or sum(items[j].frames for j in chosen) > self.plan.max_frames:
+        if len(chosen) > self.plan.max_items or sum(frames[j] for j in chosen) > self.plan.max_frames:
             return False
-        tokens = sum(items[j].output_tokens for j in chosen)
-        fit = self._fit(tokens, sum(items[j].segments for j in chosen)) if tokens <= limit else None
+        fit = self._fit(sum(items[j].output_tokens for j in chosen))
         return fit is not None and fit <= limit
 
     def _pack(self, items, chosen: list[int]) -> Pack:
         tokens = sum(items[j].output_tokens for j in chosen)
-        return Pack(self._fit(tokens, sum(items[j].segments for j in chosen)), tuple(sorted(chosen)), tokens)
+        return Pack(self._fit(tokens), tuple(chosen), tokens)
 
-    def _tight(self, items, order: list[int]) -> list[Pack]:
+    def _tight(self, items, frames, order: list[int]) -> list[Pack]:
         """The cheaper of: everything in one pack, or the largest budget not above the total filled
         largest item first, and the rest packed the same way. ``order``: largest item first."""
         if not order:
             return []
         candidates = []
-        if self._feasible(items, order, self.plan.budgets[-1]):
+        if self._feasible(items, frames, order, self.plan.budgets[-1]):
             candidates.append([self._pack(items, order)])
         total = sum(items[i].output_tokens for i in order)
         below = [b for b in self.plan.budgets if b <= total]
         if below and (not candidates or below[-1] < candidates[0][0].budget):
             chosen: list[int] = []
             for i in order:
-                if self._feasible(items, [*chosen, i], below[-1]):
+                if self._feasible(items, frames, [*chosen, i], below[-1]):
                     chosen.append(i)
             if chosen:
                 taken = set(chosen)
-                candidates.append([self._pack(items, chosen), *self._tight(items, [i for i in order if i not in taken])])
+                candidates.append([self._pack(items, chosen),
+                                   *self._tight(items, frames, [i for i in order if i not in taken])])
         if not candidates:  # nothing fits under the total: the largest item alone, then the rest
-            candidates.append([self._pack(items, order[:1]), *self._tight(items, order[1:])])
+            candidates.append([self._pack(items, order[:1]), *self._tight(items, frames, order[1:])])
         return min(candidates, key=lambda packs: sum(self.replay_cost(p.budget) for p in packs))
 
     def execute(self, mm_kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
@@ -291,82 +352,111 @@ class EncoderCudaGraphManager:
         self.stats.host_seconds += time.perf_counter() - start - self._forward_seconds
         return results
 
+    def _select(self, mm_kwargs: Mapping[str, Any], indices: list[int]) -> tuple[dict[str, Any], tuple]:
+        selected = dict(self.model.select_encoder_cudagraph_items(mm_kwargs, indices))
+        axis_keys = tuple(selected.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, ()))
+        if len(axis_keys) != len(self.axes):
+            raise SpecRuntimeError(f"select_encoder_cudagraph_items returned {len(axis_keys)} capture axis keys; "
+                                   f"the config declares {len(self.axes)} capture axes")
+        return selected, axis_keys
+
+    def _postprocess(self, output: torch.Tensor, indices: list[int], tokens: list[int], dest: dict,
+                     selected: Mapping[str, Any], *, exact: bool, source: str) -> None:
+        wanted = sum(tokens[i] for i in indices)
+        rows = output.shape[0]
+        if rows < wanted or (exact and rows != wanted):
+            raise SpecRuntimeError(
+                f"the {source} returned {rows} rows for {len(indices)} items, but their output_tokens sum to "
+                f"{wanted}: check the spec's items.output_tokens formula and its merge geometry")
+        postprocess = getattr(self.model, "postprocess_encoder_output", None)
+        if postprocess is None:
+            postprocess_by_rows({DEFAULT_PATH: output}, indices, tokens, dest, clone=True)
+        else:
+            postprocess({DEFAULT_PATH: output}, indices, tokens, dest, clone=True, batch_mm_kwargs=selected)
+
     def _execute(self, mm_kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         if all(value is None for value in mm_kwargs.values()):
             return []
-        self.model.get_input_modality(mm_kwargs)  # clear error for unknown keys
+        mixed = self.model.get_input_modality(mm_kwargs) == MIXED  # also: a clear error for unknown keys
         items = self.model.get_encoder_cudagraph_item_specs(mm_kwargs)
         if not items:
             return []
         if not self.graphs:
             self.capture()
-        packs, eager = self.plan_packs(items)
-        results: list[torch.Tensor | None] = [None] * len(items)
+        frames = self.extension.get_encoder_cudagraph_item_frames(mm_kwargs) if self.extension else None
+        packs, eager = self.plan_packs(items, frames)
+        tokens = [item.output_tokens for item in items]
+        dest: dict[int, torch.Tensor] = {}
         for pack in packs:
-            if self.config.scoped:
-                selected = self.model.select_encoder_cudagraph_items(mm_kwargs, list(pack.indices))
-                entry = self.graphs[pack.budget]
-                output = self.model.encoder_scoped_forward(selected, lambda values, e=entry: self._run(e, values))
-                self._split(output, pack.indices, items, results, exact=True,
-                            source=f"forward around the budget {pack.budget} graph")
+            # mixed calls select images before videos (vitcg extension): ascending canonical order
+            indices = sorted(pack.indices) if mixed or self.scoped else list(pack.indices)
+            selected, axis_keys = self._select(mm_kwargs, indices)
+            entry = self.graphs[(pack.budget, axis_keys) if self.axes else pack.budget]
+            if self.scoped:
+                output = self.extension.encoder_scoped_forward(selected, lambda values, e=entry: self._run(e, values))
+                self._postprocess(output, indices, tokens, dest, selected, exact=True,
+                                  source=f"forward around the budget {pack.budget} graph")
             else:
-                output = self._replay(pack, mm_kwargs)
-                self._split(output, pack.indices, items, results, exact=False, source=f"budget {pack.budget} graph")
+                fresh = self.model.prepare_encoder_cudagraph_replay_buffers(
+                    selected, self.plan.max_items, self.plan.max_frames, DEFAULT_PATH)
+                output = self._run(entry, fresh.values)[0]
+                self._postprocess(output, indices, tokens, dest, selected, exact=False,
+                                  source=f"budget {pack.budget} graph")
             self.stats.replays += 1
             self.stats.replays_per_budget[pack.budget] += 1
             self.stats.hits += len(pack.indices)
             self.stats.used_tokens += pack.tokens
             self.stats.padded_tokens += pack.budget - pack.tokens
         if eager:
-            selected = self.model.select_encoder_cudagraph_items(mm_kwargs, eager)
+            selected, _ = self._select(mm_kwargs, eager)
             tic = time.perf_counter()
-            output = self.model.encoder_eager_forward(selected)
+            with torch.inference_mode():
+                output = self.model.encoder_eager_forward(selected, path=DEFAULT_PATH)
             self._forward_seconds += time.perf_counter() - tic
-            self._split(output, eager, items, results, exact=True, source="eager forward")
+            self._postprocess(output, eager, tokens, dest, selected, exact=True, source="eager forward")
             self.stats.eager_calls += 1
             self.stats.misses += len(eager)
         self.stats.items += len(items)
-        return results
+        missing = [i for i in range(len(items)) if i not in dest]
+        if missing:
+            raise SpecRuntimeError(f"postprocess_encoder_output left items {missing} without output")
+        return [dest[i] for i in range(len(items))]
 
-    def _replay(self, pack: Pack, mm_kwargs: Mapping[str, Any]) -> torch.Tensor:
-        entry = self.graphs[pack.budget]
-        selected = self.model.select_encoder_cudagraph_items(mm_kwargs, list(pack.indices))
-        fresh = self.model.prepare_encoder_cudagraph_replay_buffers(selected, self.plan.max_items, self.plan.max_frames)
-        return self._run(entry, fresh.values)[0]
-
-    def _run(self, entry: _BudgetGraph, values: Mapping[str, torch.Tensor | None]) -> tuple[Any, Mapping]:
-        """Refill ``entry``'s buffers in place from ``values`` (None: leave as captured; EMPTY: all padding),
-        then replay it (or run the static forward). Returns the output and the capture values it ran on."""
+    def _run(self, entry: _BudgetGraph, values: Mapping[str, Any]) -> tuple[Any, Mapping]:
+        """Refill ``entry``'s buffers in place from ``values`` (None: leave as captured; a 0-d tensor: copied
+        whole; else the key's padding logic, or zero + copy), then replay it (or run the static forward).
+        Returns the output and the capture values it ran on."""
         for key, value in values.items():
-            dest = entry.inputs.values[key]
-            if isinstance(dest, torch.Tensor) and dest.data_ptr() != entry.pointers[key]:
-                raise RuntimeError(f"buffer identity broken: capture buffer {key!r} of budget {entry.budget} "
-                                   "was replaced after capture")
-            if value is not None:
-                metadata.fill(self.config.padding_logics[key], dest, value, entry.capacity, key)
+            if value is None:
+                continue
+            dest = entry.inputs.values.get(key)
+            if not isinstance(dest, torch.Tensor):
+                raise SpecRuntimeError(f"replay value for {key!r}, which is no tensor buffer of the capture inputs")
+            if dest.data_ptr() != entry.pointers[key]:
+                raise SpecRuntimeError(f"buffer identity broken: capture buffer {key!r} of budget {entry.budget} "
+                                       "was replaced after capture")
+            if isinstance(value, torch.Tensor) and value.ndim == 0:
+                dest.copy_(value)
+            else:
+                self.config.padding_logics.get(key, _zero_and_copy)(dest, value)
         tic = time.perf_counter()
         if entry.graph is not None:
             entry.graph.replay()
             output = entry.output
         else:
-            with no_host_syncs():  # what a capture would reject must fail here too
-                output = self.model.encoder_cudagraph_forward(entry.inputs.values)
+            with no_host_syncs(), torch.no_grad():  # what a capture would reject must fail here too
+                output = self.model.encoder_cudagraph_forward({**entry.inputs.values}, path=DEFAULT_PATH)
         self._forward_seconds += time.perf_counter() - tic
         return output, entry.inputs.values
 
-    def _split(self, output: torch.Tensor, indices: Sequence[int], items: Sequence[EncoderItemSpec],
-               results: list, *, exact: bool, source: str) -> None:
-        wanted = sum(items[i].output_tokens for i in indices)
-        rows = output.shape[0]
-        if rows < wanted or (exact and rows != wanted):
-            raise InputError(
-                f"the {source} returned {rows} rows for {len(indices)} items, but items.output_tokens sums to "
-                f"{wanted}: check the spec's items.output_tokens formula and its merge geometry")
-        offset = 0
-        for i in indices:
-            n = items[i].output_tokens
-            results[i] = output[offset:offset + n].clone()
-            offset += n
+
+def _zero_and_copy(dest: torch.Tensor, src: torch.Tensor) -> None:
+    """The protocol's padding for a key without a logic: zero the buffer, copy the new rows in first."""
+    if src.shape[0] > dest.shape[0] or src.shape[1:] != dest.shape[1:]:
+        raise InputError(f"a replay value of shape {tuple(src.shape)} does not fit its capture buffer "
+                         f"{tuple(dest.shape)}")
+    dest.zero_()
+    dest[:src.shape[0]].copy_(src)
 
 
 class _progress:

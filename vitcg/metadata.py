@@ -1,17 +1,8 @@
-"""Metadata providers and padding rules: the data-dependent half of a vision encoder, outside the graph.
+"""Metadata providers: the data-dependent half of a vision encoder, computed outside the graph.
 
 Each provider named in :mod:`vitcg.spec.catalogue` computes the unpadded value of one buffer for the
 items of a pack, wrapping ``transformers.vision_utils`` (the same helpers the encoders call when a key
-is not precomputed). Each padding rule writes such a value into a fixed-size capture buffer in place:
-
-- ``zeros``: value rows first, zero rows after them;
-- ``trailing_segment``: boundaries first, then the padding rows as trailing segments of their own that end
-  at the buffer's row capacity, spread over the free slots (real tokens never attend to padding, padding
-  rows are computed so no uninitialized memory turns into NaN, and no long padding segment costs
-  quadratic attention); without padding the free slots repeat the last offset;
-- ``ones``: value rows first, rows of ones after them (attention masks of padding tiles);
-- ``identity``: indices first, then each padding slot maps to itself;
-- ``fixed``: a host integer fixed at capture, never refilled.
+is not precomputed). :mod:`vitcg.padding` writes such a value into a fixed-size capture buffer.
 """
 
 from __future__ import annotations
@@ -158,93 +149,6 @@ def compute(buffer: Buffer, pack: Pack) -> torch.Tensor | None:
     if PROVIDERS[buffer.provider].kind == "host":
         return None
     return _COMPUTE[buffer.provider](pack, buffer.params)
-
-
-def _check_fits(dest: torch.Tensor, src: torch.Tensor, key: str) -> None:
-    if src.shape[1:] != dest.shape[1:]:
-        raise InputError(f"buffer {key!r}: value of shape {tuple(src.shape)} does not fit capture buffer "
-                         f"{tuple(dest.shape)} (trailing dimensions differ)")
-    if src.shape[0] > dest.shape[0]:
-        raise InputError(f"buffer {key!r}: {src.shape[0]} rows do not fit the capture buffer of {dest.shape[0]} "
-                         "rows; the spec's buffer shape is too small for this budget")
-
-
-def pad_zeros(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
-    _check_fits(dest, src, key)
-    n = src.shape[0]
-    dest[:n].copy_(src, non_blocking=True)
-    if n < dest.shape[0]:
-        dest[n:].zero_()
-
-
-def pad_ones(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
-    """Value rows, then rows of ones: padding tiles with an all-true attention mask never see an empty
-    softmax, so they cannot turn into NaN."""
-    _check_fits(dest, src, key)
-    n = src.shape[0]
-    dest[:n].copy_(src, non_blocking=True)
-    if n < dest.shape[0]:
-        dest[n:].fill_(1)
-
-
-def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
-    """``src`` = boundaries ``[0, ..., R]`` on the host; rows ``R..capacity`` become trailing padding segments.
-
-    The padding rows are spread over every free slot (at most ``ceil(P / free)`` rows each) instead of
-    one long segment, so attention over padding costs ``P * P / free`` rather than ``P * P``; with no
-    padding, the free slots repeat the last offset (zero-length segments).
-    """
-    n, slots = src.shape[0], dest.shape[0]
-    if n >= slots:
-        raise InputError(f"buffer {key!r}: {n - 1} segments leave no slot for padding ({slots - 1} slots); "
-                         "the spec's buffer shape is too small for this pack")
-    end = int(src[-1])
-    padding = capacity - end
-    if padding < 0:
-        raise InputError(f"buffer {key!r}: segments end at row {end}, beyond the buffer's {capacity} rows")
-    full = torch.empty(slots, dtype=dest.dtype, device=src.device)
-    full[:n] = src
-    free = slots - n
-    if padding:
-        chunk = -(-padding // min(free, padding))
-        full[n:] = torch.arange(1, free + 1, dtype=dest.dtype, device=src.device).mul_(chunk).add_(end).clamp_(max=capacity)
-    else:
-        full[n:] = capacity
-    dest.copy_(full, non_blocking=True)
-
-
-def pad_identity(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
-    _check_fits(dest, src, key)
-    n = src.shape[0]
-    dest[:n].copy_(src, non_blocking=True)
-    if n < dest.shape[0]:
-        torch.arange(n, dest.shape[0], out=dest[n:])
-
-
-PADDING_RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, int, str], None]] = {
-    "zeros": pad_zeros,
-    "ones": pad_ones,
-    "trailing_segment": pad_trailing_segment,
-    "identity": pad_identity,
-}
-"""Padding rule -> ``fill(dest, src, row_capacity, key)``. ``fixed`` buffers are never refilled."""
-
-
-class _Empty:
-    def __repr__(self) -> str:
-        return "EMPTY"
-
-
-EMPTY = _Empty()
-"""A replay value meaning "no data": the buffer gets its all-padding value (an absent mask: all ones)."""
-
-
-def fill(rule: str, dest: torch.Tensor, src: torch.Tensor | None, capacity: int, key: str) -> None:
-    """Write ``src`` into ``dest`` by ``rule``; ``src=None`` or EMPTY writes the all-padding value."""
-    if src is None or src is EMPTY:
-        src = (torch.zeros(1, dtype=dest.dtype) if rule == "trailing_segment"
-               else dest.new_zeros((0, *dest.shape[1:])))
-    PADDING_RULES[rule](dest, src, capacity, key)
 
 
 DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32, "bool": torch.bool}

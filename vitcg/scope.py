@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import InputError
-from .metadata import EMPTY
+from .errors import SpecRuntimeError
+from .padding import EMPTY
 from .spec.model import Buffer, Spec
 
 Replay = Callable[[dict[str, Any]], tuple[Any, Mapping[str, Any]]]
@@ -31,7 +31,7 @@ replays the budget's graph, returns its output and the capture values it ran on.
 
 
 def submodule(module: nn.Module, path: str) -> nn.Module:
-    """``module.get_submodule(path)``. Raises InputError with a close match when the path is wrong."""
+    """``module.get_submodule(path)``. Raises SpecRuntimeError with a close match when the path is wrong."""
     try:
         return module.get_submodule(path)
     except AttributeError:
@@ -39,7 +39,7 @@ def submodule(module: nn.Module, path: str) -> nn.Module:
 
         names = [name for name, _ in module.named_modules() if name]
         hint = suggest(path, names)
-        raise InputError(f"graph_scope module {path!r} is not in {type(module).__name__}"
+        raise SpecRuntimeError(f"graph_scope module {path!r} is not in {type(module).__name__}"
                          + (f"; {hint}" if hint else "")) from None
 
 
@@ -56,7 +56,7 @@ class Scope:
         self.layers = list(self.target) if isinstance(self.target, nn.ModuleList) else [self.target]
         self.stack = isinstance(self.target, nn.ModuleList)
         if not self.layers:
-            raise InputError(f"{spec.name}: graph_scope {spec.graph_scope!r} is an empty ModuleList")
+            raise SpecRuntimeError(f"{spec.name}: graph_scope {spec.graph_scope!r} is an empty ModuleList")
         self.signature = inspect.signature(self.layers[0].forward)
         self._forwards = [layer.forward for layer in self.layers]
         """The original bound forwards: the captured computation calls these, never the interceptors."""
@@ -99,7 +99,7 @@ class Scope:
         for forward in self._forwards:
             hidden = forward(**{self.rows.arg: hidden}, **kwargs)
             if not isinstance(hidden, torch.Tensor):
-                raise InputError(f"{self.spec.name}: a layer of graph_scope {self.spec.graph_scope!r} returned "
+                raise SpecRuntimeError(f"{self.spec.name}: a layer of graph_scope {self.spec.graph_scope!r} returned "
                                  f"{type(hidden).__name__}; a stack scope needs layers that return the hidden tensor")
         return hidden
 
@@ -128,7 +128,7 @@ class Scope:
             default = param.default if param is not None else inspect.Parameter.empty
             if not isinstance(value, torch.Tensor) and default is not inspect.Parameter.empty and value == default:
                 continue
-            raise InputError(f"{self.spec.name}: the scoped call passes {name}={type(value).__name__}, which no "
+            raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes {name}={type(value).__name__}, which no "
                              "buffer carries (the graph would silently ignore it); add a scope_arg buffer for it")
         values = {}
         for buffer in self.spec.buffers:
@@ -137,7 +137,7 @@ class Scope:
                 values[buffer.name] = None
             elif value is None:
                 if buffer.padding != "ones":
-                    raise InputError(f"{self.spec.name}: the scoped call passes no {buffer.arg!r}, but the graph was "
+                    raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes no {buffer.arg!r}, but the graph was "
                                      "captured with one; only a mask (padding: ones) may be absent")
                 values[buffer.name] = EMPTY  # no mask: attend to everything
             else:
@@ -145,14 +145,14 @@ class Scope:
         return values
 
     def run(self, forward: Callable[[], Any], replay: Replay) -> Any:
-        """``forward()`` with every call of the scope answered by ``replay``. Raises InputError when the scope
+        """``forward()`` with every call of the scope answered by ``replay``. Raises SpecRuntimeError when the scope
         is never called, or a stack's layers are not chained with the same arguments."""
         state: dict[str, Any] = {"calls": 0, "first": None, "last": None, "next": 0}
         rows_dim = _rows_dim(self.rows)
 
         def answer(args, kwargs):
             if state["calls"] and state["next"] != len(self.layers):
-                raise InputError(f"{self.spec.name}: only {state['next']} of the {len(self.layers)} layers of "
+                raise SpecRuntimeError(f"{self.spec.name}: only {state['next']} of the {len(self.layers)} layers of "
                                  f"graph_scope {self.spec.graph_scope!r} ran; the stack cannot be one graph")
             arguments = self._arguments(args, kwargs)
             rows = arguments.get(self.rows.arg)
@@ -168,12 +168,12 @@ class Scope:
                     return answer(args, kwargs)
                 arguments = self._arguments(args, kwargs)
                 if state["next"] != index or arguments.get(self.rows.arg) is not state["last"]:
-                    raise InputError(f"{self.spec.name}: layer {index} of graph_scope {self.spec.graph_scope!r} does "
+                    raise SpecRuntimeError(f"{self.spec.name}: layer {index} of graph_scope {self.spec.graph_scope!r} does "
                                      "not receive the previous layer's output; the stack cannot be one graph")
                 changed = [k for k, v in arguments.items() if k != self.rows.arg
                            and not _same(v, state["first"].get(k))]
                 if changed:
-                    raise InputError(f"{self.spec.name}: layer {index} of graph_scope {self.spec.graph_scope!r} gets "
+                    raise SpecRuntimeError(f"{self.spec.name}: layer {index} of graph_scope {self.spec.graph_scope!r} gets "
                                      f"other {', '.join(changed)} than layer 0; the stack cannot be one graph")
                 state["next"] = index + 1
                 return state["last"]
@@ -191,7 +191,7 @@ class Scope:
                 else:
                     module.forward = previous
         if state["calls"] and state["next"] != len(self.layers):
-            raise InputError(f"{self.spec.name}: only {state['next']} of the {len(self.layers)} layers of graph_scope "
+            raise SpecRuntimeError(f"{self.spec.name}: only {state['next']} of the {len(self.layers)} layers of graph_scope "
                              f"{self.spec.graph_scope!r} ran; the stack cannot be one graph")
         return output, state["calls"]
 

@@ -15,11 +15,9 @@ from contextlib import contextmanager
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .errors import VitcgError
+from .errors import HostSyncError
 
-
-class HostSyncError(VitcgError, RuntimeError):
-    """The fixed-shape forward does something a CUDA graph cannot capture."""
+__all__ = ["HostSyncError", "no_host_syncs"]
 
 
 _ALWAYS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "argwhere",

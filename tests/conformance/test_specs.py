@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vitcg.adapter import SpecAdapter
+from vitcg.adapter import adapter_for
 from vitcg.conformance import check_spec, relative_error
 from vitcg.encoders import build_encoder
 from vitcg.manager import EncoderCudaGraphManager
@@ -55,7 +55,7 @@ _MANAGERS: dict[str, tuple] = {}
 def manager_for(style: str):
     if style not in _MANAGERS:
         spec = STYLES[style]
-        adapter = SpecAdapter(spec, build_encoder(spec, seed=1))
+        adapter = adapter_for(spec, build_encoder(spec, seed=1))
         low, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 20, "max_model_len": 1 << 20})
         _MANAGERS[style] = adapter, EncoderCudaGraphManager(adapter, max_num_batched_tokens=8 * low)
     return _MANAGERS[style]

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from vitcg.adapter import SpecAdapter
+from vitcg.adapter import adapter_for
 from vitcg.conformance import check_spec, relative_error
 from vitcg.encoders import build_encoder
 from vitcg.manager import EncoderCudaGraphManager
@@ -26,15 +26,6 @@ def test_capture_and_replay_match_eager_bf16(name):
     assert report.error is None, report.error
     for case in report.cases:
         assert case.ok, f"{case.name}: {case.error or case.max_error}"
-
-
-@pytest.fixture
-def no_tf32():
-    """float32 comparisons at 1e-5 need full-precision convolutions and matmuls on both paths."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "internvl"])
@@ -54,7 +45,7 @@ def _images(adapter, grids, seed):
 @pytest.fixture(scope="module")
 def qwen2():
     spec = REGISTRY["qwen2_vl"]
-    adapter = SpecAdapter(spec, build_encoder(spec, device="cuda", dtype=torch.bfloat16))
+    adapter = adapter_for(spec, build_encoder(spec, device="cuda", dtype=torch.bfloat16))
     manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=1024, device="cuda", dtype=torch.bfloat16)
     manager.capture()
     return adapter, manager

@@ -7,7 +7,7 @@ import torch
 
 from vitcg.adapter import SpecAdapter
 from vitcg.encoders import build_encoder
-from vitcg.errors import InputError
+from vitcg.errors import InputError, SpecRuntimeError
 from vitcg.manager import EncoderCudaGraphManager
 from vitcg.protocol import SupportsEncoderCudaGraph
 from vitcg.spec import load_registry
@@ -46,7 +46,8 @@ def test_config(qwen2, internvl):
     assert config.modalities == ["image", "video"]
     assert config.buffer_keys == ["pixel_values", "grid_thw", "cu_seqlens", "max_seqlen", "position_ids"]
     assert config.out_hidden_size == 48  # tiny_config hidden_size
-    assert config.padding_logics["cu_seqlens"] == "trailing_segment"
+    assert callable(config.padding_logics["cu_seqlens"]) and config.padding_logics["cu_seqlens"].rule == "trailing_segment"
+    assert "max_seqlen" not in config.padding_logics  # a host integer is never refilled
     assert config.max_frames_per_video == 32
     assert internvl.get_encoder_cudagraph_config().out_hidden_size == 48  # tiny text hidden size
 
@@ -64,7 +65,8 @@ def test_input_modality(qwen2):
 def test_item_specs_follow_the_formulas(qwen2, internvl):
     kwargs = {**images([1, 4, 6], [1, 8, 8]), **images([3, 4, 4], key="pixel_values_videos", grid_key="video_grid_thw")}
     specs = qwen2.get_encoder_cudagraph_item_specs(kwargs)
-    assert [(s.input_size, s.output_tokens, s.frames) for s in specs] == [(24, 6, 0), (64, 16, 0), (48, 12, 3)]
+    assert [(s.input_size, s.output_tokens) for s in specs] == [(24, 6), (64, 16), (48, 12)]
+    assert qwen2.get_encoder_cudagraph_item_frames(kwargs) == [0, 0, 3]
     tiles = {"pixel_values_flat": torch.zeros(5, 3, 56, 56), "image_num_patches": torch.tensor([2, 3])}
     assert [(s.input_size, s.output_tokens) for s in internvl.get_encoder_cudagraph_item_specs(tiles)] == [(2, 8), (3, 12)]
 
@@ -76,9 +78,13 @@ def test_bad_grid_shape(qwen2):
 
 def test_select_slices_rows_by_cumulative_offsets(qwen2):
     kwargs = images([1, 2, 2], [1, 2, 4], [1, 4, 4])
-    picked = qwen2.select_encoder_cudagraph_items(kwargs, [2, 0])
-    assert picked["image_grid_thw"].tolist() == [[1, 2, 2], [1, 4, 4]]
-    torch.testing.assert_close(picked["pixel_values"], torch.cat([kwargs["pixel_values"][:4], kwargs["pixel_values"][12:]]))
+    picked = qwen2.select_encoder_cudagraph_items(kwargs, [2, 0])  # in the order of the indices
+    assert picked["image_grid_thw"].tolist() == [[1, 4, 4], [1, 2, 2]]
+    torch.testing.assert_close(picked["pixel_values"], torch.cat([kwargs["pixel_values"][12:], kwargs["pixel_values"][:4]]))
+    empty = qwen2.select_encoder_cudagraph_items(kwargs, [])
+    assert qwen2.get_encoder_cudagraph_item_specs(empty) == [] and empty["pixel_values"].shape == (0, 1176)
+    with pytest.raises(InputError, match="repeat an item"):
+        qwen2.select_encoder_cudagraph_items(kwargs, [1, 1])
     with pytest.raises(InputError, match="item index 3 out of range"):
         qwen2.select_encoder_cudagraph_items(kwargs, [3])
 
@@ -101,13 +107,18 @@ def test_select_tiles(internvl):
 def test_budget_range(qwen2, internvl):
     assert qwen2.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 8192, "max_model_len": 4096}) == (64, 4096)
 
-    class Limits:
+    class Limits:  # flat attributes are not vLLM's shape
         max_num_batched_tokens = 2048
         max_model_len = 32768
 
-    assert internvl.get_encoder_cudagraph_budget_range(Limits()) == (4, 2048)
-    with pytest.raises(InputError, match="lack 'max_model_len'"):
+    assert internvl.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 2048, "max_model_len": 32768}) == (4, 2048)
+    with pytest.raises(InputError, match=r"limits\['max_model_len'\] is missing"):
         qwen2.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1})
+    from vitcg.engine import engine_config
+
+    assert qwen2.get_encoder_cudagraph_budget_range(engine_config(2048, 1024)) == (64, 1024)
+    with pytest.raises(InputError, match=r"vllm_config.scheduler_config.max_num_batched_tokens is missing"):
+        qwen2.get_encoder_cudagraph_budget_range(Limits())
 
 
 def test_capture_inputs_hold_the_all_padding_layout(qwen25):
@@ -133,7 +144,7 @@ def test_replay_layout_padding_is_its_own_trailing_segment(qwen25):
     values = manager.graphs[budget].inputs.values
     rows = budget * 4
     bounds = values["cu_seqlens"].tolist()
-    assert bounds[:4] == [0, 24, 40, 56]  # 3 frame segments, then padding segments of their own
+    assert bounds[:4] == [0, 16, 32, 56]  # packing order (largest first): 2 frames, then 1; then padding
     padding = [b - a for a, b in zip(bounds[3:], bounds[4:])]
     free = len(bounds) - 4
     assert bounds[-1] == rows and sum(padding) == rows - 56
@@ -171,5 +182,5 @@ def test_output_field_missing_is_clear(qwen2):
     class NoPooler:
         last_hidden_state = torch.zeros(1, 2)
 
-    with pytest.raises(InputError, match="has no 'pooler_output'"):
+    with pytest.raises(SpecRuntimeError, match="has no 'pooler_output'"):
         qwen2._combine(NoPooler())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.adapter import SpecAdapter
+from vitcg.adapter import adapter_for
 from vitcg.bench import WORKLOADS, _item_size, _on, make_inputs
 from vitcg.encoders import build_encoder
 from vitcg.spec import load_registry
@@ -16,7 +16,7 @@ SPECS = {s.name: s for s in load_registry(["specs"])}
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_every_spec_gets_inputs_the_adapter_accepts(name):
     spec = SPECS[name]
-    adapter = SpecAdapter(spec, build_encoder(spec))
+    adapter = adapter_for(spec, build_encoder(spec))
     shaped = 0
     for workload in WORKLOADS.values():
         inputs = make_inputs(adapter, workload, torch.Generator().manual_seed(0))
@@ -34,22 +34,22 @@ def test_every_spec_gets_inputs_the_adapter_accepts(name):
 
 
 def test_processor_shaped_sizes():
-    qwen2 = SpecAdapter(SPECS["qwen2_vl"], build_encoder(SPECS["qwen2_vl"]))
+    qwen2 = adapter_for(SPECS["qwen2_vl"], build_encoder(SPECS["qwen2_vl"]))
     image, video = SPECS["qwen2_vl"].modality("image"), SPECS["qwen2_vl"].modality("video")
     assert _item_size(qwen2, image, (480, 640)) == [1, 34, 46]  # rounded to 28 px: 476 x 644
     assert _item_size(qwen2, video, (4, 448, 448)) == [2, 32, 32]  # temporal patch 2
     internvl = SPECS["internvl"]
-    tiles = SpecAdapter(internvl, build_encoder(internvl, "real", device="meta"))
+    tiles = adapter_for(internvl, build_encoder(internvl, "real", device="meta"))
     assert _item_size(tiles, internvl.modality("image"), (448, 448)) == 1
     assert _item_size(tiles, internvl.modality("image"), (768, 1024)) == 3 * 2 + 1  # 6 tiles and a thumbnail
     assert _item_size(tiles, internvl.modality("video"), (4, 448, 448)) == 4  # one tile per frame
-    siglip = SpecAdapter(SPECS["siglip"], build_encoder(SPECS["siglip"]))
+    siglip = adapter_for(SPECS["siglip"], build_encoder(SPECS["siglip"]))
     assert _item_size(siglip, SPECS["siglip"].modality("image"), (720, 1280)) == 1  # resized to one tile
 
 
 def test_inputs_move_to_the_device_but_counts_stay_on_the_host():
     spec = SPECS["idefics3"]
-    adapter = SpecAdapter(spec, build_encoder(spec, dtype=torch.bfloat16))
+    adapter = adapter_for(spec, build_encoder(spec, dtype=torch.bfloat16))
     moved = _on(adapter, make_inputs(adapter, WORKLOADS["1x224"], torch.Generator()), torch.bfloat16)
     assert moved["pixel_values"].dtype == torch.bfloat16
     assert moved["patch_attention_mask"].dtype == torch.bool  # masks keep their dtype

@@ -30,8 +30,19 @@ def test_only_budgets_given():
 
 def test_only_items_given_generates_from_items():
     plan = plan_budgets(64, 8192, max_items=200)
-    assert plan.budgets == (256, 512, 1024, 2048, 4096, 8192)
+    assert plan.budgets == (200, 400, 800, 1600, 3200, 6400, 8192)  # vLLM's ladder doubles from 200
+    assert plan_budgets(64, 8192, max_items=200, ladder="pow2").budgets == (256, 512, 1024, 2048, 4096, 8192)
     assert plan.max_items == 200
+
+
+def test_ladders_match_vllm_by_default():
+    from vitcg.budgets import doubling_budgets
+
+    assert plan_budgets(144, 2048).budgets == (144, 288, 576, 1152, 2048)  # llama4: not powers of two
+    assert plan_budgets(64, 8192).budgets == (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+    assert doubling_budgets(577, 577) == [577] and doubling_budgets(100, 1000) == [100, 200, 400, 800, 1000]
+    with pytest.raises(BudgetError, match="ladder must be one of vllm, pow2"):
+        plan_budgets(64, 8192, ladder="fib")
 
 
 def test_both_given_and_consistent():

@@ -9,7 +9,7 @@ import torch
 
 from vitcg.adapter import SpecAdapter
 from vitcg.encoders import build_encoder
-from vitcg.errors import InputError
+from vitcg.errors import SpecRuntimeError
 from vitcg.spec import load_registry
 
 SPECS = {s.name: s for s in load_registry(["specs"])}
@@ -38,8 +38,8 @@ def adapter_with_outputs(*outputs: str) -> SpecAdapter:
 
 def test_output_selection_and_clear_errors():
     hidden = {"hidden_states": (None, torch.ones(2, 3), torch.zeros(2, 3))}
-    with pytest.raises(InputError, match="not tensors; pick one element"):
+    with pytest.raises(SpecRuntimeError, match="not tensors; pick one element"):
         adapter_with_outputs("hidden_states")._combine(hidden)
     assert torch.equal(adapter_with_outputs("hidden_states[-2]")._combine(hidden), torch.ones(2, 3))
-    with pytest.raises(InputError, match="has no 'hidden_states\\[7\\]'"):
+    with pytest.raises(SpecRuntimeError, match="has no 'hidden_states\\[7\\]'"):
         adapter_with_outputs("hidden_states[7]")._combine({"hidden_states": ()})

@@ -27,20 +27,36 @@ def segment_sums(x: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
 
 
 class ToyEncoder:
+    """A hand-written model implementing vLLM's protocol and nothing else (no vitcg import but the data
+    objects): vitcg's manager must drive it as vLLM's would."""
+
+    supports_encoder_cudagraph = True
+
     def __init__(self, min_budget: int = 4):
         self.min_budget = min_budget
         self.forward_calls = 0
 
     def get_encoder_cudagraph_config(self):
-        return EncoderCudaGraphConfig(["image"], ["x", "cu"], 2, {"x": "zeros", "cu": "trailing_segment"})
+        return EncoderCudaGraphConfig(["image"], ["x", "cu"], 2, {"cu": self._pad_cu})
+
+    @staticmethod
+    def _pad_cu(buffer, value):
+        """Boundaries first; padding rows form one trailing segment that ends at the buffer set's rows."""
+        end = int(buffer[-1])  # captured with the row count last
+        buffer.fill_(end)
+        buffer[:value.shape[0]].copy_(value)
 
     def get_input_modality(self, mm_kwargs):
         if "x" not in mm_kwargs:
             raise InputError("no x")
         return "image"
 
-    def get_encoder_cudagraph_budget_range(self, limits):
-        return self.min_budget, min(limits["max_num_batched_tokens"], limits["max_model_len"])
+    def get_max_frames_per_video(self):
+        return 1
+
+    def get_encoder_cudagraph_budget_range(self, vllm_config):
+        return self.min_budget, min(vllm_config.scheduler_config.max_num_batched_tokens,
+                                    vllm_config.model_config.max_model_len)
 
     def get_encoder_cudagraph_item_specs(self, mm_kwargs):
         return [EncoderItemSpec(int(n), int(n)) for n in mm_kwargs["sizes"]]
@@ -50,24 +66,34 @@ class ToyEncoder:
         offsets = [0]
         for n in sizes:
             offsets.append(offsets[-1] + n)
-        rows = [mm_kwargs["x"][offsets[i]:offsets[i + 1]] for i in sorted(indices)]
-        return {"x": torch.cat(rows), "sizes": mm_kwargs["sizes"][sorted(indices)]}
+        rows = [mm_kwargs["x"][offsets[i]:offsets[i + 1]] for i in indices]
+        return {"x": torch.cat(rows) if rows else mm_kwargs["x"][:0],
+                "sizes": mm_kwargs["sizes"][list(indices)]}
+
+    def postprocess_encoder_output(self, outputs, indices, per_item_out_tokens, dest, clone=False,
+                                   batch_mm_kwargs=None):
+        offset = 0
+        for i in indices:
+            piece = outputs["default"][offset:offset + per_item_out_tokens[i]]
+            dest[i] = piece.clone() if clone else piece
+            offset += per_item_out_tokens[i]
 
     def prepare_encoder_cudagraph_capture_inputs(self, token_budget, max_batch_size, max_frames_per_batch,
-                                                 device, dtype):
+                                                 device, dtype, path="default", axis_keys=None):
         cu = torch.full((max_batch_size + 2,), token_budget, dtype=torch.int32)
         cu[0] = 0
         return EncoderCudaGraphCaptureInputs({"x": torch.zeros(token_budget, 2, dtype=dtype), "cu": cu})
 
-    def prepare_encoder_cudagraph_replay_buffers(self, mm_kwargs, max_batch_size, max_frames_per_batch):
+    def prepare_encoder_cudagraph_replay_buffers(self, mm_kwargs, max_batch_size, max_frames_per_batch,
+                                                 path="default"):
         cu = torch.nn.functional.pad(mm_kwargs["sizes"].cumsum(0), (1, 0)).to(torch.int32)
         return EncoderCudaGraphReplayBuffers({"x": mm_kwargs["x"], "cu": cu})
 
-    def encoder_cudagraph_forward(self, values):
+    def encoder_cudagraph_forward(self, inputs, path="default"):
         self.forward_calls += 1
-        return segment_sums(values["x"], values["cu"])
+        return segment_sums(inputs["x"], inputs["cu"])
 
-    def encoder_eager_forward(self, mm_kwargs):
+    def encoder_eager_forward(self, mm_kwargs, path="default"):
         cu = torch.nn.functional.pad(mm_kwargs["sizes"].cumsum(0), (1, 0))
         return segment_sums(mm_kwargs["x"], cu)
 
@@ -93,8 +119,27 @@ def make(toy, **kwargs) -> EncoderCudaGraphManager:
     return EncoderCudaGraphManager(toy, dtype=torch.float64, **kwargs)
 
 
-def test_toy_satisfies_protocol(toy):
+def test_toy_satisfies_protocol_and_not_the_extension(toy):
+    from vitcg.extension import SupportsVitcgExtension
+
     assert isinstance(toy, SupportsEncoderCudaGraph)
+    assert not isinstance(toy, SupportsVitcgExtension)
+
+
+def test_manager_reads_only_the_protocol(toy):
+    """The manager gets no device or dtype from the model: it uses what it is given, as vLLM does."""
+    manager = make(toy)
+    assert manager.device == torch.device("cpu") and manager.dtype == torch.float64
+    assert manager.extension is None and not manager.scoped
+
+
+def test_select_follows_indices_order(toy):
+    manager = make(toy, max_items_per_batch=3, packing="greedy")
+    kwargs = batch(5, 1, 9, 3, 2)
+    packs, _ = manager.plan_packs(toy.get_encoder_cudagraph_item_specs(kwargs))
+    assert [p.indices for p in packs] == [(1, 4, 3), (0, 2)]  # packing order, not sorted
+    for got, want in zip(manager.execute(kwargs), reference(kwargs, toy)):
+        torch.testing.assert_close(got, want)
 
 
 def test_results_match_eager_in_caller_order(toy):
@@ -112,7 +157,7 @@ def test_packing_is_greedy_smallest_first(toy):
     items = [EncoderItemSpec(n, n) for n in (5, 1, 9, 3, 40, 2)]
     packs, eager = manager.plan_packs(items)
     assert eager == [4]  # 40 > largest budget 32
-    assert [p.indices for p in packs] == [(1, 3, 5), (0, 2)]  # sizes 1,2,3 then 5,9
+    assert [p.indices for p in packs] == [(1, 5, 3), (0, 2)]  # sizes 1,2,3 then 5,9
     assert [p.budget for p in packs] == [8, 16]  # smallest budgets >= 6 and >= 14
     assert all(p.tokens <= p.budget for p in packs)
 
@@ -121,6 +166,13 @@ def test_token_cap_closes_a_pack(toy):
     manager = make(toy, max_items_per_batch=4, packing="greedy")
     packs, _ = manager.plan_packs([EncoderItemSpec(n, n) for n in (20, 10, 15)])
     assert [p.indices for p in packs] == [(1, 2), (0,)]
+
+
+def test_greedy_closes_a_pack_when_an_item_alone_outweighs_it(toy):
+    """vLLM's rule: 3 tokens then a 16-token item: 4 + 16 budget tokens beat one replay of 32."""
+    manager = make(toy, max_items_per_batch=4, packing="greedy")
+    packs, _ = manager.plan_packs([EncoderItemSpec(n, n) for n in (3, 16)])
+    assert [(p.indices, p.budget) for p in packs] == [((0,), 4), ((1,), 16)]
 
 
 def test_stats_add_up(toy):
@@ -174,12 +226,12 @@ def test_buffer_identity_is_enforced(toy):
         manager.execute(batch(2))
 
 
-def test_trailing_segment_end_is_read_from_capture(toy):
-    manager = make(toy, max_items_per_batch=2)
-    manager.capture()
-    assert {b: g.capacity for b, g in manager.graphs.items()} == {4: 4, 8: 8, 16: 16, 32: 32}
-    manager.execute(batch(3, 2))
-    assert manager.graphs[8].inputs.values["cu"].tolist() == [0, 3, 5, 8]  # items keep caller order; padding 5..8
+def test_padding_logics_are_called_and_keys_without_one_are_zeroed(toy):
+    manager = make(toy, max_items_per_batch=2, packing="greedy")
+    manager.execute(batch(3, 2, seed=1))
+    x = manager.graphs[8].inputs.values["x"]
+    assert x[5:].abs().sum() == 0  # the default: zeroed, then the rows copied first
+    assert manager.graphs[8].inputs.values["cu"].tolist() == [0, 2, 5, 8]  # packing order; the toy's logic
 
 
 def test_cuda_graphs_need_cuda(toy):
@@ -191,40 +243,14 @@ def test_cuda_graphs_need_cuda(toy):
         EncoderCudaGraphManager(toy, use_cuda_graphs=True)
 
 
-def test_segment_capacity_bounds_packs():
-    class FewSlots(ToyEncoder):
-        def get_encoder_cudagraph_config(self):
-            config = super().get_encoder_cudagraph_config()
-            return EncoderCudaGraphConfig(config.modalities, config.buffer_keys, 2, config.padding_logics,
-                                          segment_key="cu")
-
-        def prepare_encoder_cudagraph_capture_inputs(self, token_budget, max_batch_size, max_frames_per_batch,
-                                                     device, dtype):
-            inputs = super().prepare_encoder_cudagraph_capture_inputs(token_budget, 3, max_frames_per_batch,
-                                                                       device, dtype)
-            return inputs  # 3 + 2 slots: 3 segments per pack whatever max_items says
-
-        def get_encoder_cudagraph_item_specs(self, mm_kwargs):
-            return [EncoderItemSpec(int(n), int(n), 0, 1) for n in mm_kwargs["sizes"]]
-
-    toy = FewSlots()
-    manager = make(toy, max_items_per_batch=4, packing="greedy")
-    assert manager.segment_capacity(32) == 3
-    kwargs = batch(1, 1, 1, 1, 1)
-    packs, eager = manager.plan_packs(toy.get_encoder_cudagraph_item_specs(kwargs))
-    assert [len(p.indices) for p in packs] == [3, 2] and not eager
-    for got, want in zip(manager.execute(kwargs), reference(kwargs, toy)):
-        torch.testing.assert_close(got, want)
-
-
 def test_tight_packing_pads_less_than_greedy(toy):
-    sizes = (2, 30, 1)  # 33 tokens: greedy pads to 64 in one pack; tight replays 32 and 4
+    sizes = (2, 30, 3)  # greedy: 2+3 in 8, 30 in 32; tight: 30+2 in 32, 3 in 4
     greedy = make(toy, max_num_batched_tokens=64, packing="greedy")
-    tight = make(toy, max_num_batched_tokens=64)  # the default
+    tight = make(toy, max_num_batched_tokens=64, packing="tight")
     items = toy.get_encoder_cudagraph_item_specs(batch(*sizes))
     g_packs, _ = greedy.plan_packs(items)
     t_packs, _ = tight.plan_packs(items)
-    assert [p.budget for p in g_packs] == [64]
+    assert [p.budget for p in g_packs] == [8, 32]
     assert sorted(p.budget for p in t_packs) == [4, 32]
     padded = lambda packs: sum(p.budget - p.tokens for p in packs)  # noqa: E731
     assert padded(t_packs) < padded(g_packs)
@@ -238,7 +264,7 @@ def test_tight_packing_minimizes_replay_costs(toy):
     """With measured costs (as on CUDA: a replay costs milliseconds of launches whatever its size), tight
     packing prefers one larger replay to two smaller ones; without, it counts padded tokens."""
     items = toy.get_encoder_cudagraph_item_specs(batch(2, 30, 1))
-    manager = make(toy, max_num_batched_tokens=64)
+    manager = make(toy, max_num_batched_tokens=64, packing="tight")
     assert sorted(p.budget for p in manager.plan_packs(items)[0]) == [4, 32]
     assert manager.replay_cost(32) == 32 + 4  # the token model: budget plus the smallest budget
     manager.replay_costs = {4: 10.0, 8: 10.5, 16: 11.0, 32: 12.0, 64: 14.0}
@@ -260,3 +286,16 @@ def test_unknown_packing_is_rejected(toy):
 
     with pytest.raises(BudgetError, match="packing must be one of tight, greedy"):
         make(toy, packing="best")
+
+
+def test_lean_caps_apply_only_to_inferred_limits(toy):
+    from vitcg.manager import LEAN_ITEMS
+
+    lean = make(toy, max_num_batched_tokens=1024)  # vLLM would infer 1024 // 4 = 256, capped by min budget 4
+    vllm = make(toy, max_num_batched_tokens=1024, lean=False)
+    assert vllm.plan.max_items == 4 and lean.plan.max_items == min(4, LEAN_ITEMS)
+    toy64 = ToyEncoder(min_budget=64)
+    assert make(toy64, max_num_batched_tokens=8192, lean=False).plan.max_items == 64
+    assert make(toy64, max_num_batched_tokens=8192).plan.max_items == LEAN_ITEMS
+    assert make(toy64, max_num_batched_tokens=8192, max_items_per_batch=40).plan.max_items == 40  # given: kept
+    assert lean.budgets == vllm.budgets  # budgets are vLLM's either way

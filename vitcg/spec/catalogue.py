@@ -101,6 +101,6 @@ ITEM_NAMES: dict[str, tuple[str, ...]] = {
 """Per-item names an item formula may read: the grid row, or the tile count."""
 
 LIMIT_NAMES = ("max_num_batched_tokens", "max_model_len")
-BUFFER_NAMES = ("budget", "max_items", "max_frames")
+BUFFER_NAMES = ("budget", "max_items", "max_frames", "max_segments")
 DEFAULT_LIMITS = {"max_num_batched_tokens": 8192, "max_model_len": 32768}
 """Limits the budget formulas are checked with when no engine is in sight (vLLM's online defaults)."""

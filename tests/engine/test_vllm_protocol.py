@@ -1,0 +1,127 @@
+"""Every spec under a vLLM-style consumer (tests/engine/vllm_consumer.py): each item equals its eager output.
+
+CPU, float32, tiny encoders: relative error ||got - eager|| / ||eager|| <= 1e-5 per item, every output
+finite. One modality per call, as vLLM's runner sends them. Graph-scoped specs cannot be driven by a
+protocol-only consumer: their adapters must say so (no protocol claim, a named error).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_consumer import ProtocolConsumer
+from vitcg import protocol
+from vitcg.adapter import adapter_for
+from vitcg.conformance import CaseBuilder, relative_error
+from vitcg.encoders import build_encoder
+from vitcg.engine import engine_config
+from vitcg.errors import UnsupportedError
+from vitcg.spec import load_registry
+
+REPO = Path(__file__).resolve().parents[2]
+REGISTRY = {s.name: s for s in load_registry([REPO / "specs"])}
+PLAIN = sorted(name for name, spec in REGISTRY.items() if not spec.graph_scope)
+SCOPED = sorted(name for name, spec in REGISTRY.items() if spec.graph_scope)
+TOLERANCE = 1e-5
+
+
+def assert_matches_eager(adapter, kwargs, outputs):
+    items = adapter.get_encoder_cudagraph_item_specs(kwargs)
+    assert len(outputs) == len(items)
+    for index, got in enumerate(outputs):
+        want = adapter.encoder_eager_forward(adapter.select_encoder_cudagraph_items(kwargs, [index]))
+        assert got.shape == want.shape, f"item {index}: {tuple(got.shape)} vs eager {tuple(want.shape)}"
+        assert torch.isfinite(got).all(), f"item {index} is not finite"
+        error = relative_error(got, want)
+        assert error <= TOLERANCE, f"item {index}: relative error {error:.2e}"
+
+
+def sizes_for(builder: CaseBuilder, modality: str) -> list:
+    """Items of several sizes (more than one pack holds at the smallest budgets)."""
+    if builder.spec.style == "tiles":
+        return [1, 3, 2, 1, 2] if builder.spec.modality(modality).count_key else [1] * 5
+    if modality == "video":
+        frames = min(2, builder.spec.modality("video").max_frames_per_video)
+        return [builder.video(frames, 2, 2), builder.video(1, 4, 2), builder.video(frames, 2, 4)]
+    return [builder.image(a, b) for a, b in ((2, 2), (4, 6), (2, 4), (6, 8), (4, 4))]
+
+
+@pytest.fixture(scope="module")
+def built():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            spec = REGISTRY[name]
+            adapter = adapter_for(spec, build_encoder(spec, seed=3))
+            cache.clear()  # one encoder alive at a time keeps memory flat
+            cache[name] = adapter, CaseBuilder(spec, adapter, torch.Generator().manual_seed(7))
+        return cache[name]
+    return get
+
+
+def test_protocol_members_match_vllm():
+    """Names, parameters and defaults of the protocol tracked in vitcg.protocol."""
+    assert protocol.VLLM_VERSION == "0.33.0"
+    members = {name: inspect.signature(getattr(protocol.SupportsEncoderCudaGraph, name))
+               for name in dir(protocol.SupportsEncoderCudaGraph)
+               if name.startswith(("get_", "select_", "prepare_", "encoder_", "postprocess_"))}
+    assert list(members["prepare_encoder_cudagraph_capture_inputs"].parameters)[1:] == [
+        "token_budget", "max_batch_size", "max_frames_per_batch", "device", "dtype", "path", "axis_keys"]
+    assert list(members["postprocess_encoder_output"].parameters)[1:] == [
+        "outputs", "indices", "per_item_out_tokens", "dest", "clone", "batch_mm_kwargs"]
+    for name in ("prepare_encoder_cudagraph_replay_buffers", "encoder_cudagraph_forward", "encoder_eager_forward"):
+        assert members[name].parameters["path"].default == "default"
+    assert "get_max_frames_per_video" in members
+    assert protocol.SupportsEncoderCudaGraph.supports_encoder_cudagraph is True
+    config = protocol.EncoderCudaGraphConfig(["image"], ["x"], 8)
+    assert config.paths == {"default": protocol.EncoderCudaGraphPathConfig()} and config.capture_axes == ()
+    item = protocol.EncoderItemSpec(4, 2)
+    assert item.get_path_output_tokens("default") == 2 and item.get_path_output_tokens("other") == 0
+
+
+@pytest.mark.parametrize("name", PLAIN)
+def test_spec_under_a_vllm_style_consumer(name, built):
+    adapter, builder = built(name)
+    assert isinstance(adapter, protocol.SupportsEncoderCudaGraph)
+    assert type(adapter).supports_encoder_cudagraph is True
+    config = adapter.get_encoder_cudagraph_config()
+    assert all(callable(logic) for logic in config.padding_logics.values())
+    low, _ = adapter.get_encoder_cudagraph_budget_range(engine_config(1 << 20, 1 << 20))
+    consumer = ProtocolConsumer(engine_config(4 * low, 1 << 20), torch.device("cpu"), torch.float32, adapter)
+    consumer.capture()
+    for modality in config.modalities:
+        kwargs = builder.inputs(modality, sizes_for(builder, modality))
+        assert_matches_eager(adapter, kwargs, consumer.execute(kwargs))
+        assert_matches_eager(adapter, kwargs, consumer.execute_dp(kwargs, ranks=2))
+    assert consumer.hits > 0
+
+
+@pytest.mark.parametrize("name", PLAIN)
+def test_forty_small_items_in_one_pack(name, built):
+    """40 of the smallest items with 40 items per batch: the capture buffers must hold any such pack."""
+    adapter, builder = built(name)
+    modality = adapter.get_encoder_cudagraph_config().modalities[0]
+    item = (1 if builder.spec.style == "tiles" else
+            builder.image(1, 1) if modality == "image" else builder.video(1, 1, 1))
+    kwargs = builder.inputs(modality, [item] * 40)
+    tokens = max(40, sum(s.output_tokens for s in adapter.get_encoder_cudagraph_item_specs(kwargs)))
+    consumer = ProtocolConsumer(engine_config(tokens, 1 << 20, token_budgets=[tokens], max_items_per_batch=40),
+                                torch.device("cpu"), torch.float32, adapter)
+    consumer.capture()
+    assert consumer.packs([1] * 40) == [list(range(40))]
+    assert_matches_eager(adapter, kwargs, consumer.execute(kwargs))
+    assert consumer.misses == 0
+
+
+@pytest.mark.parametrize("name", SCOPED)
+def test_scoped_specs_do_not_claim_the_protocol(name, built):
+    adapter, _ = built(name)
+    assert not isinstance(adapter, protocol.SupportsEncoderCudaGraph)
+    with pytest.raises(UnsupportedError, match="graph-scoped"):
+        adapter.prepare_encoder_cudagraph_replay_buffers({}, 1, 1)
+    assert not hasattr(adapter, "supports_encoder_cudagraph")
