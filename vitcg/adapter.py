@@ -16,7 +16,8 @@ what vitcg's manager needs and raises :class:`~vitcg.errors.UnsupportedError` fo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import bisect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ from .protocol import (
 )
 from .scope import Scope
 from .spec.bindings import config_snapshot
-from .spec.catalogue import PROVIDERS
+from .spec.catalogue import PROVIDERS, buffer_names
 from .spec.model import Modality, Spec, thaw
 
 ITEM_CACHE_SIZE = 4096
@@ -193,14 +194,14 @@ class _Adapter:
             raise InputError(f"{self.spec.name}: item index {bad[0]} out of range ({total} items)")
         if len(set(indices)) != len(indices):
             raise InputError(f"{self.spec.name}: item indices {indices} repeat an item")
-        owner = [next(k for k in reversed(range(len(inputs))) if starts[k] <= i) for i in indices]
+        owner = [bisect.bisect_right(starts, i) - 1 for i in indices]
         if owner != sorted(owner):
             raise InputError(f"{self.spec.name}: indices {indices} interleave modalities; with image and video "
                              "in one call, list the image items first")
         selected: dict[str, Any] = {}
         for k, inp in enumerate(inputs):
             local = [i - starts[k] for i, o in zip(indices, owner) if o == k]
-            if not local and (indices or k):
+            if not local and (indices or k):  # no items here; an empty selection keeps the first modality
                 continue
             rows = inp.counts_cpu.tolist()
             sizes = [self.item_spec(inp.modality, row).input_size for row in rows]
@@ -217,9 +218,8 @@ class _Adapter:
                 selected[key] = tensor if everything else (
                     torch.cat([tensor[offsets[i]:offsets[i + 1]] for i in local]) if local else tensor[:0])
             if inp.counts is not None:
-                counts = inp.counts if isinstance(inp.counts, torch.Tensor) else torch.as_tensor(inp.counts)
-                selected[inp.modality.count_key] = counts if everything else counts[
-                    torch.tensor(local, dtype=torch.long, device=counts.device)]
+                selected[inp.modality.count_key] = inp.counts if everything else inp.counts[
+                    torch.tensor(local, dtype=torch.long, device=inp.counts.device)]
         return selected
 
     def postprocess_encoder_output(
@@ -263,9 +263,8 @@ class _Adapter:
         _check_path(path)
         device = torch.device(device) if device is not None else self.device
         dtype = dtype or self.dtype
-        segments = min(token_budget, max_batch_size + max_frames_per_batch)
-        names = {"budget": token_budget, "max_items": max_batch_size, "max_frames": max_frames_per_batch,
-                 "max_segments": segments, **self.geometry}
+        names = {**buffer_names(token_budget, max_batch_size, max_frames_per_batch), **self.geometry}
+        segments = names["max_segments"]
         values: dict[str, torch.Tensor | int] = {}
         for buffer in self.spec.buffers:
             if buffer.is_host:
@@ -326,26 +325,26 @@ class _Adapter:
                                        f"it returned {type(output).__name__}")
             tensors = list(value) if isinstance(value, (list, tuple)) else [value]
             if not all(isinstance(t, torch.Tensor) for t in tensors):
-                raise SpecRuntimeError(f"{self.spec.name}: output {entry!r} holds {[type(t).__name__ for t in tensors]}, "
-                                 "not tensors; pick one element with field[i]")
+                raise SpecRuntimeError(f"{self.spec.name}: output {entry!r} holds "
+                                       f"{[type(t).__name__ for t in tensors]}, not tensors; pick one element with "
+                                       "field[i]")
             parts.extend(t.reshape(-1, t.shape[-1]) for t in tensors)
         rows = {p.shape[0] for p in parts}
         if len(rows) != 1:
-            raise SpecRuntimeError(f"{self.spec.name}: output fields {list(self.spec.encoder.outputs)} have different "
-                             f"row counts {sorted(rows)}; they cannot be concatenated")
+            raise SpecRuntimeError(f"{self.spec.name}: output fields {list(self.spec.encoder.outputs)} have "
+                                   f"different row counts {sorted(rows)}; they cannot be concatenated")
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def encoder_cudagraph_forward(self, inputs: Mapping[str, torch.Tensor | int], path: str = DEFAULT_PATH) -> Any:
         """The fixed-shape forward: the combined output tensor, or with ``graph_scope`` the scoped
         submodule's own output structure."""
         _check_path(path)
-        values = inputs
         # tensors the model creates without a device (SAM's torch.arange index) must not be host tensors
         # copied in during capture: the encoder's device is the default one here
         with use_attention(self._configs, ATTENTION_NAME), torch.no_grad(), torch.device(self.device):
             if self._scope is not None:
-                return self._graph_call(values)
-            kwargs = {b.arg: values[b.name] for b in self.spec.buffers}
+                return self._graph_call(inputs)
+            kwargs = {b.arg: inputs[b.name] for b in self.spec.buffers}
             return self._combine(self._graph_call(**kwargs, **self._call_kwargs))
 
     def eager_calls(self, mm_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -370,7 +369,6 @@ class _Adapter:
         if not outputs:
             return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-
 
 
 class SpecAdapter(_Adapter):

@@ -25,6 +25,7 @@ from .conformance import CaseBuilder, relative_error
 from .encoders import build_encoder
 from .errors import InputError
 from .manager import EncoderCudaGraphManager
+from .spec.catalogue import buffer_names
 from .spec.model import Modality, Spec
 from .timing import timed
 
@@ -113,9 +114,7 @@ class ExactGraph:
         items = adapter.get_encoder_cudagraph_item_specs(kwargs)
         frames = sum(adapter.get_encoder_cudagraph_item_frames(kwargs))
         fresh = adapter.prepare_encoder_cudagraph_replay_buffers(kwargs, len(items), frames)
-        names = {"budget": sum(i.output_tokens for i in items), "max_items": len(items), "max_frames": frames,
-                 "max_segments": min(sum(i.output_tokens for i in items), len(items) + frames),
-                 **adapter.geometry}
+        names = {**buffer_names(sum(i.output_tokens for i in items), len(items), frames), **adapter.geometry}
         self.values: dict[str, Any] = {}
         for buffer in adapter.spec.buffers:
             value = fresh.values[buffer.name]

@@ -19,6 +19,7 @@ from .adapter import SpecAdapter, adapter_for
 from .encoders import build_encoder
 from .errors import VitcgError
 from .manager import EncoderCudaGraphManager
+from .spec.catalogue import buffer_names
 from .spec.model import Spec
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -103,9 +104,9 @@ class CaseBuilder:
         if example is not None:
             return tuple(f.evaluate(self.geometry) for f in example.shape)
         pixels = self.spec.providers()["pixels"]
-        names = {"budget": self.spec.budget_min.evaluate({**self.geometry, "max_num_batched_tokens": 1 << 20,
-                                                          "max_model_len": 1 << 20}),
-                 "max_items": 1, "max_frames": 1, "max_segments": 2, **self.geometry}
+        budget = self.spec.budget_min.evaluate({**self.geometry, "max_num_batched_tokens": 1 << 20,
+                                                "max_model_len": 1 << 20})
+        names = {**buffer_names(budget, 1, 1), **self.geometry}
         return tuple(f.evaluate(names) for f in pixels.shape[1:])
 
     def _fill(self, role: str, rows: int) -> torch.Tensor:

@@ -33,8 +33,9 @@ import torch
 
 from .budgets import plan_budgets
 from .engine import EngineConfig, engine_config
-from .errors import BudgetError, InputError, SpecRuntimeError
+from .errors import BudgetError, SpecRuntimeError
 from .extension import MIXED, SupportsVitcgExtension
+from .padding import pad_zeros
 from .protocol import (
     DEFAULT_PATH,
     ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
@@ -435,10 +436,13 @@ class EncoderCudaGraphManager:
             if dest.data_ptr() != entry.pointers[key]:
                 raise SpecRuntimeError(f"buffer identity broken: capture buffer {key!r} of budget {entry.budget} "
                                        "was replaced after capture")
+            logic = self.config.padding_logics.get(key)
             if isinstance(value, torch.Tensor) and value.ndim == 0:
                 dest.copy_(value)
-            else:
-                self.config.padding_logics.get(key, _zero_and_copy)(dest, value)
+            elif logic is not None:
+                logic(dest, value)
+            else:  # the protocol's default: the new rows first, zeros after them
+                pad_zeros(dest, value, dest.shape[0], key)
         tic = time.perf_counter()
         if entry.graph is not None:
             entry.graph.replay()
@@ -448,15 +452,6 @@ class EncoderCudaGraphManager:
                 output = self.model.encoder_cudagraph_forward({**entry.inputs.values}, path=DEFAULT_PATH)
         self._forward_seconds += time.perf_counter() - tic
         return output, entry.inputs.values
-
-
-def _zero_and_copy(dest: torch.Tensor, src: torch.Tensor) -> None:
-    """The protocol's padding for a key without a logic: zero the buffer, copy the new rows in first."""
-    if src.shape[0] > dest.shape[0] or src.shape[1:] != dest.shape[1:]:
-        raise InputError(f"a replay value of shape {tuple(src.shape)} does not fit its capture buffer "
-                         f"{tuple(dest.shape)}")
-    dest.zero_()
-    dest[:src.shape[0]].copy_(src)
 
 
 class _progress:

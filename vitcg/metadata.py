@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from transformers import vision_utils
 
-from .errors import InputError
 from .spec.catalogue import PROVIDERS
 from .spec.model import Buffer
 

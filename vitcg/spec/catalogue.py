@@ -102,5 +102,14 @@ ITEM_NAMES: dict[str, tuple[str, ...]] = {
 
 LIMIT_NAMES = ("max_num_batched_tokens", "max_model_len")
 BUFFER_NAMES = ("budget", "max_items", "max_frames", "max_segments")
+
+
+def buffer_names(budget: int, max_items: int, max_frames: int) -> dict[str, int]:
+    """The values of :data:`BUFFER_NAMES` for one capture. ``max_segments`` is derived: the most attention
+    segments a pack of ``max_items`` items and ``max_frames`` frames can have (every segment has at least one
+    output token, so never more than ``budget``)."""
+    return {"budget": budget, "max_items": max_items, "max_frames": max_frames,
+            "max_segments": min(budget, max_items + max_frames)}
+
 DEFAULT_LIMITS = {"max_num_batched_tokens": 8192, "max_model_len": 32768}
 """Limits the budget formulas are checked with when no engine is in sight (vLLM's online defaults)."""

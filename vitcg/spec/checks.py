@@ -488,8 +488,7 @@ class SemanticChecker:
                            "it must be > 0")
         if bounds.get("min", 0) <= 0:
             return  # buffer sizes depend on a valid budget
-        sizes = {"budget": bounds["min"], "max_items": 1, "max_frames": 1, "max_segments": min(bounds["min"], 2),
-                 **geometry}
+        sizes = {**cat.buffer_names(bounds["min"], 1, 1), **geometry}
         for i, buffer in enumerate(spec.buffers):
             formulas = [("value", buffer.value)] if buffer.value is not None else [
                 (("shape", j), f) for j, f in enumerate(buffer.shape)]
