@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from vitcg.adapter import adapter_for
-from vitcg.bench import WORKLOADS, _on, make_inputs
-from vitcg.encoders import build_encoder
-from vitcg.manager import EncoderCudaGraphManager
-from vitcg.spec import load_registry
+from vitcg.runtime.adapter import adapter_for
+from vitcg.tools.bench import WORKLOADS, _on, make_inputs
+from vitcg.tools.encoders import build_encoder
+from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.lang import load_registry
 
 
 def main() -> None:

@@ -36,8 +36,8 @@ def validate(
                                            "using the cached facts.")] = False,
 ) -> None:
     """Check spec files: YAML, schema, formulas, semantics and transformers bindings. Prints every error."""
-    from .report import json_report, text_report
-    from .spec import load_specs
+    from .tools.report import json_report, text_report
+    from .lang import load_specs
 
     result = load_specs(paths or [Path("specs")], use_cache=not no_cache)
     if not result.files:
@@ -48,7 +48,7 @@ def validate(
 
 def _select_specs(names: list[str] | None, all_specs: bool, specs_dir: Path):
     """Specs named on the command line (names from ``specs_dir``, or file paths), or all with ``--all``."""
-    from .spec import load_registry
+    from .lang import load_registry
 
     if not names and not all_specs:
         raise UsageError("name specs to check, or pass --all")
@@ -61,7 +61,7 @@ def _select_specs(names: list[str] | None, all_specs: bool, specs_dir: Path):
         elif name in registry:
             chosen.append(registry[name])
         else:
-            from .spec.formulas import suggest
+            from .lang.formulas import suggest
 
             hint = suggest(name, registry)
             raise UsageError(f"no spec named {name!r} in {specs_dir}/" + (f"; {hint}" if hint else ""))
@@ -83,8 +83,8 @@ def check(
     """Run fixed cases through the budget manager and through eager, per item; fail on any mismatch."""
     import torch
 
-    from .conformance import check_spec
-    from .report import check_json, check_text
+    from .tools.cases import check_spec
+    from .tools.report import check_json, check_text
 
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise UsageError(f"--device must be cpu or cuda, got {device!r}")
@@ -112,7 +112,7 @@ def schema(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,
 ) -> None:
     """Print the JSON Schema of spec files (for editors: yaml-language-server $schema)."""
-    from .spec import schema as load_schema
+    from .lang import schema as load_schema
 
     text = json.dumps(load_schema(), indent=2) + "\n"
     if output is None:
@@ -130,7 +130,7 @@ def generate(
     out: Annotated[Path, typer.Option(help="Folder of generated files.")] = Path("registry"),
 ) -> None:
     """Render docs, test configs and model lists into registry/ from the specs; remove files no template makes."""
-    from .render import generate as render_registry
+    from .tools.render import generate as render_registry
 
     result = render_registry(specs, templates, out, check=check_only)
     sys.stdout.write(result.text())
@@ -148,7 +148,7 @@ def compile_config(
     max_frames: Annotated[int | None, typer.Option(help="Video frames per batch.")] = None,
 ) -> None:
     """Print the engine compilation config (JSON) that turns on encoder CUDA graphs for a modality."""
-    from .compile_config import compile_config as build, parse_base, parse_budgets
+    from .tools.compile_config import compile_config as build, parse_base, parse_budgets
     from .errors import BudgetError
 
     try:
@@ -181,7 +181,7 @@ def bench(
                                                    "measuring.")] = None,
 ) -> None:
     """Median latency of HF eager, torch.compile, vitcg budget graphs and an exact-shape graph per workload."""
-    from .bench import WORKLOADS
+    from .tools.bench import WORKLOADS
 
     if from_json is not None:
         if plot_out is None:
@@ -195,7 +195,7 @@ def bench(
 
     import torch
 
-    from .bench import bench_spec, environment
+    from .tools.bench import bench_spec, environment
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here (use --device cpu for a smoke run)")
@@ -240,7 +240,7 @@ def new(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Draft a spec from a transformers model type; every guess is marked TODO(vitcg new)."""
-    from .scaffold import draft, render
+    from .tools.scaffold import draft, render
 
     text = render(draft(model_type))
     if output == "-":
@@ -272,7 +272,7 @@ def _plot(results: list[dict], path: Path) -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'vitcg[bench]'") from None
-    from .bench import plot
+    from .tools.bench import plot
 
     plot(results, str(path))
 

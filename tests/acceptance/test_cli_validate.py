@@ -98,10 +98,10 @@ def test_schema_command_prints_the_shipped_schema_and_specs_satisfy_it(tmp_path)
     assert run.returncode == 0
     schema = json.loads(run.stdout)
     jsonschema.Draft202012Validator.check_schema(schema)
-    assert schema == json.loads((REPO / "vitcg" / "spec" / "schema.json").read_text())
+    assert schema == json.loads((REPO / "vitcg" / "lang" / "schema.json").read_text())
     for path in (REPO / "specs").glob("*.yaml"):
         jsonschema.validate(yaml.safe_load(path.read_text()), schema)
-        assert path.read_text().startswith("# yaml-language-server: $schema=../vitcg/spec/schema.json\n")
+        assert path.read_text().startswith("# yaml-language-server: $schema=../vitcg/lang/schema.json\n")
     out = tmp_path / "schema.json"
     assert vitcg("schema", "--output", str(out)).returncode == 0
     assert json.loads(out.read_text()) == schema

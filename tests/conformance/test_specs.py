@@ -14,12 +14,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vitcg.adapter import adapter_for
-from vitcg.conformance import check_spec, relative_error
-from vitcg.encoders import build_encoder
-from vitcg.manager import EncoderCudaGraphManager
-from vitcg.render import load_test_configs
-from vitcg.spec import load_registry
+from vitcg.runtime.adapter import adapter_for
+from vitcg.tools.cases import check_spec, relative_error
+from vitcg.tools.encoders import build_encoder
+from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.tools.render import load_test_configs
+from vitcg.lang import load_registry
 
 REPO = Path(__file__).resolve().parents[2]
 REGISTRY = {s.name: s for s in load_registry([REPO / "specs"])}

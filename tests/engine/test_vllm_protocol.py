@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from vllm_consumer import ProtocolConsumer
-from vitcg import protocol
-from vitcg.adapter import adapter_for
-from vitcg.conformance import CaseBuilder, relative_error
-from vitcg.encoders import build_encoder
-from vitcg.engine import engine_config
+from vitcg.runtime import protocol
+from vitcg.runtime.adapter import adapter_for
+from vitcg.tools.cases import CaseBuilder, relative_error
+from vitcg.tools.encoders import build_encoder
+from vitcg.runtime.engine import engine_config
 from vitcg.errors import UnsupportedError
-from vitcg.spec import load_registry
+from vitcg.lang import load_registry
 
 REPO = Path(__file__).resolve().parents[2]
 REGISTRY = {s.name: s for s in load_registry([REPO / "specs"])}
@@ -65,7 +65,7 @@ def built():
 
 
 def test_protocol_members_match_vllm():
-    """Names, parameters and defaults of the protocol tracked in vitcg.protocol."""
+    """Names, parameters and defaults of the protocol tracked in vitcg.runtime.protocol."""
     assert protocol.VLLM_VERSION == "0.33.0"
     members = {name: inspect.signature(getattr(protocol.SupportsEncoderCudaGraph, name))
                for name in dir(protocol.SupportsEncoderCudaGraph)

@@ -13,10 +13,10 @@ import torch
 from test_vllm_protocol import REGISTRY, assert_matches_eager, sizes_for
 from vllm_consumer import ProtocolConsumer
 
-from vitcg.adapter import adapter_for
-from vitcg.conformance import CaseBuilder
-from vitcg.encoders import build_encoder
-from vitcg.engine import engine_config
+from vitcg.runtime.adapter import adapter_for
+from vitcg.tools.cases import CaseBuilder
+from vitcg.tools.encoders import build_encoder
+from vitcg.runtime.engine import engine_config
 
 pytestmark = pytest.mark.gpu
 SEEDS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "internvl"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vitcg.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
+from vitcg.runtime.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 
 
 class ProtocolConsumer:

@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 
-from vitcg.adapter import adapter_for
-from vitcg.conformance import check_spec, relative_error
-from vitcg.encoders import build_encoder
-from vitcg.manager import EncoderCudaGraphManager
-from vitcg.spec import load_registry
+from vitcg.runtime.adapter import adapter_for
+from vitcg.tools.cases import check_spec, relative_error
+from vitcg.tools.encoders import build_encoder
+from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.lang import load_registry
 
 pytestmark = pytest.mark.gpu
 REGISTRY = {s.name: s for s in load_registry(["specs"])}

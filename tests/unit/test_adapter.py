@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.adapter import SpecAdapter
-from vitcg.encoders import build_encoder
+from vitcg.runtime.adapter import SpecAdapter
+from vitcg.tools.encoders import build_encoder
 from vitcg.errors import InputError, SpecRuntimeError
-from vitcg.manager import EncoderCudaGraphManager
-from vitcg.protocol import SupportsEncoderCudaGraph
-from vitcg.spec import load_registry
+from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.runtime.protocol import SupportsEncoderCudaGraph
+from vitcg.lang import load_registry
 
 SPECS = {s.name: s for s in load_registry(["specs"])}
 
@@ -114,7 +114,7 @@ def test_budget_range(qwen2, internvl):
     assert internvl.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 2048, "max_model_len": 32768}) == (4, 2048)
     with pytest.raises(InputError, match=r"limits\['max_model_len'\] is missing"):
         qwen2.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1})
-    from vitcg.engine import engine_config
+    from vitcg.runtime.engine import engine_config
 
     assert qwen2.get_encoder_cudagraph_budget_range(engine_config(2048, 1024)) == (64, 1024)
     with pytest.raises(InputError, match=r"vllm_config.scheduler_config.max_num_batched_tokens is missing"):

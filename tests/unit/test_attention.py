@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitcg.attention import ATTENTION_NAME, configs_of, graph_safe_attention, register, use_attention
+from vitcg.runtime.attention import ATTENTION_NAME, configs_of, graph_safe_attention, register, use_attention
 
 
 def test_name_contains_flash():

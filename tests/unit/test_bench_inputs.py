@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.adapter import adapter_for
-from vitcg.bench import WORKLOADS, _item_size, _on, make_inputs
-from vitcg.encoders import build_encoder
-from vitcg.spec import load_registry
+from vitcg.runtime.adapter import adapter_for
+from vitcg.tools.bench import WORKLOADS, _item_size, _on, make_inputs
+from vitcg.tools.encoders import build_encoder
+from vitcg.lang import load_registry
 
 SPECS = {s.name: s for s in load_registry(["specs"])}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vitcg.errors import BudgetError
-from vitcg.budgets import plan_budgets, power_of_two_budgets
+from vitcg.runtime.budgets import plan_budgets, power_of_two_budgets
 
 
 def test_power_of_two_budgets_include_max():
@@ -36,7 +36,7 @@ def test_only_items_given_generates_from_items():
 
 
 def test_ladders_match_vllm_by_default():
-    from vitcg.budgets import doubling_budgets
+    from vitcg.runtime.budgets import doubling_budgets
 
     assert plan_budgets(144, 2048).budgets == (144, 288, 576, 1152, 2048)  # llama4: not powers of two
     assert plan_budgets(64, 8192).budgets == (64, 128, 256, 512, 1024, 2048, 4096, 8192)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vitcg.compile_config import compile_config, parse_base, parse_budgets
+from vitcg.tools.compile_config import compile_config, parse_base, parse_budgets
 from vitcg.errors import BudgetError, UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,6 +101,6 @@ def test_parse_budgets():
 
 
 def test_does_not_import_torch():
-    code = "import sys, vitcg.compile_config; print('torch' in sys.modules)"
+    code = "import sys, vitcg.tools.compile_config; print('torch' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.stdout.strip() == "False", run.stderr

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from vitcg.adapter import SpecAdapter
-from vitcg.encoders import build_encoder
+from vitcg.runtime.adapter import SpecAdapter
+from vitcg.tools.encoders import build_encoder
 from vitcg.errors import SpecRuntimeError
-from vitcg.spec import load_registry
+from vitcg.lang import load_registry
 
 SPECS = {s.name: s for s in load_registry(["specs"])}
 

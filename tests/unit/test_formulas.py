@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vitcg.errors import FormulaError
-from vitcg.spec.formulas import parse
+from vitcg.lang.formulas import parse
 
 VOCAB = ["t", "h", "w", "m"]
 

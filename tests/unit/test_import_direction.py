@@ -1,30 +1,93 @@
-"""Contracts flow one way: the manager knows the protocol (and vitcg's declared extension), nothing more."""
+"""The three rooms of the package import one way: tools -> runtime -> spec language, and the vLLM contract
+modules stand alone.
+
+- ``vitcg.lang`` (the spec language) never imports torch, transformers' models, the runtime or the tools;
+- ``vitcg.runtime`` (what an engine imports) never imports the tools;
+- the manager knows the protocol (and vitcg's declared extension), nothing more;
+- ``vitcg.cli`` only wires: importing it loads no room at all (commands import what they run).
+"""
 
 from __future__ import annotations
 
+import ast
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
-PROTOCOL_SIDE = {"vitcg", "vitcg.budgets", "vitcg.engine", "vitcg.errors", "vitcg.extension", "vitcg.manager",
-                 "vitcg.padding", "vitcg.protocol", "vitcg.syncs", "vitcg.timing"}
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "vitcg"
+ROOMS = ("lang", "runtime", "tools")
+SHARED = {"vitcg", "vitcg.errors"}
+PROTOCOL_SIDE = SHARED | {"vitcg.runtime", "vitcg.runtime.budgets", "vitcg.runtime.engine", "vitcg.runtime.extension",
+                          "vitcg.runtime.manager", "vitcg.runtime.padding", "vitcg.runtime.protocol",
+                          "vitcg.runtime.syncs", "vitcg.runtime.timing"}
 
 
 def imported_by(module: str) -> set[str]:
     code = (f"import sys, {module}; "
-            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('vitcg', 'transformers'))))")
+            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('vitcg', 'transformers', 'torch'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return set(result.stdout.split())
 
 
+def modules_of(room: str) -> list[str]:
+    return sorted(f"vitcg.{room}.{p.stem}" for p in (PACKAGE / room).glob("*.py") if p.stem != "__init__")
+
+
+def test_ls_shows_the_three_rooms():
+    top = sorted(p.name for p in PACKAGE.iterdir() if not p.name.startswith(("_", ".")))
+    assert top == ["cli.py", "errors.py", "lang", "runtime", "tools"]
+
+
+def static_imports(path: pathlib.Path) -> set[str]:
+    """Every vitcg module a file names in an import statement, function-local imports included."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[:len(base) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found.add(name)
+            found.update(f"{name}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {n for n in found if n.split(".")[0] in ("vitcg", "torch", "transformers")}
+
+
+@pytest.mark.parametrize("room, forbidden", [
+    ("lang", ("vitcg.runtime", "vitcg.tools", "vitcg.cli", "torch")),
+    ("runtime", ("vitcg.tools", "vitcg.cli")),
+    ("tools", ("vitcg.cli",)),
+])
+def test_rooms_import_one_way(room, forbidden):
+    for path in sorted((PACKAGE / room).glob("*.py")):
+        bad = sorted(n for n in static_imports(path) if n.startswith(forbidden))
+        assert not bad, f"{path.relative_to(PACKAGE.parent)} imports {bad}"
+
+
+def test_the_spec_language_loads_without_torch():
+    loaded = imported_by("vitcg.lang")
+    assert not {m for m in loaded if m.split(".")[0] == "torch" or m.startswith(("vitcg.runtime", "vitcg.tools"))}
+
+
+def test_the_cli_only_wires():
+    loaded = imported_by("vitcg.cli")
+    assert loaded & {"torch", "vitcg.runtime", "vitcg.tools", "vitcg.lang"} == set(), sorted(loaded)
+
+
 def test_manager_imports_only_the_protocol_side():
-    loaded = imported_by("vitcg.manager")
+    loaded = {m for m in imported_by("vitcg.runtime.manager") if m.startswith("vitcg")}
     assert loaded <= PROTOCOL_SIDE, f"the manager pulls in {sorted(loaded - PROTOCOL_SIDE)}"
-    assert not any(m.startswith("transformers") for m in loaded)
+    assert not any(m.startswith("transformers") for m in imported_by("vitcg.runtime.manager"))
 
 
-@pytest.mark.parametrize("module", ["vitcg.protocol", "vitcg.extension", "vitcg.engine"])
+@pytest.mark.parametrize("module", ["vitcg.runtime.protocol", "vitcg.runtime.extension", "vitcg.runtime.engine"])
 def test_contract_modules_stand_alone(module):
-    loaded = imported_by(module)
-    assert loaded <= {"vitcg", "vitcg.errors", "vitcg.protocol", module}, sorted(loaded)
+    loaded = {m for m in imported_by(module) if m.startswith("vitcg")}
+    assert loaded <= SHARED | {"vitcg.runtime", "vitcg.runtime.protocol", module}, sorted(loaded)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vitcg.spec.loader import MAX_FILE_BYTES, format_path, load_file, load_text
+from vitcg.lang.loader import MAX_FILE_BYTES, format_path, load_file, load_text
 
 
 def test_positions_of_values_and_keys():

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from vitcg.errors import InputError
-from vitcg.manager import EncoderCudaGraphManager
-from vitcg.protocol import (
+from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.runtime.protocol import (
     EncoderCudaGraphCaptureInputs,
     EncoderCudaGraphConfig,
     EncoderCudaGraphReplayBuffers,
@@ -120,7 +120,7 @@ def make(toy, **kwargs) -> EncoderCudaGraphManager:
 
 
 def test_toy_satisfies_protocol_and_not_the_extension(toy):
-    from vitcg.extension import SupportsVitcgExtension
+    from vitcg.runtime.extension import SupportsVitcgExtension
 
     assert isinstance(toy, SupportsEncoderCudaGraph)
     assert not isinstance(toy, SupportsVitcgExtension)
@@ -289,7 +289,7 @@ def test_unknown_packing_is_rejected(toy):
 
 
 def test_lean_caps_apply_only_to_inferred_limits(toy):
-    from vitcg.manager import LEAN_ITEMS
+    from vitcg.runtime.manager import LEAN_ITEMS
 
     lean = make(toy, max_num_batched_tokens=1024)  # vLLM would infer 1024 // 4 = 256, capped by min budget 4
     vllm = make(toy, max_num_batched_tokens=1024, lean=False)

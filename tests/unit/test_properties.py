@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vitcg.errors import FormulaError, SpecError
-from vitcg.spec import spec_from_text
-from vitcg.spec.formulas import parse
-from vitcg.spec.loader import load_text
+from vitcg.lang import spec_from_text
+from vitcg.lang.formulas import parse
+from vitcg.lang.loader import load_text
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

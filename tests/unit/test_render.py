@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vitcg.errors import RenderError, SpecError, UsageError
-from vitcg.render import (
+from vitcg.tools.render import (
     HEADER,
     build_context,
     find_stale,
@@ -29,7 +29,7 @@ from vitcg.render import (
     render_templates,
     template_names,
 )
-from vitcg.spec import load_registry
+from vitcg.lang import load_registry
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates"
@@ -288,7 +288,7 @@ def test_generated_test_configs_are_importable_and_match_specs():
 
 
 def test_render_does_not_import_torch():
-    code = ("import sys; from pathlib import Path; from vitcg.render import generate; "
+    code = ("import sys; from pathlib import Path; from vitcg.tools.render import generate; "
             "generate(Path('specs'), Path('templates'), Path('registry'), check=True); "
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vitcg.spec import load_specs
+from vitcg.lang import load_specs
 
 CASES = Path(__file__).resolve().parents[1] / "specs"
 VALID = sorted((CASES / "valid").glob("*.yaml"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.syncs import HostSyncError, no_host_syncs
+from vitcg.runtime.syncs import HostSyncError, no_host_syncs
 
 X = torch.tensor([1, 2, 3])
 INDEX = torch.tensor([0, 2])

@@ -32,7 +32,7 @@ REQUIRED_GEOMETRY = {"out_hidden_size": "the width of one output row (all output
 @lru_cache(maxsize=1)
 def schema() -> dict[str, Any]:
     """The JSON Schema shipped inside the package."""
-    return json.loads(resources.files("vitcg.spec").joinpath("schema.json").read_text())
+    return json.loads(resources.files("vitcg.lang").joinpath("schema.json").read_text())
 
 
 @lru_cache(maxsize=1)

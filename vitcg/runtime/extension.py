@@ -1,6 +1,6 @@
 """vitcg's extension of the vLLM protocol: what vitcg's manager uses when a model offers it, and never needs.
 
-A vLLM-style consumer knows only :mod:`vitcg.protocol`. vitcg's own manager also looks for these
+A vLLM-style consumer knows only :mod:`vitcg.runtime.protocol`. vitcg's own manager also looks for these
 members, each optional in effect (the manager checks :class:`SupportsVitcgExtension` once):
 
 - frames per item, so a pack never holds more video frames than ``max_frames_per_batch`` and a video
@@ -9,7 +9,7 @@ members, each optional in effect (the manager checks :class:`SupportsVitcgExtens
   asked for in ascending index order (images first);
 - graph scope: the graphs capture one submodule call and the model's own forward runs eagerly around it
   (:meth:`encoder_scoped_forward`). A scoped model cannot be driven by a protocol-only manager, so a
-  scoped adapter does not claim :class:`~vitcg.protocol.SupportsEncoderCudaGraph`.
+  scoped adapter does not claim :class:`~vitcg.runtime.protocol.SupportsEncoderCudaGraph`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What each metadata provider is, declared without torch: the spec checks read this, ``vitcg.metadata`` implements it.
+"""What each metadata provider is, declared without torch: the spec checks read this, ``vitcg.runtime.providers`` implements it.
 
 A provider fills one buffer of the graph from the items of a pack. Its declaration says which attention
 styles may use it, which padding rule it implements, which geometry names and params it reads, and

@@ -17,8 +17,8 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import RenderError, UsageError
-from .spec import Spec, load_registry
+from ..errors import RenderError, UsageError
+from ..lang import Spec, load_registry
 
 HEADER = "generated from specs/ by vitcg — do not edit"
 """Every generated file carries this line, in its own comment syntax (JSON: the ``_generated`` key)."""

@@ -2,7 +2,7 @@
 
 Rules of vLLM PR #40580: one vision item per batch for ``image`` or ``video``, two for ``image+video``,
 any other modality is an error; the keys are merged into an existing config rather than replacing it.
-Budgets and items are checked with :func:`vitcg.budgets.check_limits` (vLLM PR #38040), without
+Budgets and items are checked with :func:`vitcg.runtime.budgets.check_limits` (vLLM PR #38040), without
 importing torch.
 """
 
@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .budgets import BUDGETS, MAX_FRAMES, MAX_ITEMS, check_limits
-from .errors import UsageError
+from ..runtime.budgets import BUDGETS, MAX_FRAMES, MAX_ITEMS, check_limits
+from ..errors import UsageError
 
 ITEMS_PER_BATCH = {"image": 1, "video": 1, "image+video": 2}
 """Default ``encoder_cudagraph_max_vision_items_per_batch`` per modality."""

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 
 @dataclass
@@ -62,7 +62,7 @@ def read_limits(vllm_config: Any) -> tuple[int, int]:
             value, where = getattr(getattr(vllm_config, section, None), name, None), f"vllm_config.{section}.{name}"
         if value is None:
             raise InputError(f"{where} is missing: the budget range needs max_num_batched_tokens and max_model_len "
-                             f"(got {type(vllm_config).__name__}); build one with vitcg.engine.engine_config()")
+                             f"(got {type(vllm_config).__name__}); build one with vitcg.runtime.engine.engine_config()")
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise InputError(f"{where} must be a positive integer, got {value!r}")
         return value

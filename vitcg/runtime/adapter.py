@@ -5,8 +5,8 @@ formulas, buffer contents from the providers it names, and the encoder call from
 ``call_kwargs`` and ``outputs``. Items are numbered canonically: the spec's modalities in order (image,
 then video), each in input order; a selection keeps the order of the indices it is given.
 
-:class:`SpecAdapter` implements :class:`~vitcg.protocol.SupportsEncoderCudaGraph` (vLLM's protocol) plus
-:mod:`vitcg.extension`. With ``graph_scope`` the graphs capture one submodule call instead of the whole
+:class:`SpecAdapter` implements :class:`~vitcg.runtime.protocol.SupportsEncoderCudaGraph` (vLLM's protocol) plus
+:mod:`vitcg.runtime.extension`. With ``graph_scope`` the graphs capture one submodule call instead of the whole
 encoder call: the model's own forward runs eagerly around it (a prologue that may sync, an epilogue that
 may select data-dependent rows) and each scoped call is answered by a graph replay. Such a spec cannot be
 driven by a protocol-only manager, so :class:`ScopedSpecAdapter` does not claim the protocol: it offers
@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import metadata
+from . import providers
 from .attention import ATTENTION_NAME, configs_of, register, use_attention
 from .engine import read_limits
-from .errors import InputError, SpecRuntimeError, UnsupportedError
+from ..errors import InputError, SpecRuntimeError, UnsupportedError
 from .extension import MIXED, Replay
 from .padding import BufferPadding, Capacities, fill
 from .protocol import (
@@ -39,9 +39,9 @@ from .protocol import (
     postprocess_by_rows,
 )
 from .scope import Scope
-from .spec.bindings import config_snapshot
-from .spec.catalogue import PROVIDERS, buffer_names
-from .spec.model import Modality, Spec, thaw
+from ..lang.bindings import config_snapshot
+from ..lang.catalogue import PROVIDERS, buffer_names
+from ..lang.model import Modality, Spec, thaw
 
 ITEM_CACHE_SIZE = 4096
 
@@ -95,7 +95,7 @@ class _Adapter:
         self.dtype: torch.dtype = parameter.dtype
         self._item_cache: dict[tuple, tuple[EncoderItemSpec, int]] = {}
         """Item spec and frames by (modality, grid row): serving sees the same image sizes again and again."""
-        self._metadata_cache = metadata.RowCache(self.device)
+        self._metadata_cache = providers.RowCache(self.device)
         self._capacities = Capacities()
         self._padding = {b.name: BufferPadding(b.name, b.padding, self._capacities)
                          for b in spec.buffers if not b.is_host}
@@ -280,7 +280,7 @@ class _Adapter:
                 shape = (max(shape[0], max_batch_size), *shape[1:])
             if self._scope is not None:
                 shape = self._scope.storage_shape(buffer, shape)
-            values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else metadata.DTYPES[kind],
+            values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else providers.DTYPES[kind],
                                               device=device)
         capacity = self.row_capacity(values)
         for buffer in self.spec.buffers:
@@ -293,7 +293,7 @@ class _Adapter:
         """Rows (patches or tiles) these capture inputs hold: the first dimension of the row buffer."""
         return values[self._rows_buffer.name].shape[0]
 
-    def _pack(self, mm_kwargs: Mapping[str, Any]) -> tuple[metadata.Pack, list[EncoderItemSpec]]:
+    def _pack(self, mm_kwargs: Mapping[str, Any]) -> tuple[providers.Pack, list[EncoderItemSpec]]:
         inputs = self._inputs(mm_kwargs)
         items = [self.item_spec(i.modality, row) for i in inputs for row in i.counts_cpu.tolist()]
         def joined(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -306,7 +306,7 @@ class _Adapter:
         else:
             pixels, extras = torch.zeros(0), {}
             counts = torch.zeros((0,) if self.spec.style == "tiles" else (0, 3), dtype=torch.int64)
-        pack = metadata.Pack(pixels.to(self.device, self.dtype), counts, self.geometry, self.spec.segments,
+        pack = providers.Pack(pixels.to(self.device, self.dtype), counts, self.geometry, self.spec.segments,
                              self._metadata_cache, extras)
         return pack, items
 
@@ -372,7 +372,7 @@ class _Adapter:
 
 
 class SpecAdapter(_Adapter):
-    """Implements :class:`~vitcg.protocol.SupportsEncoderCudaGraph` (and :mod:`vitcg.extension`) for
+    """Implements :class:`~vitcg.runtime.protocol.SupportsEncoderCudaGraph` (and :mod:`vitcg.runtime.extension`) for
     ``module`` as ``spec`` describes it. Raises UnsupportedError for a graph-scoped spec (see
     :class:`ScopedSpecAdapter`)."""
 
@@ -383,7 +383,7 @@ class SpecAdapter(_Adapter):
         compilation with dynamic shapes for all budgets) before it is captured."""
         if spec.graph_scope:
             raise UnsupportedError(f"{spec.name}: graph-scoped specs cannot implement the protocol; build "
-                                   "ScopedSpecAdapter (vitcg.adapter.adapter_for picks it)")
+                                   "ScopedSpecAdapter (vitcg.runtime.adapter.adapter_for picks it)")
         super().__init__(spec, module, compile_forward=compile_forward)
 
     def prepare_encoder_cudagraph_replay_buffers(
@@ -397,7 +397,7 @@ class SpecAdapter(_Adapter):
         pack, items = self._pack(mm_kwargs)
         if len(items) > max_batch_size:
             raise InputError(f"{self.spec.name}: {len(items)} items exceed max_batch_size {max_batch_size}")
-        return EncoderCudaGraphReplayBuffers({b.name: metadata.compute(b, pack) for b in self.spec.buffers})
+        return EncoderCudaGraphReplayBuffers({b.name: providers.compute(b, pack) for b in self.spec.buffers})
 
 
 _NOT_FOR_SCOPED = frozenset({"supports_encoder_cudagraph", "prepare_encoder_cudagraph_replay_buffers"})
@@ -406,8 +406,8 @@ _NOT_FOR_SCOPED = frozenset({"supports_encoder_cudagraph", "prepare_encoder_cuda
 class ScopedSpecAdapter(_Adapter):
     """A graph-scoped spec's adapter. Its graphs hold one submodule call whose arguments come from the
     model's own eager prologue, so no protocol-only manager can refill them: it does not claim
-    :class:`~vitcg.protocol.SupportsEncoderCudaGraph`, and the members it lacks raise UnsupportedError.
-    vitcg's manager drives it through :meth:`encoder_scoped_forward` (:mod:`vitcg.extension`)."""
+    :class:`~vitcg.runtime.protocol.SupportsEncoderCudaGraph`, and the members it lacks raise UnsupportedError.
+    vitcg's manager drives it through :meth:`encoder_scoped_forward` (:mod:`vitcg.runtime.extension`)."""
 
     def __getattr__(self, name: str) -> Any:
         if name in _NOT_FOR_SCOPED:
@@ -419,7 +419,7 @@ class ScopedSpecAdapter(_Adapter):
 
     def encoder_scoped_forward(self, mm_kwargs: Mapping[str, Any], replay: Replay) -> torch.Tensor:
         """The model's eager forward with each call of the graph scope answered by ``replay``
-        (:class:`vitcg.scope.Scope`): ``replay`` gets the call's arguments as buffer values and returns the
+        (:class:`vitcg.runtime.scope.Scope`): ``replay`` gets the call's arguments as buffer values and returns the
         captured output and the capture values it ran on. Raises SpecRuntimeError when the scope is never
         called."""
         output, calls = self._scope.run(lambda: self.encoder_eager_forward(mm_kwargs), replay)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BudgetError
+from ..errors import BudgetError
 
 BUDGETS = "encoder_cudagraph_token_budgets"
 MAX_ITEMS = "encoder_cudagraph_max_vision_items_per_batch"

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import vision_utils
 
-from vitcg.metadata import Pack, RowCache, compute
-from vitcg.spec.model import Buffer
+from vitcg.runtime.providers import Pack, RowCache, compute
+from vitcg.lang.model import Buffer
 
 GEOMETRY = {"spatial_merge_size": 2, "window_size": 112, "patch_size": 14, "num_grid_per_side": 8}
 ROWS = st.lists(st.tuples(st.integers(1, 3), st.integers(1, 9), st.integers(1, 9)), min_size=1, max_size=5)

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import SpecRuntimeError
+from ..errors import SpecRuntimeError
 from .padding import EMPTY
-from .spec.model import Buffer, Spec
+from ..lang.model import Buffer, Spec
 
 Replay = Callable[[dict[str, Any]], tuple[Any, Mapping[str, Any]]]
 """Takes buffer values (rows-first tensors, None for host integers, EMPTY for an absent mask), refills and
@@ -35,7 +35,7 @@ def submodule(module: nn.Module, path: str) -> nn.Module:
     try:
         return module.get_submodule(path)
     except AttributeError:
-        from .spec.formulas import suggest
+        from ..lang.formulas import suggest
 
         names = [name for name, _ in module.named_modules() if name]
         hint = suggest(path, names)

@@ -1,8 +1,8 @@
 """Metadata providers: the data-dependent half of a vision encoder, computed outside the graph.
 
-Each provider named in :mod:`vitcg.spec.catalogue` computes the unpadded value of one buffer for the
+Each provider named in :mod:`vitcg.lang.catalogue` computes the unpadded value of one buffer for the
 items of a pack, wrapping ``transformers.vision_utils`` (the same helpers the encoders call when a key
-is not precomputed). :mod:`vitcg.padding` writes such a value into a fixed-size capture buffer.
+is not precomputed). :mod:`vitcg.runtime.padding` writes such a value into a fixed-size capture buffer.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from transformers import vision_utils
 
-from .spec.catalogue import PROVIDERS
-from .spec.model import Buffer
+from ..lang.catalogue import PROVIDERS
+from ..lang.model import Buffer
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Reporters: a :class:`~vitcg.spec.LoadResult` as text for people or JSON for machines."""
+"""Reporters: a :class:`~vitcg.lang.LoadResult` as text for people or JSON for machines."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 from typing import TYPE_CHECKING
 
-from .spec import LoadResult
+from ..lang import LoadResult
 
 if TYPE_CHECKING:
-    from .conformance import SpecReport
+    from .cases import SpecReport
 
 
 def summary_line(result: LoadResult) -> str:

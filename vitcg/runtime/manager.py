@@ -1,7 +1,7 @@
 """The budget graph manager: budgets, capture (CUDA) or static runs (CPU), packing, replay, fallback, stats.
 
-It talks to a model only through :mod:`vitcg.protocol` (vLLM's protocol) and, where the model offers it,
-:mod:`vitcg.extension`; it imports nothing of the spec language or the adapter, so it drives any
+It talks to a model only through :mod:`vitcg.runtime.protocol` (vLLM's protocol) and, where the model offers it,
+:mod:`vitcg.runtime.extension`; it imports nothing of the spec language or the adapter, so it drives any
 protocol implementation, hand-written ones included. Buffers are refilled through the model's padding
 logics (callables), or zeroed and copied into when a key has none, exactly as vLLM's manager does.
 
@@ -16,7 +16,7 @@ Results come back in the caller's item order, each cloned before the next replay
 
 Without CUDA the same buffers and padding are used and the fixed-shape forward runs directly: the
 static-shape path that CPU tests compare against eager. There, host syncs and data-dependent shapes
-raise (:mod:`vitcg.syncs`), as a capture would.
+raise (:mod:`vitcg.runtime.syncs`), as a capture would.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 
 from .budgets import plan_budgets
 from .engine import EngineConfig, engine_config
-from .errors import BudgetError, SpecRuntimeError
+from ..errors import BudgetError, SpecRuntimeError
 from .extension import MIXED, SupportsVitcgExtension
 from .padding import pad_zeros
 from .protocol import (
@@ -133,7 +133,7 @@ class Pack:
 class EncoderCudaGraphManager:
     """Captures one graph per token budget and serves batches of items through them.
 
-    Engine options come from ``vllm_config`` (a vLLM config, or :func:`vitcg.engine.engine_config`) or,
+    Engine options come from ``vllm_config`` (a vLLM config, or :func:`vitcg.runtime.engine.engine_config`) or,
     when it is None, from the keyword arguments of the same names. ``device`` and ``dtype`` are the
     graphs' (as vLLM passes them); nothing is read from the model but the protocol. ``lean``: when items
     or frames per batch are left to be inferred, use :data:`LEAN_ITEMS` and one video's frames instead of

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .spec.bindings import import_object
-from .spec.model import Spec, thaw
+from ..lang.bindings import import_object
+from ..lang.model import Spec, thaw
 
 SIZES = ("tiny", "real")
 

@@ -3,7 +3,7 @@
 Tracks the vLLM release named in :data:`VLLM_VERSION` (``encoder_cudagraph_defs.py`` and the
 ``SupportsEncoderCudaGraph`` interface): the data objects and the runtime-checkable protocol, with the
 same names, parameters and defaults. Nothing here is vitcg's own; vitcg's additions live in
-:mod:`vitcg.extension`, which a vLLM-style consumer never needs.
+:mod:`vitcg.runtime.extension`, which a vLLM-style consumer never needs.
 
 Named invariants:
 - *buffer identity*: every tensor in :class:`EncoderCudaGraphCaptureInputs` is allocated once, recorded

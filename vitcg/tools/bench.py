@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
-from .adapter import SpecAdapter, adapter_for
-from .conformance import CaseBuilder, relative_error
+from ..runtime.adapter import SpecAdapter, adapter_for
+from .cases import CaseBuilder, relative_error
 from .encoders import build_encoder
-from .errors import InputError
-from .manager import EncoderCudaGraphManager
-from .spec.catalogue import buffer_names
-from .spec.model import Modality, Spec
-from .timing import timed
+from ..errors import InputError
+from ..runtime.manager import EncoderCudaGraphManager
+from ..lang.catalogue import buffer_names
+from ..lang.model import Modality, Spec
+from ..runtime.timing import timed
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .errors import HostSyncError
+from ..errors import HostSyncError
 
 __all__ = ["HostSyncError", "no_host_syncs"]
 

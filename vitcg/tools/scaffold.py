@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UsageError
-from .spec.formulas import suggest
+from ..errors import UsageError
+from ..lang.formulas import suggest
 
 TODO = "# TODO(vitcg new): "
 TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
@@ -121,7 +121,7 @@ def render(d: Draft) -> str:
     signature = list(inspect.signature(d.encoder.forward).parameters)[1:]
     pixels_arg = signature[0] if signature else "pixel_values"
     lines = [
-        "# yaml-language-server: $schema=../vitcg/spec/schema.json",
+        "# yaml-language-server: $schema=../vitcg/lang/schema.json",
         f"# Draft written by `vitcg new {d.model_type}`: confirm every TODO, then run",
         f"# `vitcg validate specs/{d.model_type}.yaml` and `vitcg check specs/{d.model_type}.yaml`.",
         f"name: {d.model_type}",

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .adapter import SpecAdapter, adapter_for
+from ..runtime.adapter import SpecAdapter, adapter_for
 from .encoders import build_encoder
-from .errors import VitcgError
-from .manager import EncoderCudaGraphManager
-from .spec.catalogue import buffer_names
-from .spec.model import Spec
+from ..errors import VitcgError
+from ..runtime.manager import EncoderCudaGraphManager
+from ..lang.catalogue import buffer_names
+from ..lang.model import Spec
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 """Tolerance of :func:`relative_error` (graph against eager) per dtype."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InputError
+from ..errors import InputError
 
 
 def _check_fits(dest: torch.Tensor, src: torch.Tensor, key: str) -> None:

@@ -82,7 +82,7 @@ class Buffer:
     arg: str
     """Encoder keyword argument it is passed as."""
     provider: str
-    """Name of the metadata provider that fills it (``vitcg.spec.catalogue.PROVIDERS``)."""
+    """Name of the metadata provider that fills it (``vitcg.lang.catalogue.PROVIDERS``)."""
     shape: tuple[Formula, ...] | None
     """Shape formulas of a tensor buffer, over budget, max_items, max_frames and geometry."""
     value: Formula | None
