@@ -24,7 +24,7 @@ def main() -> None:
     workloads = sys.argv[2:] or ["1x224", "8x224"]
     cuda = torch.cuda.is_available()
     device, dtype, size = ("cuda", torch.bfloat16, "real") if cuda else ("cpu", torch.float32, "tiny")
-    spec = {s.name: s for s in load_registry(["specs"])}[name]
+    spec = load_registry(["specs"])[name]
     adapter = adapter_for(spec, build_encoder(spec, size, device=device, dtype=dtype))
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
     manager.capture()

@@ -48,24 +48,14 @@ def validate(
 
 def _select_specs(names: list[str] | None, all_specs: bool, specs_dir: Path):
     """Specs named on the command line (names from ``specs_dir``, or file paths), or all with ``--all``."""
-    from .lang import load_registry
+    from .lang import Registry, load_registry
 
     if not names and not all_specs:
         raise UsageError("name specs to check, or pass --all")
-    files = [Path(n) for n in names or () if n.endswith((".yaml", ".yml"))]
-    registry = {s.name: s for s in load_registry([specs_dir])} if (all_specs or len(files) < len(names or ())) else {}
-    chosen = list(registry.values()) if all_specs else []
-    for name in names or ():
-        if name.endswith((".yaml", ".yml")):
-            chosen.extend(load_registry([name]))
-        elif name in registry:
-            chosen.append(registry[name])
-        else:
-            from .lang.formulas import suggest
-
-            hint = suggest(name, registry)
-            raise UsageError(f"no spec named {name!r} in {specs_dir}/" + (f"; {hint}" if hint else ""))
-    return list({s.name: s for s in chosen}.values())
+    if all_specs:
+        return list(load_registry([specs_dir]))
+    only_files = all(n.endswith((".yaml", ".yml")) for n in names)
+    return (Registry([]) if only_files else load_registry([specs_dir])).select(names)
 
 
 @app.command()

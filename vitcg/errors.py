@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+
+
+def suggest(name: str, candidates: Iterable[str]) -> str | None:
+    """A "did you mean" hint for an unknown ``name``, or None when nothing is close."""
+    close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from vitcg.errors import UnsupportedError
 from vitcg.lang import load_registry
 
 REPO = Path(__file__).resolve().parents[2]
-REGISTRY = {s.name: s for s in load_registry([REPO / "specs"])}
-PLAIN = sorted(name for name, spec in REGISTRY.items() if not spec.graph_scope)
-SCOPED = sorted(name for name, spec in REGISTRY.items() if spec.graph_scope)
+REGISTRY = load_registry([REPO / "specs"])
+PLAIN = [spec.name for spec in REGISTRY if not spec.graph_scope]
+SCOPED = [spec.name for spec in REGISTRY if spec.graph_scope]
 TOLERANCE = 1e-5
 
 

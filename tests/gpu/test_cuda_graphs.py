@@ -17,10 +17,10 @@ from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.lang import load_registry
 
 pytestmark = pytest.mark.gpu
-REGISTRY = {s.name: s for s in load_registry(["specs"])}
+REGISTRY = load_registry(["specs"])
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", REGISTRY.names)
 def test_capture_and_replay_match_eager_bf16(name):
     report = check_spec(REGISTRY[name], device="cuda", dtype=torch.bfloat16)
     assert report.error is None, report.error

@@ -12,7 +12,7 @@ from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.runtime.protocol import SupportsEncoderCudaGraph
 from vitcg.lang import load_registry
 
-SPECS = {s.name: s for s in load_registry(["specs"])}
+SPECS = load_registry(["specs"])
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ from vitcg.tools.bench import WORKLOADS, _item_size, _on, make_inputs
 from vitcg.tools.encoders import build_encoder
 from vitcg.lang import load_registry
 
-SPECS = {s.name: s for s in load_registry(["specs"])}
+SPECS = load_registry(["specs"])
 
 
-@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("name", SPECS.names)
 def test_every_spec_gets_inputs_the_adapter_accepts(name):
     spec = SPECS[name]
     adapter = adapter_for(spec, build_encoder(spec))

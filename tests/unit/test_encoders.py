@@ -12,7 +12,7 @@ from vitcg.tools.encoders import build_encoder
 from vitcg.errors import SpecRuntimeError
 from vitcg.lang import load_registry
 
-SPECS = {s.name: s for s in load_registry(["specs"])}
+SPECS = load_registry(["specs"])
 
 
 def test_complex_buffers_keep_their_dtype():

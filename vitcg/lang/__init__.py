@@ -15,8 +15,9 @@ from .bindings import Bindings
 from .checks import SemanticChecker, schema, schema_diagnostics
 from .loader import LoadedYaml, load_file, load_text
 from .model import Spec
+from .registry import Registry
 
-__all__ = ["Bindings", "LoadResult", "Spec", "discover", "load_registry", "load_specs", "schema", "spec_from_text"]
+__all__ = ["Bindings", "LoadResult", "Registry", "Spec", "discover", "load_registry", "load_specs", "schema", "spec_from_text"]
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 
@@ -108,11 +109,11 @@ def load_specs(paths: Sequence[str | Path] = ("specs",), *, bindings: Bindings |
     return result
 
 
-def load_registry(paths: Sequence[str | Path] = ("specs",), **kwargs) -> list[Spec]:
-    """Every spec under ``paths``, sorted by name. Raises SpecError if any file is invalid."""
+def load_registry(paths: Sequence[str | Path] = ("specs",), **kwargs) -> Registry:
+    """Every spec under ``paths`` as a :class:`Registry`. Raises SpecError if any file is invalid."""
     result = load_specs(paths, **kwargs)
     if not result.ok:
         raise SpecError(result.diagnostics)
     if not result.specs:
         raise UsageError(f"no spec files under {', '.join(map(str, paths))}")
-    return result.specs
+    return Registry(result.specs, ", ".join(f"{p}/" if Path(p).is_dir() else str(p) for p in paths))

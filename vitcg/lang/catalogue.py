@@ -1,20 +1,176 @@
-"""What each metadata provider is, declared without torch: the spec checks read this, ``vitcg.runtime.providers`` implements it.
+"""The spec vocabulary, one record per word, declared without torch.
 
-A provider fills one buffer of the graph from the items of a pack. Its declaration says which attention
-styles may use it, which padding rule it implements, which geometry names and params it reads, and
-whether it is a tensor refilled in place or a host integer fixed at capture.
+Every attention style, metadata provider, padding rule and dtype a spec may name is one record here, with
+its parameters and its doc line. Everything else is derived from these records: the JSON Schema's enums and
+provider params (:func:`vocabulary_schema`), the semantic checks, the generated ``registry/VOCABULARY.md``
+and the labels of the supported-models page. The runtime implements each provider and padding rule under
+the same name (``vitcg.runtime.providers``, ``vitcg.runtime.padding``); a test ties the two together.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
-STYLES = ("packed", "windowed", "tiles")
-SEGMENTED = frozenset({"packed", "windowed"})
+DTYPES = ("model", "bool", "int32", "int64", "float32")
+"""Buffer and example-input dtypes: ``model`` is the encoder's own dtype."""
+
+LIMIT_NAMES = ("max_num_batched_tokens", "max_model_len")
+BUFFER_NAMES = ("budget", "max_items", "max_frames", "max_segments")
+DEFAULT_LIMITS = {"max_num_batched_tokens": 8192, "max_model_len": 32768}
+"""Limits the budget formulas are checked with when no engine is in sight (vLLM's online defaults)."""
+SHAPING_NAMES = {"image": ("height", "width"), "video": ("frames", "height", "width")}
+"""What a ``tests.shaping`` formula may read besides geometry: the size of one image or video in pixels."""
+
+
+def buffer_names(budget: int, max_items: int, max_frames: int) -> dict[str, int]:
+    """The values of :data:`BUFFER_NAMES` for one capture. ``max_segments`` is derived: the most attention
+    segments a pack of ``max_items`` items and ``max_frames`` frames can have (every segment has at least one
+    output token, so never more than ``budget``)."""
+    return {"budget": budget, "max_items": max_items, "max_frames": max_frames,
+            "max_segments": min(budget, max_items + max_frames)}
 
 
 @dataclass(frozen=True)
-class ProviderInfo:
+class PaddingRule:
+    name: str
+    doc: str
+    row_wise: bool = False
+    """Writes value rows first and fills the rest row by row: a buffer padded so counts the rows (or tiles)."""
+    refilled: bool = True
+    """False for host integers fixed at capture: the runtime has no function for the rule."""
+
+
+PADDINGS: Mapping[str, PaddingRule] = MappingProxyType({r.name: r for r in (
+    PaddingRule("zeros", "value rows first, zero rows after them", row_wise=True),
+    PaddingRule("ones", "value rows first, rows of ones after them (masks of padding tiles, grids divided by)",
+                row_wise=True),
+    PaddingRule("trailing_segment", "boundaries first; padding rows form trailing segments of their own and "
+                                    "unused slots repeat the last offset"),
+    PaddingRule("identity", "indices first, then every padding slot maps to itself"),
+    PaddingRule("fixed", "a host integer fixed at capture, never refilled", refilled=False),
+)})
+
+
+@dataclass(frozen=True)
+class AttentionStyle:
+    """What an item is for one attention style, and everything that follows from it.
+
+    An item is a grid row ``(t, h, w)`` (``count_role`` ``grid``) or a tile count ``n`` (``tiles``). The
+    methods here are the only place that tells the two apart; they work on plain integers and on anything
+    with ``tolist`` (tensors), so the spec language stays free of torch."""
+
+    name: str
+    label: str
+    """How the supported-models page describes it."""
+    doc: str
+    count_role: str
+    """The input role holding one count row per item: ``grid`` or ``tiles``."""
+    item_names: tuple[str, ...]
+    """Names an item formula reads: the grid row, or the tile count."""
+    segments: tuple[str, ...]
+    """Values of ``attention.segments`` (first = default); ``tile`` means the key does not apply."""
+    count_required: bool
+    """False: a modality may leave the count role out, and then every tile is an item of its own."""
+    required_providers: tuple[str, ...]
+    geometry: tuple[str, ...] = ()
+    """Geometry names every spec of this style defines."""
+    shaping: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Default ``tests.shaping`` per modality: item name -> formula over :data:`SHAPING_NAMES` and geometry,
+    how the model's processor turns one image or video into one item."""
+    markers: tuple[str, ...] = ()
+    """``transformers.vision_utils`` helpers whose call in an encoder's source marks this style (``vitcg new``)."""
+
+    @property
+    def segmented(self) -> bool:
+        """Whether attention runs over segments of packed rows (cu_seqlens and friends apply)."""
+        return self.count_role == "grid"
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return ("pixels", self.count_role)
+
+    @property
+    def count_shape(self) -> str:
+        """The shape of the count input, in words: ``(items, 3)`` or ``(items,)``."""
+        return f"(items, {len(self.item_names)})" if self.segmented else "(items,)"
+
+    def counts_fit(self, shape: Sequence[int]) -> bool:
+        return tuple(shape[1:]) == ((len(self.item_names),) if self.segmented else ()) and len(shape) >= 1
+
+    def empty_counts_shape(self) -> tuple[int, ...]:
+        return (0, len(self.item_names)) if self.segmented else (0,)
+
+    def names(self, row: Any) -> dict[str, int]:
+        """The item names of one count row (a grid row or a tile count)."""
+        values = row.tolist() if hasattr(row, "tolist") else row
+        values = [values] if not isinstance(values, (list, tuple)) else values
+        return {k: int(v) for k, v in zip(self.item_names, values, strict=True)}
+
+    def check_item(self, frames: int, a: int, b: int, geometry: Mapping[str, int]) -> int | list[int]:
+        """The count row ``vitcg check`` feeds for an item of ``a x b`` merged tokens over ``frames`` frames
+        (tiles: ``a`` tiles, or one tile per frame for video)."""
+        if not self.segmented:
+            return a if frames == 0 else frames
+        m = geometry["spatial_merge_size"]
+        return [max(frames, 1), a * m, b * m]
+
+    def sample(self, geometry: Mapping[str, int]) -> dict[str, int]:
+        """A typical item, to check that item formulas are positive."""
+        return dict(zip(self.item_names, self.check_item(2, 4, 6, geometry) if self.segmented else [3]))
+
+
+_PACKED_SHAPING = {
+    "image": {"t": "1",
+              "h": "max(1, (2 * height + patch_size * spatial_merge_size) // (2 * patch_size * spatial_merge_size))"
+                   " * spatial_merge_size",
+              "w": "max(1, (2 * width + patch_size * spatial_merge_size) // (2 * patch_size * spatial_merge_size))"
+                   " * spatial_merge_size"},
+    "video": {"t": "max(1, frames // temporal_patch_size)",
+              "h": "max(1, (2 * height + patch_size * spatial_merge_size) // (2 * patch_size * spatial_merge_size))"
+                   " * spatial_merge_size",
+              "w": "max(1, (2 * width + patch_size * spatial_merge_size) // (2 * patch_size * spatial_merge_size))"
+                   " * spatial_merge_size"},
+}
+
+STYLES: Mapping[str, AttentionStyle] = MappingProxyType({s.name: s for s in (
+    AttentionStyle("packed", "packed varlen (rotary)",
+                   "one sequence of patch rows; varlen attention by cu_seqlens", "grid", ("t", "h", "w"),
+                   ("frame", "clip"), True, ("pixels", "cu_seqlens", "max_seqlen"),
+                   ("patch_size", "spatial_merge_size"), _PACKED_SHAPING,
+                   ("get_vision_attention_seqlens", "get_vision_cu_seqlens")),
+    AttentionStyle("windowed", "windowed varlen (rotary)",
+                   "packed, plus Qwen2.5-VL-style windows between full-attention layers", "grid", ("t", "h", "w"),
+                   ("frame", "clip"), True,
+                   ("pixels", "cu_seqlens", "max_seqlen", "window_index", "cu_window_seqlens", "max_window_seqlen"),
+                   ("patch_size", "spatial_merge_size"), _PACKED_SHAPING, ("get_vision_window_index",)),
+    AttentionStyle("tiles", "fixed-size tiles on dim 0",
+                   "fixed-size tiles batched on dim 0; attention within each tile", "tiles", ("n",),
+                   ("tile",), False, ("pixels",), (), {"image": {"n": "1"}, "video": {"n": "frames"}}),
+)})
+
+
+
+def style_of(helpers: set[str]) -> AttentionStyle:
+    """The style an encoder that calls ``helpers`` most likely has: the most specific one whose markers it
+    calls (windowed before packed), else one without markers (tiles)."""
+    marked = [s for s in STYLES.values() if s.markers and helpers & set(s.markers)]
+    if marked:
+        return max(marked, key=lambda s: len(s.required_providers))
+    return next(s for s in STYLES.values() if not s.markers)
+
+
+SEGMENT_DOCS = {"frame": "one segment per frame", "clip": "one segment per clip",
+                "tile": "attention within each tile"}
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A metadata provider: fills one buffer of the graph from the items of a pack."""
+
     name: str
     kind: str
     """``tensor`` (allocated at capture, refilled in place), ``host`` (an int fixed at capture), or
@@ -25,91 +181,113 @@ class ProviderInfo:
     dtype: str
     """``model`` (the encoder's dtype), ``int32``, ``int64``, ``float32``, or ``param`` (the buffer's
     ``params.dtype``, default ``model``)."""
+    doc: str
     geometry: tuple[str, ...] = ()
     """Geometry names the provider reads; the spec must define them."""
-    params: frozenset[str] = frozenset()
-    """Allowed keys of the buffer's ``params``."""
-    description: str = ""
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Allowed keys of the buffer's ``params``, each with its JSON Schema."""
     scoped: bool = False
     """Fills the arguments of a graph-scoped submodule call (``graph_scope``) and nothing else."""
 
 
-PROVIDERS: dict[str, ProviderInfo] = {
-    p.name: p
-    for p in (
-        ProviderInfo("pixels", "tensor", frozenset(STYLES), ("zeros",), "model",
-                     description="pixel rows (packed) or tiles (dim 0) of the pack, zero rows after them"),
-        ProviderInfo("grid", "tensor", SEGMENTED, ("zeros", "ones"), "int64",
-                     description="the items' t/h/w rows, zero rows after them"),
-        ProviderInfo("cu_seqlens", "tensor", SEGMENTED, ("trailing_segment",), "int32",
-                     description="segment boundaries (per frame or per clip); padding rows form one trailing "
-                                 "segment and unused slots repeat the last offset"),
-        ProviderInfo("max_seqlen", "host", SEGMENTED, ("fixed",), "int64",
-                     description="worst-case segment length for the budget, fixed at capture"),
-        ProviderInfo("position_ids", "tensor", SEGMENTED, ("zeros",), "int64", ("spatial_merge_size",),
-                     frozenset({"include_temporal"}),
-                     description="rotary (h, w) or (t, h, w) position ids in merge-block order"),
-        ProviderInfo("window_index", "tensor", frozenset({"windowed"}), ("identity",), "int64",
-                     ("spatial_merge_size", "window_size", "patch_size"),
-                     description="window order of merged units; padding units map to themselves"),
-        ProviderInfo("cu_window_seqlens", "tensor", frozenset({"windowed"}), ("trailing_segment",), "int32",
-                     ("spatial_merge_size", "window_size", "patch_size"),
-                     description="window boundaries; padding forms one trailing window"),
-        ProviderInfo("max_window_seqlen", "host", frozenset({"windowed"}), ("fixed",), "int64",
-                     description="worst-case window length for the budget, fixed at capture"),
-        ProviderInfo("interp_indices", "tensor", SEGMENTED, ("zeros",), "int64",
-                     ("num_grid_per_side", "spatial_merge_size"), frozenset({"mode", "align_corners", "padding"}),
-                     description="gather indices resampling a learned position table to each grid"),
-        ProviderInfo("interp_weights", "tensor", SEGMENTED, ("zeros",), "float32",
-                     ("num_grid_per_side", "spatial_merge_size"), frozenset({"mode", "align_corners", "padding"}),
-                     description="weights of those taps; zero for padding rows"),
-        ProviderInfo("aligned", "tensor", frozenset(STYLES), ("zeros", "ones"), "param", (),
-                     frozenset({"role", "dtype"}),
-                     description="an extra input aligned with the pixels on dim 0 (a per-tile mask, per-image "
-                                 "shapes), sliced and padded like them; params: role, dtype"),
-        ProviderInfo("scope_arg", "either", frozenset(STYLES), ("zeros", "ones", "trailing_segment", "identity", "fixed"),
-                     "param", (), frozenset({"dtype", "rows_dim"}), scoped=True,
-                     description="an argument of the graph-scoped submodule call, taken from the model's own "
-                                 "eager prologue at replay; host integers (value) are fixed at capture"),
-    )
-}
+ALL = frozenset(STYLES)
+SEGMENTED = frozenset(s.name for s in STYLES.values() if s.segmented)
+_INTERP = {"mode": {"enum": ["bilinear", "bicubic"]}, "align_corners": {"type": "boolean"},
+           "padding": {"enum": ["border", "zeros"]}}
+_DTYPE = {"enum": list(DTYPES), "description": "the buffer's dtype (default model)"}
 
-REQUIRED_PROVIDERS: dict[str, tuple[str, ...]] = {
-    "packed": ("pixels", "cu_seqlens", "max_seqlen"),
-    "windowed": ("pixels", "cu_seqlens", "max_seqlen", "window_index", "cu_window_seqlens", "max_window_seqlen"),
-    "tiles": ("pixels",),
-}
-"""Providers each attention style cannot do without."""
+PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
+    Provider("pixels", "tensor", ALL, ("zeros",), "model",
+             "pixel rows (packed) or tiles (dim 0) of the pack, zero rows after them"),
+    Provider("grid", "tensor", SEGMENTED, ("zeros", "ones"), "int64",
+             "the items' t/h/w rows (`ones` padding when the encoder divides by them)"),
+    Provider("cu_seqlens", "tensor", SEGMENTED, ("trailing_segment",), "int32",
+             "segment boundaries per frame or per clip (`get_vision_cu_seqlens`)"),
+    Provider("max_seqlen", "host", SEGMENTED, ("fixed",), "int64",
+             "worst-case segment length for the budget, fixed at capture"),
+    Provider("position_ids", "tensor", SEGMENTED, ("zeros",), "int64",
+             "rotary (h, w) or (t, h, w) position ids in merge-block order (`get_vision_position_ids`)",
+             ("spatial_merge_size",), {"include_temporal": {"type": "boolean"}}),
+    Provider("window_index", "tensor", frozenset({"windowed"}), ("identity",), "int64",
+             "window order of merged units (`get_vision_window_index`); padding units map to themselves",
+             ("spatial_merge_size", "window_size", "patch_size")),
+    Provider("cu_window_seqlens", "tensor", frozenset({"windowed"}), ("trailing_segment",), "int32",
+             "window boundaries (`get_vision_window_index`); padding forms trailing windows",
+             ("spatial_merge_size", "window_size", "patch_size")),
+    Provider("max_window_seqlen", "host", frozenset({"windowed"}), ("fixed",), "int64",
+             "worst-case window length for the budget, fixed at capture"),
+    Provider("interp_indices", "tensor", SEGMENTED, ("zeros",), "int64",
+             "gather indices resampling a learned position table to each grid "
+             "(`get_vision_interpolation_indices_and_weights`)",
+             ("num_grid_per_side", "spatial_merge_size"), _INTERP),
+    Provider("interp_weights", "tensor", SEGMENTED, ("zeros",), "float32",
+             "weights of those taps; zero for padding rows", ("num_grid_per_side", "spatial_merge_size"), _INTERP),
+    Provider("aligned", "tensor", ALL, ("zeros", "ones"), "param",
+             "an extra input aligned with the pixels on dim 0 (a per-tile mask, per-image shapes), sliced and "
+             "padded like them", (),
+             {"role": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
+                       "description": "the extra input role it carries"}, "dtype": _DTYPE}),
+    Provider("scope_arg", "either", ALL, tuple(PADDINGS), "param",
+             "an argument of the graph-scoped submodule call, taken from the model's own eager prologue at "
+             "replay; host integers (`value`) are fixed at capture", (),
+             {"dtype": _DTYPE, "rows_dim": {"type": "integer", "minimum": 0, "maximum": 3,
+                                            "description": "the dimension holding the call's rows (default 0); "
+                                                           "the buffer is stored rows-first"}},
+             scoped=True),
+)})
 
-INPUT_ROLES: dict[str, tuple[str, ...]] = {
-    "packed": ("pixels", "grid"),
-    "windowed": ("pixels", "grid"),
-    "tiles": ("pixels",),
-}
-"""The mm_kwargs roles every modality of a style must name."""
-OPTIONAL_ROLES: dict[str, tuple[str, ...]] = {"packed": (), "windowed": (), "tiles": ("tiles",)}
-"""Roles a style may name: tiles without a per-item count are one item each."""
-STANDARD_ROLES = ("pixels", "grid", "tiles")
-"""Any other role is an extra input aligned with the pixels on dim 0."""
-DTYPES = ("model", "bool", "int32", "int64", "float32")
-
-ITEM_NAMES: dict[str, tuple[str, ...]] = {
-    "packed": ("t", "h", "w"),
-    "windowed": ("t", "h", "w"),
-    "tiles": ("n",),
-}
-"""Per-item names an item formula may read: the grid row, or the tile count."""
-
-LIMIT_NAMES = ("max_num_batched_tokens", "max_model_len")
-BUFFER_NAMES = ("budget", "max_items", "max_frames", "max_segments")
+STANDARD_ROLES = ("pixels", *dict.fromkeys(s.count_role for s in STYLES.values()))
+"""Input roles with a fixed meaning; any other role is an extra input aligned with the pixels on dim 0."""
 
 
-def buffer_names(budget: int, max_items: int, max_frames: int) -> dict[str, int]:
-    """The values of :data:`BUFFER_NAMES` for one capture. ``max_segments`` is derived: the most attention
-    segments a pack of ``max_items`` items and ``max_frames`` frames can have (every segment has at least one
-    output token, so never more than ``budget``)."""
-    return {"budget": budget, "max_items": max_items, "max_frames": max_frames,
-            "max_segments": min(budget, max_items + max_frames)}
+def _union_params() -> dict[str, Any]:
+    """Every provider param's schema, its description prefixed with the providers that take it."""
+    merged: dict[str, Any] = {}
+    takers: dict[str, list[str]] = {}
+    for provider in PROVIDERS.values():
+        for key, node in provider.params.items():
+            if key in merged and merged[key] != node:
+                raise ValueError(f"param {key!r} has two schemas ({merged[key]} vs {node})")
+            merged[key] = node
+            takers.setdefault(key, []).append(provider.name)
+    out = {}
+    for key, node in merged.items():
+        out[key] = dict(node)
+        if "description" in node:
+            out[key]["description"] = f"{', '.join(takers[key])}: {node['description']}"
+    return out
 
-DEFAULT_LIMITS = {"max_num_batched_tokens": 8192, "max_model_len": 32768}
-"""Limits the budget formulas are checked with when no engine is in sight (vLLM's online defaults)."""
+
+def vocabulary_schema(base: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` (the structural schema) with every vocabulary enum and the provider params filled in from
+    the records above."""
+    out = copy.deepcopy(dict(base))
+    props = out["properties"]
+    attention = props["attention"]["properties"]
+    attention["style"]["enum"] = list(STYLES)
+    attention["segments"]["enum"] = [s for s in dict.fromkeys(x for st in STYLES.values() for x in st.segments)
+                                     if s != "tile"]
+    buffer = props["buffers"]["items"]["properties"]
+    buffer["provider"]["enum"] = list(PROVIDERS)
+    buffer["padding"]["enum"] = list(PADDINGS)
+    buffer["params"]["properties"] = _union_params()
+    props["tests"]["properties"]["inputs"]["additionalProperties"]["properties"]["dtype"]["enum"] = list(DTYPES)
+    return out
+
+
+def vocabulary() -> dict[str, Any]:
+    """The vocabulary as plain data for templates (``registry/VOCABULARY.md``, style labels): styles,
+    providers and padding rules by name, in declaration order."""
+    return {
+        "styles": {s.name: {"name": s.name, "label": s.label, "doc": s.doc, "items": list(s.item_names),
+                    "count_role": s.count_role, "count_required": s.count_required,
+                    "segments": [{"name": x, "doc": SEGMENT_DOCS[x]} for x in s.segments],
+                    "required_providers": list(s.required_providers), "geometry": list(s.geometry),
+                    "shaping": {m: dict(f) for m, f in s.shaping.items()}} for s in STYLES.values()},
+        "providers": {p.name: {"name": p.name, "kind": p.kind, "doc": p.doc, "paddings": list(p.paddings),
+                       "styles": [s for s in STYLES if s in p.styles], "dtype": p.dtype,
+                       "geometry": list(p.geometry), "params": sorted(p.params), "scoped": p.scoped}
+                      for p in PROVIDERS.values()},
+        "paddings": {r.name: {"name": r.name, "doc": r.doc, "row_wise": r.row_wise} for r in PADDINGS.values()},
+        "dtypes": list(DTYPES),
+    }

@@ -17,10 +17,10 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import ValidationError, best_match
 
-from ..errors import Diagnostic, FormulaError
+from ..errors import Diagnostic, FormulaError, suggest
 from . import catalogue as cat
 from .bindings import Bindings
-from .formulas import Formula, parse, suggest
+from .formulas import Formula, parse
 from .loader import LoadedYaml, Path_, format_path
 from .model import Buffer, Docs, Encoder, ExampleInput, Modality, Spec, TestMeta, freeze, thaw
 
@@ -31,8 +31,9 @@ REQUIRED_GEOMETRY = {"out_hidden_size": "the width of one output row (all output
 
 @lru_cache(maxsize=1)
 def schema() -> dict[str, Any]:
-    """The JSON Schema shipped inside the package."""
-    return json.loads(resources.files("vitcg.lang").joinpath("schema.json").read_text())
+    """The JSON Schema shipped inside the package, its vocabulary filled in from :mod:`.catalogue` (the
+    shipped file is kept identical to this by ``vitcg schema -o vitcg/lang/schema.json``; a test checks it)."""
+    return cat.vocabulary_schema(json.loads(resources.files("vitcg.lang").joinpath("schema.json").read_text()))
 
 
 @lru_cache(maxsize=1)
@@ -139,16 +140,16 @@ class SemanticChecker:
 
     def run(self) -> Spec | None:
         data = self.data
-        style = data["attention"]["style"]
+        style = cat.STYLES[data["attention"]["style"]]
         geometry = self._geometry()
         names = list(data["geometry"])  # every declared name, so one bad entry does not cascade
-        self._required_geometry()
+        self._required_geometry(style)
         segments = self._segments(style)
         modalities = self._modalities(style)
-        item_vocab = [*cat.ITEM_NAMES[style], *names]
+        item_vocab = [*style.item_names, *names]
         input_size = self.formula(("items", "input_size"), item_vocab)
         output_tokens = self.formula(("items", "output_tokens"), item_vocab)
-        default_frames = cat.ITEM_NAMES[style][0]
+        default_frames = style.item_names[0]
         frames = (self.formula(("items", "frames"), item_vocab) if "frames" in data["items"]
                   else parse(default_frames, item_vocab))
         budget_vocab = [*cat.LIMIT_NAMES, *names]
@@ -157,7 +158,7 @@ class SemanticChecker:
         encoder = self._encoder(style, modalities)
         scope = data.get("graph_scope")
         buffers = self._buffers(style, names, encoder, modalities, scope is not None)
-        tests = self._tests(modalities, names, scope is not None)
+        tests = self._tests(style, modalities, names, scope is not None)
         if self.diagnostics:
             return None
         spec = Spec(
@@ -170,7 +171,7 @@ class SemanticChecker:
             checkpoints=tuple(data["checkpoints"]),
             encoder=encoder,
             geometry=tuple(geometry),
-            style=style,
+            style=style.name,
             segments=segments,
             modalities=tuple(modalities),
             input_size=input_size,
@@ -200,34 +201,38 @@ class SemanticChecker:
                 self.diagnostics.append(self._formula_diagnostic(path, exc))
         return out
 
-    def _required_geometry(self) -> None:
+    def _required_geometry(self, style: cat.AttentionStyle) -> None:
         for name in REQUIRED_GEOMETRY:
             if name not in self.data["geometry"]:
                 self.error(("geometry",), f"geometry must define {name!r}", hint=REQUIRED_GEOMETRY[name])
+        for name in style.geometry:
+            if name not in self.data["geometry"]:
+                self.error(("geometry",), f"{style.name} style needs geometry {name!r}",
+                           hint=f"a {style.name} spec defines: {', '.join(style.geometry)}")
 
-    def _segments(self, style: str) -> str:
+    def _segments(self, style: cat.AttentionStyle) -> str:
         given = self.data["attention"].get("segments")
-        if style == "tiles":
-            if given is not None:
-                self.error(("attention", "segments"), "tiles attend within each tile; 'segments' does not apply",
-                           hint="remove 'segments'")
-            return "tile"
-        return given or "frame"
+        if given is not None and given not in style.segments:
+            self.error(("attention", "segments"), f"{style.name} style: {cat.SEGMENT_DOCS[style.segments[0]]}; "
+                       "'segments' does not apply", hint="remove 'segments'")
+        return given if given in style.segments else style.segments[0]
 
-    def _modalities(self, style: str) -> list[Modality]:
-        required, optional = cat.INPUT_ROLES[style], cat.OPTIONAL_ROLES[style]
+    def _modalities(self, style: cat.AttentionStyle) -> list[Modality]:
+        required = style.roles if style.count_required else ("pixels",)
+        optional = () if style.count_required else (style.count_role,)
         allowed = [*required, *optional]
         out, seen_keys, extras = [], {}, {}
         for name, entry in self.data["modalities"].items():
             inputs = entry["inputs"]
             for role in required:
                 if role not in inputs:
-                    self.error(("modalities", name, "inputs"), f"{style} style needs input role {role!r}",
-                               hint=f"a {style} modality names: {', '.join(allowed)}")
+                    self.error(("modalities", name, "inputs"), f"{style.name} style needs input role {role!r}",
+                               hint=f"a {style.name} modality names: {', '.join(allowed)}")
             for role in inputs:
                 if role in cat.STANDARD_ROLES and role not in allowed:
-                    self.error(("modalities", name, "inputs", role), f"input role {role!r} does not apply to {style} style",
-                               hint=f"a {style} modality names: {', '.join(allowed)}", key=True)
+                    self.error(("modalities", name, "inputs", role),
+                               f"input role {role!r} does not apply to {style.name} style",
+                               hint=f"a {style.name} modality names: {', '.join(allowed)}", key=True)
             extras[name] = sorted(r for r in inputs if r not in cat.STANDARD_ROLES)
             for role, key in inputs.items():
                 if key in seen_keys:
@@ -246,7 +251,7 @@ class SemanticChecker:
                        + "; ".join(f"{k}: {', '.join(v) or 'none'}" for k, v in extras.items()))
         return out
 
-    def _encoder(self, style: str, modalities: list[Modality]) -> Encoder:
+    def _encoder(self, style: cat.AttentionStyle, modalities: list[Modality]) -> Encoder:
         enc = self.data["encoder"]
         roles = sorted({role for m in modalities for role in m.inputs})
         for arg, role in enc["args"].items():
@@ -268,7 +273,7 @@ class SemanticChecker:
             real_config=freeze(enc.get("real_config", {})),
         )
 
-    def _buffers(self, style: str, geometry: list[str], encoder: Encoder, modalities: list[Modality],
+    def _buffers(self, style: cat.AttentionStyle, geometry: list[str], encoder: Encoder, modalities: list[Modality],
                  scoped: bool) -> list[Buffer]:
         out: list[Buffer] = []
         vocab = [*cat.BUFFER_NAMES, *geometry]
@@ -290,8 +295,8 @@ class SemanticChecker:
                 table[key] = i
             if "." in arg and provider != "scope_arg":
                 self.error(base + ("arg",), "only scope_arg buffers address tuple elements (name.N)")
-            if style not in info.styles:
-                self.error(base + ("provider",), f"provider {provider!r} does not apply to {style} style",
+            if style.name not in info.styles:
+                self.error(base + ("provider",), f"provider {provider!r} does not apply to {style.name} style",
                            hint=f"it serves: {', '.join(sorted(info.styles))}")
                 continue
             if info.scoped != scoped:
@@ -344,12 +349,16 @@ class SemanticChecker:
             if sorted(indices) != list(range(len(indices))):
                 self.error(("buffers",), f"tuple argument {name!r} has elements {sorted(indices)}; "
                            f"give {name}.0 to {name}.{len(indices) - 1} without gaps")
-        for needed in () if scoped else cat.REQUIRED_PROVIDERS[style]:
+        if out and not any(cat.PADDINGS[b.padding].row_wise for b in out):
+            self.error(("buffers",), "no buffer is padded row by row, so none says how many rows a capture holds",
+                       hint="pad the buffer of the call's rows with " + " or ".join(
+                           r.name for r in cat.PADDINGS.values() if r.row_wise))
+        for needed in () if scoped else style.required_providers:
             if needed not in providers:
-                self.error(("buffers",), f"{style} style needs a buffer filled by provider {needed!r}",
-                           hint=cat.PROVIDERS[needed].description)
+                self.error(("buffers",), f"{style.name} style needs a buffer filled by provider {needed!r}",
+                           hint=cat.PROVIDERS[needed].doc)
         by_role = {role: arg for arg, role in encoder.args.items()}
-        for role in ("pixels", "grid"):
+        for role in style.roles:
             buffer = next((b for b in out if b.provider == role), None)
             if buffer is not None and role in by_role and buffer.arg != by_role[role]:
                 self.error(("buffers", providers[role], "arg" if "arg" in self.data["buffers"][providers[role]] else "name"),
@@ -357,9 +366,10 @@ class SemanticChecker:
                            f"{by_role[role]!r}", hint=f"arg: {by_role[role]}")
         return out
 
-    def _tests(self, modalities: list[Modality], geometry: list[str], scoped: bool) -> TestMeta:
+    def _tests(self, style: cat.AttentionStyle, modalities: list[Modality], geometry: list[str],
+               scoped: bool) -> TestMeta:
         t = self.data["tests"]
-        roles = sorted({role for m in modalities for role in m.inputs if role not in ("grid", "tiles")})
+        roles = sorted({role for m in modalities for role in m.inputs if role not in cat.STANDARD_ROLES[1:]})
         examples = {}
         for role, entry in t.get("inputs", {}).items():
             base = ("tests", "inputs", role)
@@ -395,7 +405,40 @@ class SemanticChecker:
             marks=tuple(t.get("marks", ())),
             budgets=tuple(t["budgets"]),
             inputs=MappingProxyType(examples),
+            shaping=self._shaping(style, modalities, geometry),
         )
+
+    def _shaping(self, style: cat.AttentionStyle, modalities: list[Modality],
+                 geometry: list[str]) -> MappingProxyType:
+        """Per modality and item name: the formula of ``tests.shaping``, else the style's default. Either may
+        read only the image or video size and names the spec defines."""
+        given = self.data["tests"].get("shaping", {})
+        present = {m.name for m in modalities}
+        for name in given:
+            if name not in present:
+                self.error(("tests", "shaping", name), f"the spec has no {name} modality", key=True)
+        out = {}
+        for m in modalities:
+            vocab = [*cat.SHAPING_NAMES[m.name], *geometry]
+            base = ("tests", "shaping", m.name)
+            for key in given.get(m.name, {}):
+                if key not in style.item_names:
+                    self.error(base + (key,), f"a {style.name} item is {', '.join(style.item_names)}, not {key!r}",
+                               key=True, hint=suggest(key, style.item_names))
+            formulas = {}
+            for key in style.item_names:
+                if key in given.get(m.name, {}):
+                    formulas[key] = self.formula(base + (key,), vocab)
+                    continue
+                source = style.shaping[m.name][key]
+                try:
+                    formulas[key] = parse(source, vocab)
+                except FormulaError as exc:
+                    self.error(("tests",), f"the {style.name} style's default shaping of a {m.name} "
+                               f"({key}: {source}) fails: {exc.message}",
+                               hint=f"define it in geometry, or give tests.shaping.{m.name}.{key}")
+            out[m.name] = MappingProxyType(formulas)
+        return MappingProxyType(out)
 
     def _check_bindings(self, spec: Spec) -> None:
         bindings = self.bindings
@@ -473,8 +516,8 @@ class SemanticChecker:
         if len(bounds) == 2 and 0 < bounds["max"] < bounds["min"]:
             self.error(("budget", "min"), f"min budget {bounds['min']} is larger than max budget {bounds['max']}",
                        hint=f"with {', '.join(f'{k}={v}' for k, v in cat.DEFAULT_LIMITS.items())}")
-        merge = geometry.get("spatial_merge_size", 1)
-        sample = {"t": 2, "h": 4 * merge, "w": 6 * merge, "n": 3, **geometry}
+        item = spec.attention_style.sample(geometry)
+        sample = {**item, **geometry}
         for key, formula in (("input_size", spec.input_size), ("output_tokens", spec.output_tokens),
                              ("frames", spec.frames)):
             try:
@@ -484,7 +527,7 @@ class SemanticChecker:
                                         else self.loaded.diagnostic(("items",), exc.message, code="formula"))
                 continue
             if value <= 0:
-                self.error(("items", key), f"{key} is {value} for a sample item ({_sample_text(spec.style, sample)}); "
+                self.error(("items", key), f"{key} is {value} for a sample item ({', '.join(f'{k}={v}' for k, v in item.items())}); "
                            "it must be > 0")
         if bounds.get("min", 0) <= 0:
             return  # buffer sizes depend on a valid budget
@@ -514,6 +557,3 @@ def _config_field(snapshot: dict, name: str) -> tuple[str, int] | None:
             return scope, found
     return None
 
-
-def _sample_text(style: str, sample: dict[str, int]) -> str:
-    return "n=3" if style == "tiles" else f"t={sample['t']}, h={sample['h']}, w={sample['w']}"

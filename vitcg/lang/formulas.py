@@ -9,14 +9,13 @@ Geometry formulas may also read the Hugging Face config: ``config.vision_config.
 from __future__ import annotations
 
 import ast
-import difflib
 import math
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FormulaError
+from ..errors import FormulaError, suggest
 
 MAX_SOURCE_CHARS = 400
 MAX_NODES = 200
@@ -33,12 +32,6 @@ _BINOPS = {
 }
 _FUNCTIONS = {"min": (2, None), "max": (2, None), "ceil_div": (2, 2), "isqrt": (1, 1)}
 CONFIG_ROOT = "config"
-
-
-def suggest(name: str, candidates: Iterable[str]) -> str | None:
-    """A "did you mean" hint for an unknown ``name``, or None when nothing is close."""
-    close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else None
 
 
 @dataclass(frozen=True)

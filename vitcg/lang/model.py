@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from .catalogue import PADDINGS, STANDARD_ROLES, STYLES, AttentionStyle
 from .formulas import Formula
 
 
@@ -45,12 +46,12 @@ class Modality:
     def count_key(self) -> str | None:
         """The per-item metadata key: the grid (packed, windowed) or the tile counts (tiles); None when
         every tile is an item of its own."""
-        return self.inputs.get("grid") or self.inputs.get("tiles")
+        return next((self.inputs[r] for r in STANDARD_ROLES[1:] if r in self.inputs), None)
 
     @property
     def extra_roles(self) -> tuple[str, ...]:
         """Roles of extra inputs aligned with the pixels on dim 0 (masks, per-image shapes)."""
-        return tuple(r for r in self.inputs if r not in ("pixels", "grid", "tiles"))
+        return tuple(r for r in self.inputs if r not in STANDARD_ROLES)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,9 @@ class TestMeta:
     budgets: tuple[int, ...]
     inputs: Mapping[str, ExampleInput] = field(default_factory=lambda: MappingProxyType({}))
     """Example inputs by role for ``vitcg check``; pixels default to the pixel buffer's row shape."""
+    shaping: Mapping[str, Mapping[str, Formula]] = field(default_factory=lambda: MappingProxyType({}))
+    """Per modality: item name -> formula over the image or video size in pixels (``tests.shaping``, or the
+    attention style's default), how the model's processor shapes one item."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,11 @@ class Spec:
     graph_scope: str | None = None
     """Dotted path of the submodule whose call is captured; None: the whole encoder call is captured."""
 
+    @property
+    def attention_style(self) -> AttentionStyle:
+        """The record of :attr:`style`: what an item is, how counts are shaped, what check and bench feed."""
+        return STYLES[self.style]
+
     def modality(self, name: str) -> Modality | None:
         return next((m for m in self.modalities if m.name == name), None)
 
@@ -166,6 +175,12 @@ class Spec:
 
     def buffer(self, name: str) -> Buffer | None:
         return next((b for b in self.buffers if b.name == name), None)
+
+    @property
+    def rows_buffer(self) -> Buffer:
+        """The buffer whose first dimension is the row (or tile) capacity, where padding segments end and
+        outputs are cut: the first one padded row by row (the pixels, for a whole-encoder spec)."""
+        return next(b for b in self.buffers if PADDINGS[b.padding].row_wise)
 
     def providers(self) -> dict[str, Buffer]:
         return {b.provider: b for b in self.buffers}

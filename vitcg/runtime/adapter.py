@@ -87,7 +87,7 @@ class _Adapter:
         self._graph_call = torch.compile(graph_call, dynamic=True) if compile_forward else graph_call
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._configs = configs_of(module)
-        self._rows_buffer = next(b for b in spec.buffers if b.padding in ("zeros", "ones"))
+        self._rows_buffer = spec.rows_buffer
         """The buffer whose first dimension is the row (or tile) capacity: where padding segments end."""
         parameter = next(module.parameters())
         self.device: torch.device = parameter.device
@@ -118,10 +118,9 @@ class _Adapter:
             else:
                 counts = torch.as_tensor(mm_kwargs[modality.count_key])
                 counts_cpu = counts.detach().to("cpu", torch.int64)
-            want = 2 if self.spec.style != "tiles" else 1
-            if counts_cpu.dim() != want or (want == 2 and counts_cpu.shape[-1] != 3):
-                shape = "(items, 3)" if want == 2 else "(items,)"
-                raise InputError(f"{self.spec.name}: {modality.count_key!r} must have shape {shape}, "
+            style = self.spec.attention_style
+            if not style.counts_fit(counts_cpu.shape):
+                raise InputError(f"{self.spec.name}: {modality.count_key!r} must have shape {style.count_shape}, "
                                  f"got {tuple(counts_cpu.shape)}")
             extras = {role: mm_kwargs[modality.inputs[role]] for role in modality.extra_roles}
             for role, value in extras.items():
@@ -134,19 +133,13 @@ class _Adapter:
             raise InputError(f"{self.spec.name}: no known input key in {sorted(mm_kwargs)}; expected {expected}")
         return found
 
-    def _names(self, row: Sequence[int]) -> dict[str, int]:
-        if self.spec.style == "tiles":
-            return {"n": int(row), **self.geometry}
-        t, h, w = (int(v) for v in row)
-        return {"t": t, "h": h, "w": w, **self.geometry}
-
     def _item(self, modality: Modality, row) -> tuple[EncoderItemSpec, int]:
         key = (modality.name, tuple(row) if isinstance(row, (list, tuple)) else row)
         cached = self._item_cache.get(key)
         if cached is None:
             if len(self._item_cache) >= ITEM_CACHE_SIZE:
                 self._item_cache.clear()
-            names = self._names(row)
+            names = {**self.spec.attention_style.names(row), **self.geometry}
             frames = self.spec.frames.evaluate(names) if modality.name == "video" else 0
             cached = self._item_cache[key] = (
                 EncoderItemSpec(self.spec.input_size.evaluate(names), self.spec.output_tokens.evaluate(names)), frames)
@@ -305,7 +298,7 @@ class _Adapter:
             extras = {role: joined([i.extras[role] for i in inputs]) for role in inputs[0].extras}
         else:
             pixels, extras = torch.zeros(0), {}
-            counts = torch.zeros((0,) if self.spec.style == "tiles" else (0, 3), dtype=torch.int64)
+            counts = torch.zeros(self.spec.attention_style.empty_counts_shape(), dtype=torch.int64)
         pack = providers.Pack(pixels.to(self.device, self.dtype), counts, self.geometry, self.spec.segments,
                              self._metadata_cache, extras)
         return pack, items
@@ -353,7 +346,7 @@ class _Adapter:
         calls = []
         for inp in self._inputs(mm_kwargs):
             counts = inp.counts.to(self.device) if inp.counts is not None else None
-            by_role = {"pixels": inp.pixels.to(self.device, self.dtype), "grid": counts, "tiles": counts,
+            by_role = {"pixels": inp.pixels.to(self.device, self.dtype), self.spec.attention_style.count_role: counts,
                        **{role: value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
                           for role, value in inp.extras.items()}}
             calls.append({**{arg: by_role[role] for arg, role in self.spec.encoder.args.items()},

@@ -23,6 +23,19 @@ import torch
 
 from ..errors import InputError
 
+Rule = Callable[[torch.Tensor, torch.Tensor, int, str], None]
+PADDING_RULES: dict[str, Rule] = {}
+"""Padding rule name (:data:`vitcg.lang.catalogue.PADDINGS`) -> ``fill(dest, src, row_capacity, key)``.
+``fixed`` buffers are never refilled, so that rule has no function."""
+
+
+def padding_rule(name: str) -> Callable[[Rule], Rule]:
+    """Register the function of the padding rule ``name``."""
+    def register(fn: Rule) -> Rule:
+        PADDING_RULES[name] = fn
+        return fn
+    return register
+
 
 def _check_fits(dest: torch.Tensor, src: torch.Tensor, key: str) -> None:
     if src.shape[1:] != dest.shape[1:]:
@@ -33,6 +46,7 @@ def _check_fits(dest: torch.Tensor, src: torch.Tensor, key: str) -> None:
                          "rows; the spec's buffer shape is too small for this budget")
 
 
+@padding_rule("zeros")
 def pad_zeros(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
     _check_fits(dest, src, key)
     n = src.shape[0]
@@ -41,6 +55,7 @@ def pad_zeros(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) ->
         dest[n:].zero_()
 
 
+@padding_rule("ones")
 def pad_ones(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
     """Value rows, then rows of ones: padding tiles with an all-true attention mask never see an empty
     softmax, so they cannot turn into NaN."""
@@ -51,6 +66,7 @@ def pad_ones(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> 
         dest[n:].fill_(1)
 
 
+@padding_rule("trailing_segment")
 def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
     """``src`` = boundaries ``[0, ..., R]`` on the host; rows ``R..capacity`` become trailing padding segments.
 
@@ -77,21 +93,13 @@ def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, k
     dest.copy_(full, non_blocking=True)
 
 
+@padding_rule("identity")
 def pad_identity(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
     _check_fits(dest, src, key)
     n = src.shape[0]
     dest[:n].copy_(src, non_blocking=True)
     if n < dest.shape[0]:
         torch.arange(n, dest.shape[0], out=dest[n:])
-
-
-PADDING_RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, int, str], None]] = {
-    "zeros": pad_zeros,
-    "ones": pad_ones,
-    "trailing_segment": pad_trailing_segment,
-    "identity": pad_identity,
-}
-"""Padding rule -> ``fill(dest, src, row_capacity, key)``. ``fixed`` buffers are never refilled."""
 
 
 class _Empty:

@@ -18,6 +18,21 @@ from ..lang.catalogue import PROVIDERS
 from ..lang.model import Buffer
 
 
+Compute = Callable[["Pack", Mapping[str, Any]], torch.Tensor]
+PROVIDED: dict[str, Compute] = {}
+"""Tensor provider name (:data:`vitcg.lang.catalogue.PROVIDERS`) -> its unpadded value for a pack. Host
+providers (``max_seqlen``...) are fixed at capture and have no function; ``scope_arg`` values come from
+the model's own eager prologue."""
+
+
+def provider(name: str) -> Callable[[Compute], Compute]:
+    """Register the function of the tensor provider ``name``."""
+    def register(fn: Compute) -> Compute:
+        PROVIDED[name] = fn
+        return fn
+    return register
+
+
 @dataclass(frozen=True)
 class Pack:
     """The items of one replay, in canonical order (images first, then videos)."""
@@ -73,13 +88,14 @@ def _per_row(pack: Pack, name: str, params: Mapping[str, Any], row: list, fn: Ca
 
 
 def _merge(pack: Pack) -> int:
-    return pack.geometry.get("spatial_merge_size", 1)
+    return pack.geometry["spatial_merge_size"]  # the providers that call this declare it
 
 
 def _cat(parts: list[torch.Tensor], empty_shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(empty_shape, dtype=dtype, device=device)
 
 
+@provider("cu_seqlens")
 def _cu_seqlens(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
     """Boundaries per frame (or per clip): the arithmetic of ``get_vision_cu_seqlens``, without torch ops."""
     bounds = [0]
@@ -89,6 +105,7 @@ def _cu_seqlens(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
     return torch.tensor(bounds, dtype=torch.int32)
 
 
+@provider("position_ids")
 def _position_ids(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
     temporal = params.get("include_temporal", False)
     parts = [_per_row(pack, "position_ids", params, row, lambda g: vision_utils.get_vision_position_ids(
@@ -129,25 +146,46 @@ def _interp(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.
             _cat([p[1] for p in parts], (0, taps), torch.float32, device))
 
 
-_COMPUTE: dict[str, Callable[[Pack, Mapping[str, Any]], torch.Tensor]] = {
-    "pixels": lambda pack, params: pack.pixels,
-    "aligned": lambda pack, params: pack.extras[params["role"]].to(pack.cache.device),
-    "grid": lambda pack, params: pack.counts,
-    "cu_seqlens": _cu_seqlens,
-    "position_ids": _position_ids,
-    "window_index": lambda pack, params: _window(pack, params)[0],
-    "cu_window_seqlens": lambda pack, params: _window(pack, params)[1],
-    "interp_indices": lambda pack, params: _interp(pack, params)[0],
-    "interp_weights": lambda pack, params: _interp(pack, params)[1],
-}
-"""Tensor providers: unpadded value for a pack. Host providers (``max_seqlen``...) have no entry."""
+@provider("pixels")
+def _pixels(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    return pack.pixels
+
+
+@provider("aligned")
+def _aligned(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    return pack.extras[params["role"]].to(pack.cache.device)
+
+
+@provider("grid")
+def _grid(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    return pack.counts
+
+
+@provider("window_index")
+def _window_index(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    return _window(pack, params)[0]
+
+
+@provider("cu_window_seqlens")
+def _cu_window_seqlens(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    return _window(pack, params)[1]
+
+
+@provider("interp_indices")
+def _interp_indices(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    return _interp(pack, params)[0]
+
+
+@provider("interp_weights")
+def _interp_weights(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    return _interp(pack, params)[1]
 
 
 def compute(buffer: Buffer, pack: Pack) -> torch.Tensor | None:
     """The unpadded value of ``buffer`` for ``pack``, or None for a host integer (fixed at capture)."""
     if PROVIDERS[buffer.provider].kind == "host":
         return None
-    return _COMPUTE[buffer.provider](pack, buffer.params)
+    return PROVIDED[buffer.provider](pack, buffer.params)
 
 
 DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32, "bool": torch.bool}

@@ -35,7 +35,7 @@ def submodule(module: nn.Module, path: str) -> nn.Module:
     try:
         return module.get_submodule(path)
     except AttributeError:
-        from ..lang.formulas import suggest
+        from ..errors import suggest
 
         names = [name for name, _ in module.named_modules() if name]
         hint = suggest(path, names)
@@ -60,7 +60,7 @@ class Scope:
         self.signature = inspect.signature(self.layers[0].forward)
         self._forwards = [layer.forward for layer in self.layers]
         """The original bound forwards: the captured computation calls these, never the interceptors."""
-        self.rows = next(b for b in spec.buffers if b.padding in ("zeros", "ones"))
+        self.rows = spec.rows_buffer
         """The buffer whose rows are the call's rows: it sets the capacity and how outputs are cut."""
 
     def storage_shape(self, buffer: Buffer, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -54,38 +54,25 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              images=((480, 640), (448, 448)), videos=((4, 448, 448),)),
 )}
 
-TILE_SIZE_KEY = "image_size"
-MAX_TILES = 12
-
-
-def _tiles(height: int, width: int, size: int) -> int:
-    """InternVL-style dynamic tiling: blocks covering the image (at most 12), plus a thumbnail if >1."""
-    blocks = min(math.ceil(height / size) * math.ceil(width / size), MAX_TILES)
-    return blocks + (1 if blocks > 1 else 0)
-
-
 def _item_size(adapter: SpecAdapter, modality: Modality, entry: tuple[int, ...]) -> int | list[int]:
-    """The grid row or tile count of one image ``(height, width)`` or video ``(frames, height, width)``, as
-    the model's processor would shape it."""
-    spec, g = adapter.spec, adapter.geometry
-    frames, height, width = (1, *entry) if modality.name == "image" else entry
-    if spec.style == "tiles":
-        if modality.count_key is None:
-            return 1  # one resized tile (or one whole clip) per item
-        return _tiles(height, width, g[TILE_SIZE_KEY]) if modality.name == "image" else frames
-    unit = g["patch_size"] * g.get("spatial_merge_size", 1)
-    t = 1 if modality.name == "image" else max(1, frames // g.get("temporal_patch_size", 1))
-    return [t, max(1, round(height / unit)) * (unit // g["patch_size"]),
-            max(1, round(width / unit)) * (unit // g["patch_size"])]
+    """The count row of one image ``(height, width)`` or video ``(frames, height, width)``, as the model's
+    processor would shape it: the spec's ``tests.shaping`` (or its attention style's default)."""
+    spec = adapter.spec
+    sizes = dict(zip(("height", "width") if modality.name == "image" else ("frames", "height", "width"), entry))
+    if modality.count_key is None:
+        return 1  # one resized tile (or one whole clip) per item
+    names = {**adapter.geometry, **sizes}
+    row = [formula.evaluate(names) for formula in spec.tests.shaping[modality.name].values()]
+    return row if spec.attention_style.segmented else row[0]
 
 
 def make_inputs(adapter: SpecAdapter, workload: Workload, generator: torch.Generator) -> dict[str, torch.Tensor] | None:
     """Encoder inputs for ``workload`` as the model's processor would shape them (on the host); None when the
     spec lacks one of its modalities.
 
-    Packed encoders get patch grids rounded to the merge unit; tile encoders with tile counts get dynamic
-    tiling (:func:`_tiles`), and video frames as tiles; tile encoders without counts get one resized tile
-    (or clip) per item. Inputs beyond pixels and grids (masks, per-image shapes, instructions) are filled as
+    Count rows come from the spec's ``tests.shaping`` (packed encoders: patch grids rounded to the merge
+    unit by default; InternVL: its dynamic tiling); tile encoders without counts get one resized tile (or
+    clip) per item. Inputs beyond pixels and grids (masks, per-image shapes, instructions) are filled as
     the spec's ``tests.inputs`` describe them, exactly as ``vitcg check`` fills them."""
     builder = CaseBuilder(adapter.spec, adapter, generator)
     kwargs: dict[str, torch.Tensor] = {}

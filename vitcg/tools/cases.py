@@ -124,26 +124,24 @@ class CaseBuilder:
 
     def inputs(self, modality: str, sizes: list) -> Inputs:
         m = self.spec.modality(modality)
+        style = self.spec.attention_style
         if m.count_key is None:
             counts = torch.ones(len(sizes), dtype=torch.int64)  # every tile is an item
-        elif self.spec.style == "tiles":
-            counts = torch.tensor(sizes, dtype=torch.int64)
         else:
-            counts = torch.tensor(sizes, dtype=torch.int64).reshape(-1, 3)
+            counts = torch.tensor(sizes, dtype=torch.int64).reshape(-1, *style.empty_counts_shape()[1:])
         rows = sum(self.adapter.item_spec(m, row).input_size for row in counts.tolist())
-        kwargs = {key: self._fill(role, rows) for role, key in m.inputs.items() if role not in ("grid", "tiles")}
+        kwargs = {key: self._fill(role, rows) for role, key in m.inputs.items() if key != m.count_key}
         if m.count_key is not None:
             kwargs[m.count_key] = counts
         return kwargs
 
-    def image(self, a: int, b: int) -> list:
+    def image(self, a: int, b: int) -> int | list[int]:
         """A grid of ``a x b`` merged tokens, or ``a`` tiles."""
-        m = self.geometry.get("spatial_merge_size", 1)
-        return a if self.spec.style == "tiles" else [1, a * m, b * m]
+        return self.spec.attention_style.check_item(0, a, b, self.geometry)
 
-    def video(self, frames: int, a: int, b: int) -> list:
-        m = self.geometry.get("spatial_merge_size", 1)
-        return frames if self.spec.style == "tiles" else [frames, a * m, b * m]
+    def video(self, frames: int, a: int, b: int) -> int | list[int]:
+        """``frames`` frames of ``a x b`` merged tokens, or one tile per frame."""
+        return self.spec.attention_style.check_item(frames, a, b, self.geometry)
 
 
 def _cases(builder: CaseBuilder, max_budget: int) -> list[tuple[str, Callable[[], Inputs] | str]]:
@@ -151,7 +149,7 @@ def _cases(builder: CaseBuilder, max_budget: int) -> list[tuple[str, Callable[[]
     has_image, has_video = spec.modality("image") is not None, spec.modality("video") is not None
     video = spec.modality("video")
     frames = min(4, video.max_frames_per_video) if video else 0
-    tiles = spec.style == "tiles"
+    tiles = not spec.attention_style.segmented
     per_tile = spec.output_tokens.evaluate({"n": 1, **builder.geometry}) if tiles else 1
     huge = (max_budget // per_tile + 1) if tiles else math.isqrt(max_budget) + 1
     first = "image" if has_image else "video"

@@ -19,6 +19,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import RenderError, UsageError
 from ..lang import Spec, load_registry
+from ..lang.catalogue import vocabulary
 
 HEADER = "generated from specs/ by vitcg — do not edit"
 """Every generated file carries this line, in its own comment syntax (JSON: the ``_generated`` key)."""
@@ -98,10 +99,12 @@ def spec_context(spec: Spec, specs_dir: Path | None = None) -> dict[str, Any]:
 
 
 def build_context(specs: Iterable[Spec], specs_dir: Path | None = None) -> dict[str, Any]:
-    """The whole template context: ``header``, ``specs`` (sorted by name), ``specs_by_name``, ``model_types``."""
+    """The whole template context: ``header``, ``specs`` (sorted by name), ``specs_by_name``, ``model_types``,
+    and ``vocabulary`` (styles, providers, padding rules, dtypes: :func:`vitcg.lang.catalogue.vocabulary`)."""
     contexts = [spec_context(s, specs_dir) for s in sorted(specs, key=lambda s: s.name)]
     return {
         "header": HEADER,
+        "vocabulary": vocabulary(),
         "specs": contexts,
         "specs_by_name": {c["name"]: c for c in contexts},
         "model_types": sorted({t for c in contexts for t in c["model_types"]}),

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UsageError
-from ..lang.formulas import suggest
+from ..errors import UsageError, suggest
+from ..lang.catalogue import STYLES, style_of
 
 TODO = "# TODO(vitcg new): "
 TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
@@ -96,9 +96,7 @@ def draft(model_type: str) -> Draft:
     encoder = _encoder_class(modeling, vision_config, model_type)
     source = inspect.getsource(encoder)
     helpers = set(re.findall(r"(get_vision_\w+)\(", source))
-    style = ("windowed" if "get_vision_window_index" in helpers
-             else "packed" if "get_vision_attention_seqlens" in helpers or "get_vision_cu_seqlens" in helpers
-             else "tiles")
+    style = style_of(helpers).name
     modalities = tuple(m for m in getattr(encoder, "input_modalities", ("image",)) if m in ("image", "video"))
     defaults = vision_config().to_dict()
     return Draft(model_type, vlm_config, vision_config, encoder, _vlm_attribute(modeling, vlm_config, encoder),
@@ -107,7 +105,8 @@ def draft(model_type: str) -> Draft:
 
 def render(d: Draft) -> str:
     """The draft spec as YAML text, every guess marked ``# TODO(vitcg new)``."""
-    packed = d.style != "tiles"
+    style = STYLES[d.style]
+    packed = style.segmented
     geometry = {}
     for name, field_name in GEOMETRY:
         value = d.defaults.get(field_name)
@@ -185,7 +184,7 @@ def render(d: Draft) -> str:
     unit = f" * {m} ** 2" if m else ""
     if packed:
         row = "in_channels" + (" * temporal_patch_size" if "temporal_patch_size" in geometry else "") + " * patch_size ** 2"
-        lines += [f"  - name: pixel_values", f"    arg: {pixels_arg}", "    provider: pixels",
+        lines += ["  - name: pixel_values", f"    arg: {pixels_arg}", "    provider: pixels",
                   f"    shape: [budget{unit}, {row}]   {TODO}one row of pixel_values", "    padding: zeros",
                   "  - name: grid_thw", f"    arg: {grid_arg}", "    provider: grid", "    shape: [max_items + 1, 3]",
                   "    padding: zeros",
@@ -195,7 +194,7 @@ def render(d: Draft) -> str:
         if "get_vision_position_ids" in d.helpers:
             lines += ["  - name: position_ids", "    provider: position_ids", f"    shape: [budget{unit}, 2]",
                       "    padding: zeros"]
-        if d.style == "windowed":
+        if "window_index" in style.required_providers:
             lines += ["  - name: window_index", "    provider: window_index", "    shape: [budget]", "    padding: identity",
                       "  - name: cu_window_seqlens", "    provider: cu_window_seqlens", "    shape: [budget + 2]",
                       "    padding: trailing_segment",
@@ -208,7 +207,7 @@ def render(d: Draft) -> str:
     else:
         lines += ["  - name: pixel_values", f"    arg: {pixels_arg}", "    provider: pixels",
                   "    shape: [budget // tokens_per_tile, in_channels, image_size, image_size]", "    padding: zeros"]
-    lines += ["", "docs:", f"  notes: >-", f"    Drafted by vitcg new from {d.encoder.__name__}; {d.style} attention. "
+    lines += ["", "docs:", "  notes: >-", f"    Drafted by vitcg new from {d.encoder.__name__}; {d.style} attention. "
               "TODO(vitcg new): describe it.", "", "tests:",
               f'  prompt_template: "USER: {{placeholders}}{{question}} ASSISTANT:"   {TODO}the chat template',
               f'  image_placeholder: "<image>"   {TODO}the image placeholder token']
