@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from vitcg.runtime.adapter import adapter_for
-from vitcg.tools.bench import WORKLOADS, _on, make_inputs
-from vitcg.tools.encoders import build_encoder
-from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.lang import load_registry
+from vitcg.runtime.adapter import adapter_for
+from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.tools.encoders import build_encoder
+from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
     manager.capture()
     for workload in workloads:
-        inputs = _on(adapter, make_inputs(adapter, WORKLOADS[workload], torch.Generator()), dtype)
+        inputs = on_device(adapter, make_inputs(adapter, WORKLOADS[workload], torch.Generator()), dtype)
         for _ in range(5):
             manager.execute(inputs)
         samples = []

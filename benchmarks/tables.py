@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 METHODS = (("eager", "HF eager"), ("compile", "torch.compile"), ("vitcg_tight", "vitcg"),
            ("vitcg_greedy", "vitcg greedy"), ("vitcg_inductor", "vitcg+inductor"), ("exact", "exact graph"))
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--merged", help="write the merged JSON document here")
     parser.add_argument("--summary-only", action="store_true", help="no per-spec tables")
     args = parser.parse_args()
-    document = merge([json.loads(open(path).read()) for path in args.files])
+    document = merge([json.loads(Path(path).read_text()) for path in args.files])
     if args.merged:
         with open(args.merged, "w") as out:
             out.write(json.dumps(document, indent=2) + "\n")

@@ -5,7 +5,6 @@ Exit codes: 0 ok, 1 spec errors or failed checks, 2 usage errors.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -36,8 +35,8 @@ def validate(
                                            "using the cached facts.")] = False,
 ) -> None:
     """Check spec files: YAML, schema, formulas, semantics and transformers bindings. Prints every error."""
-    from .tools.report import json_report, text_report
     from .lang import load_specs
+    from .tools.report import json_report, text_report
 
     result = load_specs(paths or [Path("specs")], use_cache=not no_cache)
     if not result.files:
@@ -74,6 +73,7 @@ def check(
     import torch
 
     from .tools.cases import check_spec
+    from .tools.encoders import release
     from .tools.report import check_json, check_text
 
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
@@ -89,7 +89,7 @@ def check(
     for spec in _select_specs(specs, all_specs, specs_dir):
         report = check_spec(spec, device=device, dtype=dtypes.get(dtype), size=size)
         reports.append(report)
-        _release(device)
+        release(device)
         if not as_json:
             sys.stdout.write(check_text([report], summary=False))
             sys.stdout.flush()
@@ -138,8 +138,9 @@ def compile_config(
     max_frames: Annotated[int | None, typer.Option(help="Video frames per batch.")] = None,
 ) -> None:
     """Print the engine compilation config (JSON) that turns on encoder CUDA graphs for a modality."""
-    from .tools.compile_config import compile_config as build, parse_base, parse_budgets
     from .errors import BudgetError
+    from .tools.compile_config import compile_config as build
+    from .tools.compile_config import parse_base, parse_budgets
 
     try:
         config = build(modality, parse_base(base), budgets=parse_budgets(budgets), max_items=max_items,
@@ -171,7 +172,7 @@ def bench(
                                                    "measuring.")] = None,
 ) -> None:
     """Median latency of HF eager, torch.compile, vitcg budget graphs and an exact-shape graph per workload."""
-    from .tools.bench import WORKLOADS
+    from .tools.workloads import WORKLOADS
 
     if from_json is not None:
         if plot_out is None:
@@ -181,11 +182,9 @@ def bench(
     unknown = [w for w in workload or () if w not in WORKLOADS]
     if unknown:
         raise UsageError(f"unknown workload {unknown[0]!r}; workloads: {', '.join(WORKLOADS)}")
-    import datetime
-
     import torch
 
-    from .tools.bench import bench_spec, environment
+    from .tools.bench import run_bench
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here (use --device cpu for a smoke run)")
@@ -193,32 +192,14 @@ def bench(
     if dtype not in dtypes or size not in ("tiny", "real") or iters < 1 or warmup < 0:
         raise UsageError("--dtype must be bfloat16/float16/float32, --size tiny/real, --iters >= 1, --warmup >= 0")
     chosen = _select_specs(specs, all_specs, specs_dir)
-    results: list[dict] = []
-    document = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "command": "vitcg " + " ".join(sys.argv[1:]), "environment": environment(device),
-                "workloads": {k: dataclasses.asdict(v) for k, v in WORKLOADS.items()}, "specs": results}
-    failed = []
-    for number, spec in enumerate(chosen, 1):
-        typer.echo(f"[{number}/{len(chosen)}] {spec.name}")
-        try:
-            result = bench_spec(spec, workloads=workload or list(WORKLOADS), device=device, size=size,
-                                dtype=dtypes[dtype], iters=iters, warmup=warmup, compile_eager=not no_compile,
-                                max_num_batched_tokens=max_num_batched_tokens,
-                                log=lambda line: typer.echo(line))
-            results.append(dataclasses.asdict(result))
-        except (VitcgError, RuntimeError, ValueError, TypeError, ImportError) as exc:
-            # one spec's failure is a result: the others still run, and the JSON says what broke
-            failed.append(spec.name)
-            results.append({"spec": spec.name, "error": f"{type(exc).__name__}: {exc}"})
-            typer.echo(f"  {spec.name} failed: {results[-1]['error']}", err=True)
-        finally:
-            _release(device)
-        if json_out is not None:  # after every spec: a run cut short keeps what it measured
-            json_out.write_text(json.dumps(document, indent=2) + "\n")
+    run = run_bench(chosen, workloads=workload or list(WORKLOADS), device=device, size=size, dtype=dtypes[dtype],
+                    iters=iters, warmup=warmup, compile_eager=not no_compile,
+                    max_num_batched_tokens=max_num_batched_tokens, command="vitcg " + " ".join(sys.argv[1:]),
+                    json_out=json_out, log=typer.echo, warn=lambda line: typer.echo(line, err=True))
     if plot_out is not None:
-        _plot(results, plot_out)
-    if failed:
-        typer.echo(f"{len(failed)} of {len(chosen)} specs failed: {', '.join(failed)}", err=True)
+        _plot(run.document["specs"], plot_out)
+    if run.failed:
+        typer.echo(f"{len(run.failed)} of {len(chosen)} specs failed: {', '.join(run.failed)}", err=True)
         raise typer.Exit(1)
 
 
@@ -243,18 +224,6 @@ def new(
     path.write_text(text)
     todos = text.count("TODO(vitcg new)")
     typer.echo(f"wrote {path}: {todos} TODOs to confirm. Next: vitcg validate {path} && vitcg check {path}")
-
-
-def _release(device: str) -> None:
-    """Free one spec's encoder, graphs and pool before the next spec is built (a real-size run over every
-    spec would otherwise hold them all)."""
-    if device.startswith("cuda"):
-        import gc
-
-        import torch
-
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def _plot(results: list[dict], path: Path) -> None:

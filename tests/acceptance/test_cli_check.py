@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, vitcg
 
 FAILS = REPO / "tests" / "specs" / "check_fails"

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from vllm_consumer import ProtocolConsumer
-from vitcg.runtime import protocol
-from vitcg.runtime.adapter import adapter_for
-from vitcg.tools.cases import CaseBuilder, relative_error
-from vitcg.tools.encoders import build_encoder
-from vitcg.runtime.engine import engine_config
+
 from vitcg.errors import UnsupportedError
 from vitcg.lang import load_registry
+from vitcg.runtime import protocol
+from vitcg.runtime.adapter import adapter_for
+from vitcg.runtime.engine import engine_config
+from vitcg.tools.encoders import build_encoder
+from vitcg.tools.workloads import InputBuilder, relative_error
 
 REPO = Path(__file__).resolve().parents[2]
 REGISTRY = load_registry([REPO / "specs"])
@@ -40,7 +40,7 @@ def assert_matches_eager(adapter, kwargs, outputs):
         assert error <= TOLERANCE, f"item {index}: relative error {error:.2e}"
 
 
-def sizes_for(builder: CaseBuilder, modality: str) -> list:
+def sizes_for(builder: InputBuilder, modality: str) -> list:
     """Items of several sizes (more than one pack holds at the smallest budgets)."""
     if builder.spec.style == "tiles":
         return [1, 3, 2, 1, 2] if builder.spec.modality(modality).count_key else [1] * 5
@@ -59,7 +59,7 @@ def built():
             spec = REGISTRY[name]
             adapter = adapter_for(spec, build_encoder(spec, seed=3))
             cache.clear()  # one encoder alive at a time keeps memory flat
-            cache[name] = adapter, CaseBuilder(spec, adapter, torch.Generator().manual_seed(7))
+            cache[name] = adapter, InputBuilder(spec, adapter, torch.Generator().manual_seed(7))
         return cache[name]
     return get
 

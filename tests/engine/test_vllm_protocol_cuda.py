@@ -14,9 +14,9 @@ from test_vllm_protocol import REGISTRY, assert_matches_eager, sizes_for
 from vllm_consumer import ProtocolConsumer
 
 from vitcg.runtime.adapter import adapter_for
-from vitcg.tools.cases import CaseBuilder
-from vitcg.tools.encoders import build_encoder
 from vitcg.runtime.engine import engine_config
+from vitcg.tools.encoders import build_encoder
+from vitcg.tools.workloads import InputBuilder
 
 pytestmark = pytest.mark.gpu
 SEEDS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "internvl"]
@@ -27,7 +27,7 @@ assert Path(__file__).parent.name == "engine"
 def test_seed_spec_under_cuda_graphs(name, no_tf32):
     spec = REGISTRY[name]
     adapter = adapter_for(spec, build_encoder(spec, device="cuda", dtype=torch.float32, seed=3))
-    builder = CaseBuilder(spec, adapter, torch.Generator().manual_seed(7))
+    builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(7))
     low, _ = adapter.get_encoder_cudagraph_budget_range(engine_config(1 << 20, 1 << 20))
     consumer = ProtocolConsumer(engine_config(4 * low, 1 << 20), torch.device("cuda"), torch.float32, adapter,
                                 cuda_graphs=True)

@@ -10,11 +10,12 @@ import random
 import pytest
 import torch
 
-from vitcg.runtime.adapter import adapter_for
-from vitcg.tools.cases import check_spec, relative_error
-from vitcg.tools.encoders import build_encoder
-from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.lang import load_registry
+from vitcg.runtime.adapter import adapter_for
+from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.tools.cases import check_spec
+from vitcg.tools.encoders import build_encoder
+from vitcg.tools.workloads import relative_error
 
 pytestmark = pytest.mark.gpu
 REGISTRY = load_registry(["specs"])

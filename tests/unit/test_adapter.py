@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.runtime.adapter import SpecAdapter
-from vitcg.tools.encoders import build_encoder
 from vitcg.errors import InputError, SpecRuntimeError
+from vitcg.lang import load_registry
+from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.runtime.protocol import SupportsEncoderCudaGraph
-from vitcg.lang import load_registry
+from vitcg.tools.encoders import build_encoder
 
 SPECS = load_registry(["specs"])
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.runtime.adapter import adapter_for
-from vitcg.tools.bench import WORKLOADS, _item_size, _on, make_inputs
-from vitcg.tools.encoders import build_encoder
 from vitcg.lang import load_registry
+from vitcg.runtime.adapter import adapter_for
+from vitcg.tools.encoders import build_encoder
+from vitcg.tools.workloads import WORKLOADS, _item_size, make_inputs, on_device
 
 SPECS = load_registry(["specs"])
 
@@ -50,7 +50,7 @@ def test_processor_shaped_sizes():
 def test_inputs_move_to_the_device_but_counts_stay_on_the_host():
     spec = SPECS["idefics3"]
     adapter = adapter_for(spec, build_encoder(spec, dtype=torch.bfloat16))
-    moved = _on(adapter, make_inputs(adapter, WORKLOADS["1x224"], torch.Generator()), torch.bfloat16)
+    moved = on_device(adapter, make_inputs(adapter, WORKLOADS["1x224"], torch.Generator()), torch.bfloat16)
     assert moved["pixel_values"].dtype == torch.bfloat16
     assert moved["patch_attention_mask"].dtype == torch.bool  # masks keep their dtype
     assert moved["num_patches"].dtype == torch.int64

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vitcg.tools.compile_config import compile_config, parse_base, parse_budgets
 from vitcg.errors import BudgetError, UsageError
+from vitcg.tools.compile_config import compile_config, parse_base, parse_budgets
 
 REPO = Path(__file__).resolve().parents[2]
 

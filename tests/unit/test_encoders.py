@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from vitcg.runtime.adapter import SpecAdapter
-from vitcg.tools.encoders import build_encoder
 from vitcg.errors import SpecRuntimeError
 from vitcg.lang import load_registry
+from vitcg.runtime.adapter import SpecAdapter
+from vitcg.tools.encoders import build_encoder
 
 SPECS = load_registry(["specs"])
 

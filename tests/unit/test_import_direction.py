@@ -20,7 +20,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "vitcg"
 ROOMS = ("lang", "runtime", "tools")
 SHARED = {"vitcg", "vitcg.errors"}
 PROTOCOL_SIDE = SHARED | {"vitcg.runtime", "vitcg.runtime.budgets", "vitcg.runtime.engine", "vitcg.runtime.extension",
-                          "vitcg.runtime.manager", "vitcg.runtime.padding", "vitcg.runtime.protocol",
+                          "vitcg.runtime.graphs", "vitcg.runtime.manager", "vitcg.runtime.padding", "vitcg.runtime.protocol",
                           "vitcg.runtime.syncs", "vitcg.runtime.timing"}
 
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import vision_utils
 
-from vitcg.runtime.providers import Pack, RowCache, compute
 from vitcg.lang.model import Buffer
+from vitcg.runtime.providers import Pack, RowCache, compute
 
 GEOMETRY = {"spatial_merge_size": 2, "window_size": 112, "patch_size": 14, "num_grid_per_side": 8}
 ROWS = st.lists(st.tuples(st.integers(1, 3), st.integers(1, 9), st.integers(1, 9)), min_size=1, max_size=5)
@@ -71,7 +71,7 @@ def test_row_cache_is_bounded_by_bytes():
     cache = RowCache(max_bytes=100)
     calls = []
     for i in range(5):
-        cache.get(("k", i), lambda: calls.append(i) or torch.zeros(8, dtype=torch.int64), on_device=True)
+        cache.get(("k", i), lambda i=i: calls.append(i) or torch.zeros(8, dtype=torch.int64), on_device=True)
     assert cache._bytes <= 100
     cache.get(("k", 4), lambda: calls.append("again") or torch.zeros(8), on_device=True)
     assert "again" not in calls  # the newest entry survived the last clear

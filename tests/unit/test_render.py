@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from vitcg.errors import RenderError, SpecError, UsageError
+from vitcg.lang import load_registry
 from vitcg.tools.render import (
     HEADER,
     build_context,
@@ -29,7 +30,6 @@ from vitcg.tools.render import (
     render_templates,
     template_names,
 )
-from vitcg.lang import load_registry
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates"

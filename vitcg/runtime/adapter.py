@@ -24,10 +24,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import InputError, SpecRuntimeError, UnsupportedError
+from ..lang.bindings import config_snapshot
+from ..lang.catalogue import PROVIDERS, buffer_names
+from ..lang.model import Modality, Spec, thaw
 from . import providers
 from .attention import ATTENTION_NAME, configs_of, register, use_attention
 from .engine import read_limits
-from ..errors import InputError, SpecRuntimeError, UnsupportedError
 from .extension import MIXED, Replay
 from .padding import BufferPadding, Capacities, fill
 from .protocol import (
@@ -39,9 +42,6 @@ from .protocol import (
     postprocess_by_rows,
 )
 from .scope import Scope
-from ..lang.bindings import config_snapshot
-from ..lang.catalogue import PROVIDERS, buffer_names
-from ..lang.model import Modality, Spec, thaw
 
 ITEM_CACHE_SIZE = 4096
 

@@ -31,10 +31,11 @@ from typing import Any
 
 import torch
 
+from ..errors import BudgetError, SpecRuntimeError
 from .budgets import plan_budgets
 from .engine import EngineConfig, engine_config
-from ..errors import BudgetError, SpecRuntimeError
 from .extension import MIXED, SupportsVitcgExtension
+from .graphs import capture_graph
 from .padding import pad_zeros
 from .protocol import (
     DEFAULT_PATH,
@@ -46,7 +47,6 @@ from .protocol import (
 )
 from .syncs import no_host_syncs
 from .timing import timed
-
 
 PACKING = ("tight", "greedy")
 """Packing policies. ``tight`` (default, a deliberate difference from vLLM): cost-aware, largest item
@@ -124,7 +124,9 @@ class CaptureReport:
 
 
 @dataclass(frozen=True)
-class Pack:
+class PackPlan:
+    """One planned replay: the budget it runs at, the items it holds (canonical indices), their tokens."""
+
     budget: int
     indices: tuple[int, ...]
     tokens: int
@@ -258,14 +260,8 @@ class EncoderCudaGraphManager:
         entry = _BudgetGraph(budget, inputs, {k: v.data_ptr() for k, v in tensors.items()}, axis_keys)
         if not self.use_cuda_graphs:
             return entry
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), torch.inference_mode():
-            self.model.encoder_cudagraph_forward({**inputs.values}, path=DEFAULT_PATH)  # warm-up: lazy init
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        entry.graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(entry.graph, pool=self._pool):
-            entry.output = self.model.encoder_cudagraph_forward({**inputs.values}, path=DEFAULT_PATH)
+        entry.graph, entry.output = capture_graph(
+            lambda: self.model.encoder_cudagraph_forward({**inputs.values}, path=DEFAULT_PATH), self.device, self._pool)
         return entry
 
     def _fit(self, tokens: int) -> int | None:
@@ -273,7 +269,7 @@ class EncoderCudaGraphManager:
         return next((b for b in self.plan.budgets if b >= tokens), None)
 
     def plan_packs(self, items: Sequence[EncoderItemSpec], frames: Sequence[int] | None = None
-                   ) -> tuple[list[Pack], list[int]]:
+                   ) -> tuple[list[PackPlan], list[int]]:
         """Split items into packs, one replay each: ``(packs, eager item indices)``.
 
         An item runs eagerly when no budget holds it or it has more ``frames`` than a batch allows.
@@ -291,7 +287,7 @@ class EncoderCudaGraphManager:
             rest.sort(key=lambda i: (-items[i].output_tokens, i))
             return self._tight(items, frames, rest), eager
         rest.sort(key=lambda i: (items[i].output_tokens, i))
-        packs: list[Pack] = []
+        packs: list[PackPlan] = []
         current: list[int] = []
         for i in rest:
             if current and (not self._feasible(items, frames, [*current, i], self.plan.budgets[-1])
@@ -318,11 +314,11 @@ class EncoderCudaGraphManager:
         fit = self._fit(sum(items[j].output_tokens for j in chosen))
         return fit is not None and fit <= limit
 
-    def _pack(self, items, chosen: list[int]) -> Pack:
+    def _pack(self, items, chosen: list[int]) -> PackPlan:
         tokens = sum(items[j].output_tokens for j in chosen)
-        return Pack(self._fit(tokens), tuple(chosen), tokens)
+        return PackPlan(self._fit(tokens), tuple(chosen), tokens)
 
-    def _tight(self, items, frames, order: list[int]) -> list[Pack]:
+    def _tight(self, items, frames, order: list[int]) -> list[PackPlan]:
         """The cheaper of: everything in one pack, or the largest budget not above the total filled
         largest item first, and the rest packed the same way. ``order``: largest item first."""
         if not order:

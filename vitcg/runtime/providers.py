@@ -17,7 +17,6 @@ from transformers import vision_utils
 from ..lang.catalogue import PROVIDERS
 from ..lang.model import Buffer
 
-
 Compute = Callable[["Pack", Mapping[str, Any]], torch.Tensor]
 PROVIDED: dict[str, Compute] = {}
 """Tensor provider name (:data:`vitcg.lang.catalogue.PROVIDERS`) -> its unpadded value for a pack. Host

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from ..errors import SpecRuntimeError
-from .padding import EMPTY
 from ..lang.model import Buffer, Spec
+from .padding import EMPTY
 
 Replay = Callable[[dict[str, Any]], tuple[Any, Mapping[str, Any]]]
 """Takes buffer values (rows-first tensors, None for host integers, EMPTY for an absent mask), refills and

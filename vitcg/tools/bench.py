@@ -1,8 +1,7 @@
 """``vitcg bench``: latency of HF eager, torch.compile, vitcg budget graphs and an exact-shape graph.
 
-Each workload is a list of images (height, width in pixels) and videos (frames, height, width), turned
-into encoder inputs the way the model's processor would (patch grids rounded to the merge unit, or
-448-pixel tiles). Latency is the median of ``iters`` runs timed with CUDA events, after ``warmup`` runs.
+Each workload (:mod:`.workloads`) is a list of images (height, width in pixels) and videos (frames, height,
+width), turned into encoder inputs the way the spec's ``tests.shaping`` says the processor would. Latency is the median of ``iters`` runs timed with CUDA events, after ``warmup`` runs.
 The exact-shape graph is captured for the very input of the workload (no padding, no host work): the
 lower bound a budget graph can approach. Results also hold capture time, graph pool memory, padding
 waste and the host time per replay.
@@ -10,88 +9,29 @@ waste and the host time per replay.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import json
 import math
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..runtime.adapter import SpecAdapter, adapter_for
-from .cases import CaseBuilder, relative_error
-from .encoders import build_encoder
-from ..errors import InputError
-from ..runtime.manager import EncoderCudaGraphManager
+from ..errors import InputError, VitcgError
 from ..lang.catalogue import buffer_names
-from ..lang.model import Modality, Spec
+from ..lang.model import Spec
+from ..runtime.adapter import SpecAdapter, adapter_for
+from ..runtime.graphs import capture_graph
+from ..runtime.manager import EncoderCudaGraphManager
 from ..runtime.timing import timed
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    description: str
-    images: tuple[tuple[int, int], ...] = ()
-    """(height, width) in pixels."""
-    videos: tuple[tuple[int, int, int], ...] = ()
-    """(frames, height, width)."""
-
-
-MIXED_SIZES = ((480, 640), (768, 1024), (600, 800), (375, 500), (720, 1280), (336, 336), (448, 448), (612, 612))
-"""Resolutions typical of VLM benchmarks: COCO/VQAv2 photos (640x480, 500x375), DocVQA/ChartQA pages and
-charts (1024x768, 800x600), 720p screenshots, and square crops (336, 448, 612)."""
-
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("1x224", "one 224x224 image", images=((224, 224),)),
-    Workload("1x448", "one 448x448 image", images=((448, 448),)),
-    Workload("8x224", "eight 224x224 images", images=((224, 224),) * 8),
-    Workload("mixed", "eight images of realistic resolutions", images=MIXED_SIZES),
-    Workload("video4x448", "one 4-frame 448x448 video", videos=((4, 448, 448),)),
-    Workload("image+video", "two images (480x640, 448x448) and a 4-frame 448x448 video",
-             images=((480, 640), (448, 448)), videos=((4, 448, 448),)),
-)}
-
-def _item_size(adapter: SpecAdapter, modality: Modality, entry: tuple[int, ...]) -> int | list[int]:
-    """The count row of one image ``(height, width)`` or video ``(frames, height, width)``, as the model's
-    processor would shape it: the spec's ``tests.shaping`` (or its attention style's default)."""
-    spec = adapter.spec
-    sizes = dict(zip(("height", "width") if modality.name == "image" else ("frames", "height", "width"), entry))
-    if modality.count_key is None:
-        return 1  # one resized tile (or one whole clip) per item
-    names = {**adapter.geometry, **sizes}
-    row = [formula.evaluate(names) for formula in spec.tests.shaping[modality.name].values()]
-    return row if spec.attention_style.segmented else row[0]
-
-
-def make_inputs(adapter: SpecAdapter, workload: Workload, generator: torch.Generator) -> dict[str, torch.Tensor] | None:
-    """Encoder inputs for ``workload`` as the model's processor would shape them (on the host); None when the
-    spec lacks one of its modalities.
-
-    Count rows come from the spec's ``tests.shaping`` (packed encoders: patch grids rounded to the merge
-    unit by default; InternVL: its dynamic tiling); tile encoders without counts get one resized tile (or
-    clip) per item. Inputs beyond pixels and grids (masks, per-image shapes, instructions) are filled as
-    the spec's ``tests.inputs`` describe them, exactly as ``vitcg check`` fills them."""
-    builder = CaseBuilder(adapter.spec, adapter, generator)
-    kwargs: dict[str, torch.Tensor] = {}
-    for name, entries in (("image", workload.images), ("video", workload.videos)):
-        if not entries:
-            continue
-        modality = adapter.spec.modality(name)
-        if modality is None:
-            return None
-        kwargs.update(builder.inputs(name, [_item_size(adapter, modality, e) for e in entries]))
-    return kwargs
-
-
-def _on(adapter: SpecAdapter, kwargs: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Inputs on the device, floating ones in the model dtype; grids and tile counts stay on the host, as
-    processors emit them (reading them on the device would cost a sync per call)."""
-    counts = {m.count_key for m in adapter.spec.modalities}
-    return {k: v if k in counts else v.to(adapter.device, dtype if v.is_floating_point() else v.dtype)
-            for k, v in kwargs.items()}
+from .encoders import build_encoder, release
+from .workloads import WORKLOADS, make_inputs, on_device, relative_error
 
 
 class ExactGraph:
@@ -112,15 +52,8 @@ class ExactGraph:
         self.output = None
 
     def capture(self) -> None:
-        device = self.adapter.device
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            self.adapter.encoder_cudagraph_forward(self.values)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.output = self.adapter.encoder_cudagraph_forward(self.values)
+        self.graph, self.output = capture_graph(lambda: self.adapter.encoder_cudagraph_forward(self.values),
+                                                self.adapter.device)
 
     def replay(self) -> torch.Tensor:
         self.graph.replay()
@@ -220,7 +153,7 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
                        if entries and spec.modality(m) is None]
             log(f"  {name:<12} skipped: {spec.name} has no {' or '.join(missing)} modality")
             continue
-        inputs = _on(adapter, cpu_inputs, dtype)
+        inputs = on_device(adapter, cpu_inputs, dtype)
         items = adapter.get_encoder_cudagraph_item_specs(inputs)
         row = WorkloadResult(name, workload.description, len(items), sum(i.output_tokens for i in items))
         eager_out = adapter.encoder_eager_forward(inputs)
@@ -231,7 +164,7 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
                              f"merge geometry (vitcg check {spec.name} names the item)")
         row.max_rel_error = relative_error(got, eager_out)
         # eager is host-bound and noisy on a shared VM: three times the runs for a stable median
-        row.ms["eager"] = timed(lambda: adapter.encoder_eager_forward(inputs), 3 * iters, warmup, torch_device)
+        row.ms["eager"] = timed(lambda inputs=inputs: adapter.encoder_eager_forward(inputs), 3 * iters, warmup, torch_device)
         for packing in PACKINGS:
             manager.packing = packing
             row.packing[packing] = _measure(manager, inputs, iters, warmup, torch_device)
@@ -240,12 +173,12 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
         if inductor is not None:
             got = inductor.execute(inputs)
             row.max_rel_error = max(row.max_rel_error, relative_error(torch.cat(got), eager_out))
-            row.ms["vitcg_inductor"] = timed(lambda: inductor.execute(inputs), iters, warmup, torch_device)
+            row.ms["vitcg_inductor"] = timed(lambda inputs=inputs: inductor.execute(inputs), iters, warmup, torch_device)
         if cuda:
             if spec.graph_scope:
                 exact = exact_scope_manager(adapter, items, sum(adapter.get_encoder_cudagraph_item_frames(inputs)),
                                             device, dtype)
-                run_exact = lambda: torch.cat(exact.execute(inputs))  # noqa: E731
+                run_exact = lambda exact=exact, inputs=inputs: torch.cat(exact.execute(inputs))  # noqa: E731
             else:
                 exact = ExactGraph(adapter, inputs)
                 exact.capture()
@@ -329,6 +262,40 @@ def environment(device: str) -> dict[str, str]:
         info["device"] = torch.cuda.get_device_name(torch.device(device))
         info["cuda"] = torch.version.cuda or ""
     return info
+
+
+@dataclass
+class BenchRun:
+    document: dict[str, Any]
+    """The results document: date, command, environment, workloads, and one entry per spec (its results, or
+    ``{"spec", "error"}`` when it failed)."""
+    failed: list[str] = field(default_factory=list)
+
+
+def run_bench(specs: Sequence[Spec], *, workloads: Sequence[str], device: str, command: str,
+              json_out: Path | None = None, log: Callable[[str], None] = print,
+              warn: Callable[[str], None] = print, **options: Any) -> BenchRun:
+    """:func:`bench_spec` for every spec (``options`` are its keyword arguments). One spec's failure is a
+    result: the others still run and the document says what broke. With ``json_out`` the document is
+    written after every spec, so a run cut short keeps what it measured."""
+    results: list[dict] = []
+    run = BenchRun({"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "command": command,
+                    "environment": environment(device),
+                    "workloads": {k: dataclasses.asdict(v) for k, v in WORKLOADS.items()}, "specs": results})
+    for number, spec in enumerate(specs, 1):
+        log(f"[{number}/{len(specs)}] {spec.name}")
+        try:
+            results.append(dataclasses.asdict(bench_spec(spec, workloads=workloads, device=device, log=log,
+                                                         **options)))
+        except (VitcgError, RuntimeError, ValueError, TypeError, ImportError) as exc:
+            run.failed.append(spec.name)
+            results.append({"spec": spec.name, "error": f"{type(exc).__name__}: {exc}"})
+            warn(f"  {spec.name} failed: {results[-1]['error']}")
+        finally:
+            release(device)
+        if json_out is not None:
+            json_out.write_text(json.dumps(run.document, indent=2) + "\n")
+    return run
 
 
 def plot(results: list[dict], path: str) -> None:

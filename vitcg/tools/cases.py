@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..runtime.adapter import SpecAdapter, adapter_for
-from .encoders import build_encoder
 from ..errors import VitcgError
-from ..runtime.manager import EncoderCudaGraphManager
-from ..lang.catalogue import buffer_names
 from ..lang.model import Spec
+from ..runtime.adapter import adapter_for
+from ..runtime.manager import EncoderCudaGraphManager
+from .encoders import build_encoder
+from .workloads import InputBuilder, Inputs, relative_error
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 """Tolerance of :func:`relative_error` (graph against eager) per dtype."""
@@ -30,20 +30,6 @@ NOISE_FACTOR = 1.5
 weights reach ~2e-2 between two attention kernels). A half-precision item also passes when its error
 against a float32 eager reference is at most this factor times eager's own error against that reference:
 the graph is then as accurate as the model's own forward."""
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """``||got - want|| / ||want||`` (Frobenius norms, float64): the error relative to the output's size.
-
-    A max-abs ratio would judge a 32-layer bf16 network by its single worst element; the norm ratio is
-    the usual "relative error" of a tensor and is what DESIGN.md's figures report.
-    """
-    if not want.numel():
-        return 0.0
-    want64 = want.double()
-    scale = torch.linalg.vector_norm(want64).item()
-    diff = torch.linalg.vector_norm(got.double() - want64).item()
-    return diff / scale if scale > 0 else diff
 
 
 @dataclass
@@ -86,65 +72,7 @@ class SpecReport:
         return self.error is None and all(case.ok for case in self.cases)
 
 
-Inputs = dict[str, torch.Tensor]
-
-
-class CaseBuilder:
-    """Builds multimodal kwargs of given item sizes for one spec: seeded random pixels, and every other
-    input role as the spec's ``tests.inputs`` describes it."""
-
-    def __init__(self, spec: Spec, adapter: SpecAdapter, generator: torch.Generator):
-        self.spec, self.adapter, self.generator = spec, adapter, generator
-        self.geometry = adapter.geometry
-
-    def row_shape(self, role: str = "pixels") -> tuple[int, ...]:
-        """Shape of one row (a patch row or a tile) of ``role``: from ``tests.inputs``, or for pixels from the
-        pixel buffer's shape formula."""
-        example = self.spec.tests.inputs.get(role)
-        if example is not None:
-            return tuple(f.evaluate(self.geometry) for f in example.shape)
-        pixels = self.spec.providers()["pixels"]
-        budget = self.spec.budget_min.evaluate({**self.geometry, "max_num_batched_tokens": 1 << 20,
-                                                "max_model_len": 1 << 20})
-        names = {**buffer_names(budget, 1, 1), **self.geometry}
-        return tuple(f.evaluate(names) for f in pixels.shape[1:])
-
-    def _fill(self, role: str, rows: int) -> torch.Tensor:
-        example = self.spec.tests.inputs.get(role)
-        shape = (rows, *self.row_shape(role))
-        fill = example.fill if example is not None else "randn"
-        dtype = {"bool": torch.bool, "int32": torch.int32, "int64": torch.int64}.get(
-            example.dtype if example is not None else "model", torch.float32)
-        if not isinstance(fill, str):
-            row = torch.tensor([f.evaluate(self.geometry) for f in fill], dtype=dtype)
-            return row.expand(shape).clone()
-        if fill == "randn":
-            return torch.randn(shape, generator=self.generator).to(dtype)
-        return (torch.ones if fill == "ones" else torch.zeros)(shape, dtype=dtype)
-
-    def inputs(self, modality: str, sizes: list) -> Inputs:
-        m = self.spec.modality(modality)
-        style = self.spec.attention_style
-        if m.count_key is None:
-            counts = torch.ones(len(sizes), dtype=torch.int64)  # every tile is an item
-        else:
-            counts = torch.tensor(sizes, dtype=torch.int64).reshape(-1, *style.empty_counts_shape()[1:])
-        rows = sum(self.adapter.item_spec(m, row).input_size for row in counts.tolist())
-        kwargs = {key: self._fill(role, rows) for role, key in m.inputs.items() if key != m.count_key}
-        if m.count_key is not None:
-            kwargs[m.count_key] = counts
-        return kwargs
-
-    def image(self, a: int, b: int) -> int | list[int]:
-        """A grid of ``a x b`` merged tokens, or ``a`` tiles."""
-        return self.spec.attention_style.check_item(0, a, b, self.geometry)
-
-    def video(self, frames: int, a: int, b: int) -> int | list[int]:
-        """``frames`` frames of ``a x b`` merged tokens, or one tile per frame."""
-        return self.spec.attention_style.check_item(frames, a, b, self.geometry)
-
-
-def _cases(builder: CaseBuilder, max_budget: int) -> list[tuple[str, Callable[[], Inputs] | str]]:
+def _cases(builder: InputBuilder, max_budget: int) -> list[tuple[str, Callable[[], Inputs] | str]]:
     spec = builder.spec
     has_image, has_video = spec.modality("image") is not None, spec.modality("video") is not None
     video = spec.modality("video")
@@ -216,7 +144,7 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
         report.error = f"{type(exc).__name__}: {exc}"
         return report
     generator = torch.Generator().manual_seed(seed)
-    builder = CaseBuilder(spec, adapter, generator)
+    builder = InputBuilder(spec, adapter, generator)
     for name, make in _cases(builder, manager.budgets[-1]):
         case = CaseResult(name, tolerance=tolerance)
         report.cases.append(case)

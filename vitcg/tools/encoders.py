@@ -39,3 +39,13 @@ def build_encoder(spec: Spec, size: str = "tiny", *, device: torch.device | str 
     # only floating tensors change dtype: Module.to(dtype) would also cast complex buffers (rotary tables
     # such as Llama 4's freqs_ci) to real and drop their imaginary part
     return module._apply(lambda t: t.to(dtype) if t.is_floating_point() else t).eval()
+
+
+def release(device: str) -> None:
+    """Free one spec's encoder, graphs and pool before the next spec is built (a real-size run over every
+    spec would otherwise hold them all)."""
+    if str(device).startswith("cuda"):
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()

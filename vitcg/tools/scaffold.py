@@ -188,7 +188,7 @@ def render(d: Draft) -> str:
                   f"    shape: [budget{unit}, {row}]   {TODO}one row of pixel_values", "    padding: zeros",
                   "  - name: grid_thw", f"    arg: {grid_arg}", "    provider: grid", "    shape: [max_items + 1, 3]",
                   "    padding: zeros",
-                  "  - name: cu_seqlens", "    provider: cu_seqlens", '    shape: ["min(max_items + max_frames, 32) + 2"]',
+                  "  - name: cu_seqlens", "    provider: cu_seqlens", "    shape: [max_segments + 2]",
                   "    padding: trailing_segment",
                   "  - name: max_seqlen", "    provider: max_seqlen", f"    value: budget{unit}", "    padding: fixed"]
         if "get_vision_position_ids" in d.helpers:

@@ -1,0 +1,150 @@
+"""How ``vitcg check`` and ``vitcg bench`` feed an encoder: multimodal kwargs of given item sizes
+(:class:`InputBuilder`), the bench workloads shaped as the model's processor would shape them (the spec's
+``tests.shaping``), and the relative error that judges a graph output against eager."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ..lang.catalogue import buffer_names
+from ..lang.model import Modality, Spec
+from ..runtime.adapter import SpecAdapter
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``||got - want|| / ||want||`` (Frobenius norms, float64): the error relative to the output's size.
+
+    A max-abs ratio would judge a 32-layer bf16 network by its single worst element; the norm ratio is
+    the usual "relative error" of a tensor and is what DESIGN.md's figures report.
+    """
+    if not want.numel():
+        return 0.0
+    want64 = want.double()
+    scale = torch.linalg.vector_norm(want64).item()
+    diff = torch.linalg.vector_norm(got.double() - want64).item()
+    return diff / scale if scale > 0 else diff
+
+
+Inputs = dict[str, torch.Tensor]
+
+
+class InputBuilder:
+    """Builds multimodal kwargs of given item sizes for one spec: seeded random pixels, and every other
+    input role as the spec's ``tests.inputs`` describes it."""
+
+    def __init__(self, spec: Spec, adapter: SpecAdapter, generator: torch.Generator):
+        self.spec, self.adapter, self.generator = spec, adapter, generator
+        self.geometry = adapter.geometry
+
+    def row_shape(self, role: str = "pixels") -> tuple[int, ...]:
+        """Shape of one row (a patch row or a tile) of ``role``: from ``tests.inputs``, or for pixels from the
+        pixel buffer's shape formula."""
+        example = self.spec.tests.inputs.get(role)
+        if example is not None:
+            return tuple(f.evaluate(self.geometry) for f in example.shape)
+        pixels = self.spec.providers()["pixels"]
+        budget = self.spec.budget_min.evaluate({**self.geometry, "max_num_batched_tokens": 1 << 20,
+                                                "max_model_len": 1 << 20})
+        names = {**buffer_names(budget, 1, 1), **self.geometry}
+        return tuple(f.evaluate(names) for f in pixels.shape[1:])
+
+    def _fill(self, role: str, rows: int) -> torch.Tensor:
+        example = self.spec.tests.inputs.get(role)
+        shape = (rows, *self.row_shape(role))
+        fill = example.fill if example is not None else "randn"
+        dtype = {"bool": torch.bool, "int32": torch.int32, "int64": torch.int64}.get(
+            example.dtype if example is not None else "model", torch.float32)
+        if not isinstance(fill, str):
+            row = torch.tensor([f.evaluate(self.geometry) for f in fill], dtype=dtype)
+            return row.expand(shape).clone()
+        if fill == "randn":
+            return torch.randn(shape, generator=self.generator).to(dtype)
+        return (torch.ones if fill == "ones" else torch.zeros)(shape, dtype=dtype)
+
+    def inputs(self, modality: str, sizes: list) -> Inputs:
+        m = self.spec.modality(modality)
+        style = self.spec.attention_style
+        if m.count_key is None:
+            counts = torch.ones(len(sizes), dtype=torch.int64)  # every tile is an item
+        else:
+            counts = torch.tensor(sizes, dtype=torch.int64).reshape(-1, *style.empty_counts_shape()[1:])
+        rows = sum(self.adapter.item_spec(m, row).input_size for row in counts.tolist())
+        kwargs = {key: self._fill(role, rows) for role, key in m.inputs.items() if key != m.count_key}
+        if m.count_key is not None:
+            kwargs[m.count_key] = counts
+        return kwargs
+
+    def image(self, a: int, b: int) -> int | list[int]:
+        """A grid of ``a x b`` merged tokens, or ``a`` tiles."""
+        return self.spec.attention_style.check_item(0, a, b, self.geometry)
+
+    def video(self, frames: int, a: int, b: int) -> int | list[int]:
+        """``frames`` frames of ``a x b`` merged tokens, or one tile per frame."""
+        return self.spec.attention_style.check_item(frames, a, b, self.geometry)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    images: tuple[tuple[int, int], ...] = ()
+    """(height, width) in pixels."""
+    videos: tuple[tuple[int, int, int], ...] = ()
+    """(frames, height, width)."""
+
+
+MIXED_SIZES = ((480, 640), (768, 1024), (600, 800), (375, 500), (720, 1280), (336, 336), (448, 448), (612, 612))
+"""Resolutions typical of VLM benchmarks: COCO/VQAv2 photos (640x480, 500x375), DocVQA/ChartQA pages and
+charts (1024x768, 800x600), 720p screenshots, and square crops (336, 448, 612)."""
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("1x224", "one 224x224 image", images=((224, 224),)),
+    Workload("1x448", "one 448x448 image", images=((448, 448),)),
+    Workload("8x224", "eight 224x224 images", images=((224, 224),) * 8),
+    Workload("mixed", "eight images of realistic resolutions", images=MIXED_SIZES),
+    Workload("video4x448", "one 4-frame 448x448 video", videos=((4, 448, 448),)),
+    Workload("image+video", "two images (480x640, 448x448) and a 4-frame 448x448 video",
+             images=((480, 640), (448, 448)), videos=((4, 448, 448),)),
+)}
+
+def _item_size(adapter: SpecAdapter, modality: Modality, entry: tuple[int, ...]) -> int | list[int]:
+    """The count row of one image ``(height, width)`` or video ``(frames, height, width)``, as the model's
+    processor would shape it: the spec's ``tests.shaping`` (or its attention style's default)."""
+    spec = adapter.spec
+    sizes = dict(zip(("height", "width") if modality.name == "image" else ("frames", "height", "width"), entry))
+    if modality.count_key is None:
+        return 1  # one resized tile (or one whole clip) per item
+    names = {**adapter.geometry, **sizes}
+    row = [formula.evaluate(names) for formula in spec.tests.shaping[modality.name].values()]
+    return row if spec.attention_style.segmented else row[0]
+
+
+def make_inputs(adapter: SpecAdapter, workload: Workload, generator: torch.Generator) -> dict[str, torch.Tensor] | None:
+    """Encoder inputs for ``workload`` as the model's processor would shape them (on the host); None when the
+    spec lacks one of its modalities.
+
+    Count rows come from the spec's ``tests.shaping`` (packed encoders: patch grids rounded to the merge
+    unit by default; InternVL: its dynamic tiling); tile encoders without counts get one resized tile (or
+    clip) per item. Inputs beyond pixels and grids (masks, per-image shapes, instructions) are filled as
+    the spec's ``tests.inputs`` describe them, exactly as ``vitcg check`` fills them."""
+    builder = InputBuilder(adapter.spec, adapter, generator)
+    kwargs: dict[str, torch.Tensor] = {}
+    for name, entries in (("image", workload.images), ("video", workload.videos)):
+        if not entries:
+            continue
+        modality = adapter.spec.modality(name)
+        if modality is None:
+            return None
+        kwargs.update(builder.inputs(name, [_item_size(adapter, modality, e) for e in entries]))
+    return kwargs
+
+
+def on_device(adapter: SpecAdapter, kwargs: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Inputs on the device, floating ones in the model dtype; grids and tile counts stay on the host, as
+    processors emit them (reading them on the device would cost a sync per call)."""
+    counts = {m.count_key for m in adapter.spec.modalities}
+    return {k: v if k in counts else v.to(adapter.device, dtype if v.is_floating_point() else v.dtype)
+            for k, v in kwargs.items()}
