@@ -1,0 +1,155 @@
+"""Time to first token of a full transformers VLM, eager against ``vitcg.accelerate`` (GPU, random bf16 weights).
+
+Usage (GPU machine, repository root): python benchmarks/generate_ttft.py [MODEL...] [--json OUT] [--iters N]
+Models are small checkpoints' dimensions (their configs are written below); inputs come from each model's
+own image processor (PIL backend, defaults) on random images, and ``input_ids`` hold the placeholders the
+processor's tokenizer would expand. TTFT is the median wall time of ``generate(max_new_tokens=1)`` after
+warm-up; the accelerated model must give the same first tokens as the eager one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+import transformers
+
+import vitcg
+
+WORKLOADS = {
+    "1x224": [(224, 224)],
+    "1x448": [(448, 448)],
+    "4x448": [(448, 448)] * 4,
+    "mixed3": [(476, 644), (336, 336), (784, 1036)],
+}
+
+
+def qwen_tokens(config, inputs, merge=2):
+    ids = []
+    for t, h, w in inputs["image_grid_thw"].tolist():
+        ids += [config.vision_start_token_id] + [config.image_token_id] * (t * h * w // merge**2)
+        ids += [config.vision_end_token_id]
+    return ids
+
+
+def internvl_tokens(config, inputs):
+    per_tile = (config.vision_config.image_size[0] // config.vision_config.patch_size[0]) ** 2 // 4
+    ids = []
+    for tiles in inputs.pop("num_patches").tolist():
+        ids += [config.image_token_id] * (tiles * per_tile)
+    return ids
+
+
+MODELS = {
+    # Qwen2-VL-2B: 32-layer 1280-wide ViT, merger to 1536; 28-layer text model
+    "qwen2_vl": dict(
+        config=lambda: transformers.Qwen2VLConfig(
+            vision_config={"hidden_size": 1536},
+            text_config={"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+                         "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936}),
+        model=transformers.Qwen2VLForConditionalGeneration, processor=transformers.Qwen2VLImageProcessorPil,
+        tokens=qwen_tokens),
+    # Qwen2.5-VL-3B: 32-layer 1280-wide windowed ViT, merger to 2048; 36-layer text model
+    "qwen2_5_vl": dict(
+        config=lambda: transformers.Qwen2_5_VLConfig(
+            vision_config={"hidden_size": 1280, "out_hidden_size": 2048, "intermediate_size": 3420},
+            text_config={"hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
+                         "num_key_value_heads": 2, "intermediate_size": 11008, "vocab_size": 151936}),
+        model=transformers.Qwen2_5_VLForConditionalGeneration, processor=transformers.Qwen2VLImageProcessorPil,
+        tokens=qwen_tokens),
+    # Qwen3-VL-2B: 24-layer 1024-wide ViT with deepstack, merger to 2048; 28-layer text model
+    "qwen3_vl": dict(
+        config=lambda: transformers.Qwen3VLConfig(
+            vision_config={"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16,
+                           "out_hidden_size": 2048, "deepstack_visual_indexes": [5, 11, 17]},
+            text_config={"hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16,
+                         "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144,
+                         "vocab_size": 151936}),
+        model=transformers.Qwen3VLForConditionalGeneration, processor=transformers.Qwen2VLImageProcessorPil,
+        processor_kwargs={"patch_size": 16}, tokens=qwen_tokens),
+    # InternVL3-1B: InternViT-300M (defaults), 448 tiles, Qwen2 0.5B-class text model
+    "internvl": dict(
+        config=lambda: transformers.InternVLConfig(
+            text_config={"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+                         "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151674}),
+        model=transformers.InternVLForConditionalGeneration, processor=transformers.GotOcr2ImageProcessorPil,
+        processor_kwargs={"crop_to_patches": True, "size": {"height": 448, "width": 448}}, tokens=internvl_tokens),
+}
+
+
+def inputs_for(entry, config, sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    processor = entry["processor"](**entry.get("processor_kwargs", {}))
+    images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+    inputs = dict(processor(images=images, return_tensors="pt"))
+    ids = [11, 12, 13] + entry["tokens"](config, inputs) + [14, 15]
+    inputs["input_ids"] = torch.tensor([ids])
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    return {k: v.to("cuda", torch.bfloat16 if v.is_floating_point() else v.dtype) for k, v in inputs.items()}
+
+
+def ttft(model, inputs, iters, warmup=3):
+    times, first = [], None
+    with torch.no_grad():
+        for i in range(warmup + iters):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = model.generate(**inputs, max_new_tokens=1, do_sample=False)
+            torch.cuda.synchronize()
+            if i >= warmup:
+                times.append((time.perf_counter() - start) * 1e3)
+            first = out[:, -1]
+    return statistics.median(times), first
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=list(MODELS))
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    results = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
+               "torch": torch.__version__, "transformers": transformers.__version__, "models": {}}
+    for name in args.models:
+        entry = MODELS[name]
+        try:
+            config = entry["config"]()
+            torch.manual_seed(0)
+            with torch.device("cuda"):
+                model = entry["model"](config).to(torch.bfloat16).eval()
+            rows = {}
+            workloads = {w: inputs_for(entry, config, sizes) for w, sizes in WORKLOADS.items()}
+            for w, inputs in workloads.items():
+                rows[w] = {"eager_ms": None}
+                rows[w]["eager_ms"], rows[w]["first_eager"] = ttft(model, inputs, args.iters)
+            start = time.perf_counter()
+            handle = vitcg.accelerate(model, progress=False)
+            capture_s = time.perf_counter() - start
+            for w, inputs in workloads.items():
+                ms, first = ttft(model, inputs, args.iters)
+                same = bool(torch.equal(first, rows[w].pop("first_eager")))
+                rows[w].update(vitcg_ms=ms, gain=rows[w]["eager_ms"] / ms, same_first_token=same)
+                print(f"{name:11s} {w:7s} eager {rows[w]['eager_ms']:8.2f} ms  vitcg {ms:8.2f} ms  "
+                      f"{rows[w]['gain']:.2f}x  same token: {same}", flush=True)
+            stats = handle.stats
+            results["models"][name] = {"workloads": rows, "capture_s": capture_s, "budgets": list(handle.manager.budgets),
+                                       "routed": stats.routed, "original": stats.original,
+                                       "reasons": dict(stats.reasons), "hits": stats.manager.hits,
+                                       "misses": stats.manager.misses}
+            handle.restore()
+            del model, handle
+            torch.cuda.empty_cache()
+        except Exception as exc:  # one model's failure is a result; the others still run
+            results["models"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

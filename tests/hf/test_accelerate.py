@@ -1,0 +1,135 @@
+"""``vitcg.accelerate`` on a tiny Qwen2-VL built from its config (random weights), on the CPU static path.
+
+Per item the accelerated ``get_image_features`` must match the original (float32, 1e-5 relative), greedy
+``generate`` must give the same tokens, and the model must come back unchanged after ``restore``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import vitcg
+from vitcg.errors import UsageError
+from vitcg.tools.workloads import relative_error
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("PIL")
+
+VISION = {"depth": 2, "embed_dim": 64, "hidden_size": 48, "num_heads": 4}
+TEXT = {"hidden_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 64, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 2, 2]}}
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = transformers.Qwen2VLConfig(vision_config=VISION, text_config=TEXT)
+    return transformers.Qwen2VLForConditionalGeneration(config).eval()
+
+
+def images(*sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    processor = transformers.Qwen2VLImageProcessorPil()
+    return processor(images=[rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in sizes], return_tensors="pt")
+
+
+def prompt(model, grid):
+    """input_ids as the processor would expand them: text, then per image its start token, one placeholder per
+    merged patch, its end token."""
+    config = model.config
+    ids = [1, 2, 3]
+    for t, h, w in grid.tolist():
+        ids += [config.vision_start_token_id] + [config.image_token_id] * (t * h * w // 4) + [config.vision_end_token_id]
+    ids += [4, 5]
+    return torch.tensor([ids])
+
+
+def features(model, inputs):
+    with torch.no_grad():
+        return model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
+
+
+def test_features_and_generate_match_the_original_per_item(model):
+    inputs = images((56, 84), (112, 56), (84, 84))
+    want = features(model, inputs)
+    ids = prompt(model, inputs["image_grid_thw"])
+    with torch.no_grad():
+        tokens = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                                **inputs)
+    with vitcg.accelerate(model, max_num_batched_tokens=1024) as handle:
+        features(model, inputs)  # the first call runs the original and learns the output layout
+        fresh = images((56, 84), (112, 56), (84, 84))
+        got = features(model, fresh)
+        assert [g.shape for g in got] == [w.shape for w in want]
+        for g, w in zip(got, want, strict=True):
+            assert relative_error(g, w) <= 1e-5
+        with torch.no_grad():
+            accelerated = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                         do_sample=False, **inputs)
+        assert torch.equal(accelerated, tokens)
+        assert handle.stats.routed >= 2 and handle.stats.manager.hits >= 6
+    assert "forward" not in vars(model.model.visual) and not hasattr(model, "_vitcg")
+
+
+def test_autograd_and_uncaptured_arguments_run_the_original(model):
+    inputs = images((56, 56))
+    with vitcg.accelerate(model, max_num_batched_tokens=1024) as handle:
+        model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])  # grad on
+        assert any("autograd" in reason for reason in handle.stats.reasons)
+        with torch.no_grad():
+            model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"], output_attentions=True)
+        assert any("output_attentions" in reason for reason in handle.stats.reasons)
+        assert handle.stats.routed == 0
+
+
+def test_calling_twice_restores_the_first_routing(model):
+    first = vitcg.accelerate(model, max_num_batched_tokens=1024)
+    second = vitcg.accelerate(model, max_num_batched_tokens=1024)
+    assert not first.active and second.active and model._vitcg is second
+    second.restore()
+    second.restore()  # idempotent
+    assert "forward" not in vars(model.model.visual)
+
+
+def test_a_dtype_change_captures_again(model):
+    inputs = images((56, 84), (84, 56))
+    want = features(model, inputs)
+    with vitcg.accelerate(model, max_num_batched_tokens=1024) as handle:
+        features(model, inputs)
+        model.double()
+        try:
+            double = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+            features(model, double)
+            got = features(model, double)
+        finally:
+            model.float()
+        assert handle.stats.recaptures == 1 and handle.manager.dtype == torch.float64
+        for g, w in zip(got, want, strict=True):
+            assert relative_error(g.float(), w) <= 1e-5
+
+
+def test_unknown_model_lists_supported_types():
+    text_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, vocab_size=32))
+    with pytest.raises(UsageError, match=r"no spec for LlamaForCausalLM \(model_type 'llama'\); supported model "
+                                         r"types: .*qwen2_vl"):
+        vitcg.accelerate(text_model)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_match_the_original_per_item(no_tf32):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    torch.manual_seed(0)
+    config = transformers.Qwen2VLConfig(vision_config=VISION, text_config=TEXT)
+    with torch.device("cuda"):
+        cuda_model = transformers.Qwen2VLForConditionalGeneration(config).eval()
+    inputs = {k: v.cuda() for k, v in images((56, 84), (112, 56), (84, 84)).items()}
+    want = features(cuda_model, inputs)
+    with vitcg.accelerate(cuda_model, max_num_batched_tokens=1024) as handle:
+        features(cuda_model, inputs)
+        got = features(cuda_model, inputs)
+        assert handle.manager.use_cuda_graphs and handle.stats.routed == 1 and handle.stats.manager.replays >= 1
+    for g, w in zip(got, want, strict=True):
+        assert relative_error(g, w) <= 1e-5

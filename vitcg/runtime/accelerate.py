@@ -1,0 +1,344 @@
+"""``vitcg.accelerate(model)``: a loaded transformers VLM runs its vision encoder through budget graphs.
+
+The spec of the model (found by architecture or ``model_type``) names the encoder module inside the VLM
+(``encoder.vlm_attribute``) and the call that is captured (``encoder.method``). :func:`accelerate` builds the
+adapter on that very module (its real weights), captures the budget graphs, and replaces the call on that
+module instance with a router: the VLM's ``get_image_features`` / ``get_video_features`` (and so ``forward``
+and ``generate``) reach the manager without any other change. What the graphs cannot serve runs the
+original call: autograd on, arguments the spec did not capture, a modality the spec lacks, an item larger
+than every budget (the manager's own eager fallback). :meth:`Accelerated.restore` puts the original calls
+back.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import InputError, UsageError
+from ..lang import Registry, load_registry
+from ..lang.bindings import import_object
+from ..lang.model import Spec
+from .adapter import adapter_for
+from .manager import EncoderCudaGraphManager, ManagerStats
+
+_MODALITY: contextvars.ContextVar[str | None] = contextvars.ContextVar("vitcg_modality", default=None)
+FEATURE_METHODS = {"get_image_features": "image", "get_video_features": "video"}
+"""VLM methods whose calls say which modality the encoder is asked for."""
+IGNORED_ARGS = {"return_dict"}
+"""Arguments of the captured call that change nothing a graph computes (a structured output is returned)."""
+
+
+def default_specs_dir() -> Path:
+    """``$VITCG_SPECS_DIR``, else the ``specs/`` folder of the vitcg checkout. Raises UsageError if neither
+    exists."""
+    for candidate in (os.environ.get("VITCG_SPECS_DIR"), Path(__file__).resolve().parents[2] / "specs"):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    raise UsageError("no specs folder found: pass specs=PATH to vitcg.accelerate or set VITCG_SPECS_DIR")
+
+
+@dataclass
+class AccelerateStats:
+    """What the router did since :func:`accelerate`: encoder calls served by the manager or by the original
+    call (with why), plus the manager's own counters (items, graph hits and eager misses, replays)."""
+
+    calls: int = 0
+    routed: int = 0
+    """Calls served by the manager (its items may still run eagerly when larger than every budget)."""
+    original: int = 0
+    """Calls that ran the original encoder call."""
+    reasons: Counter = field(default_factory=Counter)
+    """Why calls ran the original call, by reason."""
+    recaptures: int = 0
+    """Times the graphs were captured again because the encoder moved to another device or dtype."""
+    manager: ManagerStats | None = None
+
+
+@dataclass
+class _Patch:
+    owner: Any
+    name: str
+    had_own: bool
+    previous: Any
+
+
+class _Layout:
+    """How one output of the captured call is rebuilt from the manager's combined rows: the output type and,
+    per ``encoder.outputs`` entry, the shapes of its tensors. Learned from the first original call."""
+
+    def __init__(self, kind: type, entries: list[tuple[str, bool, list[tuple[int, ...]], list[int]]]):
+        self.kind = kind
+        self.entries = entries
+        """(field, is a list, shapes, dim that scales with the rows per tensor)."""
+
+    @classmethod
+    def learn(cls, spec: Spec, output: Any, rows: int) -> _Layout | None:
+        """The layout of ``output`` (a call that produced ``rows`` rows); None while it is ambiguous (one row
+        of a packed encoder could scale along any dimension of size 1)."""
+        entries = []
+        for name in spec.encoder.outputs:
+            value = output[name] if isinstance(output, Mapping) else getattr(output, name, None)
+            tensors = list(value) if isinstance(value, (list, tuple)) else [value]
+            if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in tensors):
+                return None
+            dims = []
+            for t in tensors:
+                shape = tuple(t.shape)
+                if not spec.attention_style.segmented:
+                    dims.append(0)  # tiles: the tile batch is dim 0
+                    continue
+                matching = [d for d in range(len(shape) - 1) if shape[d] == rows]
+                if len(matching) != 1 or t.numel() // shape[-1] != rows:
+                    return None
+                dims.append(matching[0])
+            entries.append((name, isinstance(value, (list, tuple)), [tuple(t.shape) for t in tensors], dims))
+        return cls(type(output), entries)
+
+    def build(self, combined: torch.Tensor) -> Any:
+        """The output object for ``combined`` rows (the spec's output fields concatenated on the last dim).
+        Raises InputError when the rows do not fit the learned shapes."""
+        fields, offset, rows = {}, 0, combined.shape[0]
+        for name, is_list, shapes, dims in self.entries:
+            parts = []
+            for shape, dim in zip(shapes, dims):
+                width = shape[-1]
+                flat = combined[:, offset:offset + width]
+                offset += width
+                others = 1
+                for d, size in enumerate(shape[:-1]):
+                    others *= size if d != dim else 1
+                if rows % others:
+                    raise InputError(f"{rows} rows do not fit an output of shape {shape}")
+                new = list(shape)
+                new[dim] = rows // others
+                parts.append(flat.reshape(new))
+            fields[name] = parts if is_list else parts[0]
+        if issubclass(self.kind, Mapping) and not hasattr(self.kind, "__dataclass_fields__"):
+            return self.kind(fields)
+        return self.kind(**fields)
+
+
+def _resolve(root: nn.Module, path: str) -> tuple[list[Any], Any]:
+    """The objects along ``path`` from ``root`` (root first) and the object at its end; a leading part the
+    root does not have is dropped, so the inner model of a VLM works as well as the VLM."""
+    parts = path.split(".")
+    for start in range(len(parts)):
+        chain, node = [root], root
+        for part in parts[start:]:
+            node = getattr(node, part, None)
+            if node is None:
+                break
+            chain.append(node)
+        else:
+            return chain[:-1], node
+    raise UsageError(f"{type(root).__name__} has no {path!r} (the spec's encoder.vlm_attribute)")
+
+
+def _spec_for(model: nn.Module, spec: Spec | str | None, specs: Registry | str | Path | None) -> Spec:
+    if isinstance(spec, Spec):
+        return spec
+    registry = specs if isinstance(specs, Registry) else load_registry([specs or default_specs_dir()], bindings=False)
+    if isinstance(spec, str):
+        return registry[spec]
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    found = registry.find(model_type, [type(model).__name__, *(getattr(config, "architectures", None) or ())])
+    if found is None:
+        known = sorted({t for s in registry for t in s.model_types})
+        raise UsageError(f"no spec for {type(model).__name__} (model_type {model_type!r}); supported model types: "
+                         f"{', '.join(known)}")
+    return found
+
+
+class Accelerated:
+    """The handle :func:`accelerate` returns: statistics, :meth:`restore` (also on leaving a ``with``)."""
+
+    def __init__(self, model: nn.Module, spec: Spec, owners: list[Any], encoder: nn.Module,
+                 limits: Mapping[str, Any], progress: bool):
+        self.model, self.spec, self.encoder = model, spec, encoder
+        self.limits = dict(limits)
+        self.progress = progress
+        self.stats = AccelerateStats()
+        self.adapter: Any = None
+        self.manager: EncoderCudaGraphManager | None = None
+        self._owners = owners
+        self._patches: list[_Patch] = []
+        self._layout: _Layout | None = None
+        self._original = getattr(encoder, spec.encoder.method)
+        self._signature = inspect.signature(self._original)
+        self._capture()
+        self._install()
+
+    def _capture(self) -> None:
+        """Adapter and manager on the encoder as it is now (its device and dtype), graphs captured."""
+        router = vars(self.encoder).pop(self.spec.encoder.method, None)  # the adapter must bind the original call
+        try:
+            self.adapter = adapter_for(self.spec, self.encoder)
+        finally:
+            if router is not None:
+                setattr(self.encoder, self.spec.encoder.method, router)
+        self.manager = EncoderCudaGraphManager(self.adapter, device=self.adapter.device, dtype=self.adapter.dtype,
+                                               progress=self.progress, **self.limits)
+        self.manager.capture()
+        self.stats.manager = self.manager.stats
+
+    def _patch(self, owner: Any, name: str, replacement: Callable) -> None:
+        had_own = name in vars(owner)
+        self._patches.append(_Patch(owner, name, had_own, vars(owner).get(name)))
+        setattr(owner, name, replacement)
+
+    def _install(self) -> None:
+        method = self.spec.encoder.method
+        self._patch(self.encoder, method, self._route)
+        for owner in self._owners:
+            for name, modality in FEATURE_METHODS.items():
+                if owner is self.encoder and name == method:
+                    continue
+                original = getattr(owner, name, None)
+                if callable(original):
+                    self._patch(owner, name, _with_modality(original, modality))
+        self.model._vitcg = self
+
+    @property
+    def active(self) -> bool:
+        return bool(self._patches)
+
+    def restore(self) -> None:
+        """Put every patched call back; the model is as it was before :func:`accelerate`. Safe to repeat."""
+        for patch in reversed(self._patches):
+            if patch.had_own:
+                setattr(patch.owner, patch.name, patch.previous)
+            else:
+                delattr(patch.owner, patch.name)
+        self._patches.clear()
+        if getattr(self.model, "_vitcg", None) is self:
+            del self.model._vitcg
+
+    def __enter__(self) -> Accelerated:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def _fallback(self, reason: str, args: tuple, kwargs: dict) -> Any:
+        self.stats.original += 1
+        self.stats.reasons[reason] += 1
+        return self._original(*args, **kwargs)
+
+    def _mm_kwargs(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any] | None, str | None]:
+        """The multimodal kwargs of this call, or None and why the graphs cannot serve it."""
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            return None, f"arguments do not bind: {exc}"
+        given = dict(bound.arguments)
+        for name, parameter in self._signature.parameters.items():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                given.update(given.pop(name, {}))
+        name = _MODALITY.get() or FEATURE_METHODS.get(self.spec.encoder.method) or self.spec.modality_names[0]
+        modality = self.spec.modality(name)
+        if modality is None:
+            return None, f"the spec has no {name} modality"
+        roles = self.spec.encoder.args
+        mm = {}
+        for arg, role in roles.items():
+            if given.get(arg) is not None:
+                mm[modality.inputs[role]] = given[arg]
+        call_kwargs = self.spec.encoder.call_kwargs
+        for arg, value in given.items():
+            if arg in roles or arg in IGNORED_ARGS and value is not False:
+                continue
+            if arg in call_kwargs:
+                if value != call_kwargs[arg]:
+                    return None, f"{arg}={value!r} differs from the spec's call_kwargs ({call_kwargs[arg]!r})"
+            elif value is not None and value is not False:
+                return None, f"argument {arg}={_short(value)} is not captured by the spec"
+        pixels = mm.get(modality.pixels_key)
+        if not isinstance(pixels, torch.Tensor):
+            return None, "no pixel tensor"
+        if pixels.shape[0] == 0:
+            return None, "empty batch"
+        return mm, None
+
+    def _route(self, *args: Any, **kwargs: Any) -> Any:
+        self.stats.calls += 1
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.encoder.parameters()):
+            return self._fallback("autograd is on (graphs serve inference: use torch.no_grad())", args, kwargs)
+        mm, reason = self._mm_kwargs(args, kwargs)
+        if mm is None:
+            return self._fallback(reason, args, kwargs)
+        parameter = next(self.encoder.parameters())
+        if (parameter.device, parameter.dtype) != (self.manager.device, self.manager.dtype):
+            self.stats.recaptures += 1
+            self._layout = None
+            self._capture()
+        try:
+            rows = sum(i.output_tokens for i in self.adapter.get_encoder_cudagraph_item_specs(mm))
+        except InputError as exc:
+            return self._fallback(f"inputs the spec does not describe: {exc}", args, kwargs)
+        if self._layout is None:
+            output = self._fallback("first call: learning the output layout", args, kwargs)
+            self._layout = _Layout.learn(self.spec, output, rows)
+            return output
+        self.stats.routed += 1
+        parts = self.manager.execute(mm)
+        combined = torch.cat(parts) if parts else torch.zeros(0, self.adapter.geometry["out_hidden_size"])
+        return self._layout.build(combined)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {tuple(value.shape)}>"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _with_modality(method: Callable, modality: str) -> Callable:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        token = _MODALITY.set(modality)
+        try:
+            return method(*args, **kwargs)
+        finally:
+            _MODALITY.reset(token)
+    return call
+
+
+def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Registry | str | Path | None = None,
+               progress: bool | None = None, **engine_limits: Any) -> Accelerated:
+    """Route ``model``'s vision encoder through budget CUDA graphs (on CUDA; the static path elsewhere).
+
+    ``model``: a loaded transformers VLM (a class in a spec's ``architectures``, or its inner model).
+    ``spec``: a spec or spec name; by default the spec whose architectures or model types match the model,
+    from ``specs`` (a folder or :class:`~vitcg.lang.Registry`; default :func:`default_specs_dir`).
+    ``engine_limits``: the manager's engine options (``max_num_batched_tokens``, ``token_budgets``,
+    ``max_items_per_batch``...). ``progress``: a capture progress bar (default: when stderr is a terminal).
+
+    Build it after moving the model to its device and dtype; if the encoder moves later, the next call
+    captures again. Calling it again on the same model restores the first routing and starts over.
+    Raises UsageError when no spec matches (listing the supported model types) or the spec's encoder is
+    not where the spec says."""
+    previous = getattr(model, "_vitcg", None)
+    if isinstance(previous, Accelerated):
+        previous.restore()
+    chosen = _spec_for(model, spec, specs)
+    owners, encoder = _resolve(model, chosen.encoder.vlm_attribute)
+    expected = import_object(chosen.encoder.class_path)
+    if not isinstance(encoder, expected):
+        raise UsageError(f"{chosen.name}: {chosen.encoder.vlm_attribute} of {type(model).__name__} is a "
+                         f"{type(encoder).__name__}, not the spec's {expected.__name__}")
+    if progress is None:
+        progress = sys.stderr.isatty()
+    return Accelerated(model, chosen, [*owners, encoder], encoder, engine_limits, progress)
