@@ -133,3 +133,37 @@ def test_cuda_graphs_match_the_original_per_item(no_tf32):
         assert handle.manager.use_cuda_graphs and handle.stats.routed == 1 and handle.stats.manager.replays >= 1
     for g, w in zip(got, want, strict=True):
         assert relative_error(g, w) <= 1e-5
+
+
+def test_routed_calls_keep_their_signatures(model):
+    import inspect
+
+    before = inspect.signature(model.model.visual.forward), inspect.signature(model.model.get_image_features)
+    with vitcg.accelerate(model, max_num_batched_tokens=1024):
+        after = inspect.signature(model.model.visual.forward), inspect.signature(model.model.get_image_features)
+    assert after == before
+
+
+def test_internvl_generate_routes_its_get_image_features():
+    """InternVL's captured call is the base model's get_image_features, which generate() calls by keyword."""
+    from vitcg.lang import load_registry
+    from vitcg.lang.model import thaw
+
+    spec = load_registry(["specs/internvl.yaml"], bindings=False)["internvl"]
+    overrides = thaw(spec.encoder.tiny_config)
+    overrides["text_config"]["vocab_size"] = 151680  # the image token id must be a valid embedding
+    torch.manual_seed(0)
+    vlm = transformers.InternVLForConditionalGeneration(transformers.InternVLConfig(**overrides)).eval()
+    processor = transformers.GotOcr2ImageProcessorPil(size={"height": 56, "width": 56}, crop_to_patches=True)
+    rng = np.random.default_rng(0)
+    inputs = dict(processor(images=[rng.integers(0, 255, (60, 130, 3), dtype=np.uint8)], return_tensors="pt"))
+    tiles = int(inputs.pop("num_patches").sum())
+    per_tile = (56 // vlm.config.vision_config.patch_size[0]) ** 2 // 4
+    ids = torch.tensor([[1, 2] + [vlm.config.image_token_id] * (tiles * per_tile) + [3]])
+    with torch.no_grad():
+        want = vlm.generate(input_ids=ids, max_new_tokens=8, do_sample=False, **inputs)
+        with vitcg.accelerate(vlm, max_num_batched_tokens=1024) as handle:
+            vlm.generate(input_ids=ids, max_new_tokens=8, do_sample=False, **inputs)  # learns the layout
+            got = vlm.generate(input_ids=ids, max_new_tokens=8, do_sample=False, **inputs)
+            assert handle.stats.routed == 1 and handle.stats.manager.hits == tiles
+    assert torch.equal(got, want)

@@ -201,7 +201,14 @@ class Accelerated:
 
     def _install(self) -> None:
         method = self.spec.encoder.method
-        self._patch(self.encoder, method, self._route)
+        # the router shows the original signature: generate() binds model kwargs to it by name
+        route = self._route
+
+        @functools.wraps(self._original)
+        def router(*args: Any, **kwargs: Any) -> Any:
+            return route(*args, **kwargs)
+
+        self._patch(self.encoder, method, router)
         for owner in self._owners:
             for name, modality in FEATURE_METHODS.items():
                 if owner is self.encoder and name == method:
@@ -270,6 +277,14 @@ class Accelerated:
             return None, "no pixel tensor"
         if pixels.shape[0] == 0:
             return None, "empty batch"
+        style = self.spec.attention_style
+        for role, key in modality.inputs.items():
+            if key in mm:
+                continue
+            if role == style.count_role and not style.count_required:
+                mm[key] = torch.ones(pixels.shape[0], dtype=torch.int64)  # the call batches tiles: each is an item
+            else:
+                return None, f"the call does not pass the {role} input"
         return mm, None
 
     def _route(self, *args: Any, **kwargs: Any) -> Any:
