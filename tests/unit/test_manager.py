@@ -276,6 +276,35 @@ def test_tight_packing_minimizes_replay_costs(toy):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("packing", ["tight", "greedy"])
+def test_packs_cheaper_eagerly_run_eagerly(toy, packing):
+    """With injected costs: a pack whose replay costs more than its real tokens cost eagerly (a compute-bound
+    batch padded to a large budget) goes to the one eager call; results stay those of eager."""
+    items = toy.get_encoder_cudagraph_item_specs(batch(2, 33, 1))
+    manager = make(toy, max_num_batched_tokens=64, packing=packing)
+    manager.replay_costs = {4: 1.0, 8: 1.1, 16: 1.2, 32: 1.4, 64: 10.0}
+    manager.eager_costs = {4: 2.0, 8: 2.0, 16: 2.5, 32: 3.0, 64: 6.0}
+    assert manager.eager_cost(33) == pytest.approx(3.0 + 3.0 * 1 / 32)
+    assert manager.eager_cost(2) == 2.0 and manager.eager_cost(128) == pytest.approx(12.0)
+    packs, eager = manager.plan_packs(items)
+    assert eager == [1] or sorted(eager) == [0, 1, 2]
+    assert all(p.budget < 64 for p in packs)
+    kwargs = batch(2, 33, 1, seed=4)
+    for got, want in zip(manager.execute(kwargs), reference(kwargs, toy)):
+        torch.testing.assert_close(got, want)
+    assert manager.stats.routed_eager >= 1 and manager.stats.misses >= manager.stats.routed_eager
+    manager.route_eager = False
+    assert manager.plan_packs(items)[1] == []
+
+
+def test_launch_bound_packs_keep_their_graphs(toy):
+    items = toy.get_encoder_cudagraph_item_specs(batch(2, 5, 1))
+    manager = make(toy, max_num_batched_tokens=64)
+    manager.replay_costs = {4: 0.1, 8: 0.1, 16: 0.12, 32: 0.15, 64: 0.2}
+    manager.eager_costs = {4: 5.0, 8: 5.0, 16: 5.1, 32: 5.2, 64: 5.5}
+    assert manager.plan_packs(items)[1] == []
+
+
 def test_static_path_measures_nothing(toy):
     report = make(toy).capture()
     assert report.replay_ms == {}

@@ -63,6 +63,9 @@ tower, benchmarks/RESULTS.md), vLLM's caps made 8 images 1.4x and a mixed batch 
 these. Lean caps: this many items, and the frames of one longest video."""
 
 COST_RUNS = 3
+EAGER_MARGIN = 0.9
+"""A pack runs eagerly only when that is estimated at least 10% cheaper than its replay: the estimate comes
+from the fixed-shape forward, which skips the eager call's own metadata work."""
 """Timed replays per budget graph when replay costs are measured at capture (after one untimed replay)."""
 
 
@@ -74,7 +77,9 @@ class ManagerStats:
     hits: int = 0
     """Items served by a budget graph."""
     misses: int = 0
-    """Items that ran eagerly (larger than every budget, or too many frames)."""
+    """Items that ran eagerly (larger than every budget, too many frames, or cheaper eagerly)."""
+    routed_eager: int = 0
+    """Of the misses, items that fit a budget but ran eagerly because that was estimated cheaper."""
     graph_hits = property(lambda self: self.hits, doc="vLLM's name for :attr:`hits`.")
     graph_misses = property(lambda self: self.misses, doc="vLLM's name for :attr:`misses`.")
     replays: int = 0
@@ -139,7 +144,9 @@ class EncoderCudaGraphManager:
     when it is None, from the keyword arguments of the same names. ``device`` and ``dtype`` are the
     graphs' (as vLLM passes them); nothing is read from the model but the protocol. ``lean``: when items
     or frames per batch are left to be inferred, use :data:`LEAN_ITEMS` and one video's frames instead of
-    vLLM's larger values (budgets are vLLM's either way)."""
+    vLLM's larger values (budgets are vLLM's either way). ``route_eager``: on CUDA, measure at capture
+    what the forward costs without a graph and send packs that are cheaper eagerly to the eager call (so a
+    compute-bound batch padded to a large budget is never slower than eager)."""
 
     def __init__(
         self,
@@ -159,6 +166,7 @@ class EncoderCudaGraphManager:
         packing: str = "tight",
         ladder: str = "vllm",
         lean: bool = True,
+        route_eager: bool = True,
     ):
         self.model = model
         self.config = model.get_encoder_cudagraph_config()
@@ -204,6 +212,11 @@ class EncoderCudaGraphManager:
         """Cost of one replay per budget, which ``tight`` packing minimizes: on CUDA the replay time measured
         at capture (ms); empty means the token model, budget plus the smallest budget per replay. A caller
         may set its own (any unit, every budget)."""
+        self.route_eager = route_eager
+        self.eager_costs: dict[int, float] = {}
+        """Cost of the forward without a graph per budget (ms), measured at capture on CUDA when
+        ``route_eager``: packs whose replay costs more than their tokens eagerly run eagerly. A caller may set
+        its own (same unit as :attr:`replay_costs`)."""
         self.stats = ManagerStats()
         self._forward_seconds = 0.0
         self._pool = None
@@ -244,7 +257,57 @@ class EncoderCudaGraphManager:
             # a replay costs milliseconds of launches whatever its size: measure, so that packing knows
             self.replay_costs = {entry.budget: timed(entry.graph.replay, COST_RUNS, 1, self.device)
                                  for entry in self.graphs.values()}
+            if self.route_eager:
+                self.eager_costs = self._measure_eager()
         return CaptureReport(time.perf_counter() - start, per_budget, pool_bytes, dict(self.replay_costs))
+
+    def _measure_eager(self) -> dict[int, float]:
+        """What the forward costs without a graph at each budget (ms): its kernels launched one by one, as
+        an eager call of that many tokens launches them."""
+        costs: dict[int, float] = {}
+        for entry in self.graphs.values():
+            def forward(values=entry.inputs.values):
+                with torch.inference_mode():
+                    self.model.encoder_cudagraph_forward({**values}, path=DEFAULT_PATH)
+            cost = timed(forward, COST_RUNS, 1, self.device)
+            costs[entry.budget] = min(cost, costs.get(entry.budget, cost))
+        return costs
+
+    def eager_cost(self, tokens: int) -> float | None:
+        """Estimated cost of one eager forward of ``tokens`` output tokens, interpolated between the budgets'
+        measured costs (:attr:`eager_costs`); None when they are unknown."""
+        if not self.eager_costs:
+            return None
+        points = sorted(self.eager_costs.items())
+        if tokens <= points[0][0]:
+            return points[0][1]
+        for (lo, lo_cost), (hi, hi_cost) in itertools.pairwise(points):
+            if tokens <= hi:
+                return lo_cost + (hi_cost - lo_cost) * (tokens - lo) / (hi - lo)
+        (lo, lo_cost), (hi, hi_cost) = points[-2:] if len(points) > 1 else (points[0], points[0])
+        slope = (hi_cost - lo_cost) / (hi - lo) if hi > lo else lo_cost / lo
+        return hi_cost + slope * (tokens - hi)
+
+    def _route_eager(self, items: Sequence[EncoderItemSpec], packs: list[PackPlan], eager: list[int]
+                     ) -> tuple[list[PackPlan], list[int]]:
+        """Move packs to the eager call while that lowers the estimated cost: a compute-bound pack padded to
+        a large budget costs more as a replay than its real tokens cost eagerly."""
+        if not (self.route_eager and self.eager_costs and self.replay_costs):
+            return packs, eager
+        eager_tokens = sum(items[i].output_tokens for i in eager)
+
+        def eager_part(tokens: int) -> float:
+            return self.eager_cost(tokens) if tokens else 0.0
+
+        kept = []
+        for pack in sorted(packs, key=lambda p: -p.budget):
+            moved = eager_part(eager_tokens + pack.tokens) - eager_part(eager_tokens)
+            if moved < self.replay_cost(pack.budget) * EAGER_MARGIN:
+                eager = [*eager, *pack.indices]
+                eager_tokens += pack.tokens
+            else:
+                kept.append(pack)
+        return kept, eager
 
     def replay_cost(self, budget: int) -> float:
         """What one replay at ``budget`` costs for ``tight`` packing (:attr:`replay_costs`)."""
@@ -285,7 +348,7 @@ class EncoderCudaGraphManager:
         rest = [i for i in range(len(items)) if i not in skip]
         if self.packing == "tight":
             rest.sort(key=lambda i: (-items[i].output_tokens, i))
-            return self._tight(items, frames, rest), eager
+            return self._route_eager(items, self._tight(items, frames, rest), eager)
         rest.sort(key=lambda i: (items[i].output_tokens, i))
         packs: list[PackPlan] = []
         current: list[int] = []
@@ -297,7 +360,7 @@ class EncoderCudaGraphManager:
             current.append(i)
         if current:
             packs.append(self._pack(items, current))
-        return packs, eager
+        return self._route_eager(items, packs, eager)
 
     def _defer(self, items, current: list[int], i: int) -> bool:
         """vLLM's early close: item ``i`` alone needs at least the current pack's budget, and two replays
@@ -413,6 +476,8 @@ class EncoderCudaGraphManager:
             self._postprocess(output, eager, tokens, dest, selected, exact=True, source="eager forward")
             self.stats.eager_calls += 1
             self.stats.misses += len(eager)
+            self.stats.routed_eager += sum(1 for i in eager if self._fit(tokens[i]) is not None
+                                           and (frames is None or frames[i] <= self.plan.max_frames))
         self.stats.items += len(items)
         missing = [i for i in range(len(items)) if i not in dest]
         if missing:
