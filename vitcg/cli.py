@@ -5,7 +5,10 @@ Exit codes: 0 ok, 1 spec errors or failed checks, 2 usage errors.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -22,6 +25,33 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
+"""What ``--device`` accepts: torch device names of the backends vitcg runs on."""
+
+
+def _version(value: bool) -> None:
+    if value:
+        # The package itself is light (vitcg.accelerate is imported on first use), so this needs no torch.
+        from . import __version__
+
+        typer.echo(f"vitcg {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Declarative CUDA graphs for the vision encoders of vision-language models."""
+
+
+def _check_device(device: str, hint: str = "") -> None:
+    """Raise UsageError unless ``device`` is cpu, cuda or cuda:N."""
+    if not DEVICE.fullmatch(device):
+        raise UsageError(f"--device must be cpu, cuda or cuda:N, got {device!r}{hint}")
+
 
 SpecPaths = Annotated[list[Path] | None, typer.Argument(help="Spec files or folders (default: specs/).",
                                                        show_default=False)]
@@ -70,14 +100,13 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
 ) -> None:
     """Run fixed cases through the budget manager and through eager, per item; fail on any mismatch."""
+    _check_device(device)
     import torch
 
     from .tools.cases import check_spec
     from .tools.encoders import release
     from .tools.report import check_json, check_text
 
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise UsageError(f"--device must be cpu or cuda, got {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
     if size not in ("tiny", "real"):
@@ -103,12 +132,13 @@ def schema(
 ) -> None:
     """Print the JSON Schema of spec files (for editors: yaml-language-server $schema)."""
     from .lang import schema as load_schema
+    from .tools.files import write_text_atomic
 
     text = json.dumps(load_schema(), indent=2) + "\n"
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
+        write_text_atomic(output, text)
 
 
 @app.command()
@@ -118,11 +148,15 @@ def generate(
     specs: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
     templates: Annotated[Path, typer.Option(help="Templates; NAME.j2 renders to OUT/NAME.")] = Path("templates"),
     out: Annotated[Path, typer.Option(help="Folder of generated files.")] = Path("registry"),
+    force: Annotated[bool, typer.Option("--force", help="Write into an --out folder that also holds files vitcg "
+                                        "did not generate (they are left alone).")] = False,
 ) -> None:
-    """Render docs, test configs and model lists into registry/ from the specs; remove files no template makes."""
+    """Render docs, test configs and model lists into registry/ from the specs; remove generated files no
+    template makes any more. Files without the generated-file header are never removed; an --out folder
+    holding any is refused unless --force."""
     from .tools.render import generate as render_registry
 
-    result = render_registry(specs, templates, out, check=check_only)
+    result = render_registry(specs, templates, out, check=check_only, force=force)
     sys.stdout.write(result.text())
     raise typer.Exit(1 if check_only and result.stale else 0)
 
@@ -148,7 +182,12 @@ def compile_config(
     except BudgetError as exc:
         # Every value here came from the command line, so a broken invariant is a usage error.
         raise UsageError(str(exc)) from None
-    sys.stdout.write(json.dumps(config) + "\n")
+    try:
+        # Infinity and NaN are not JSON: an engine reading this config would reject it, or worse, accept it.
+        text = json.dumps(config, allow_nan=False)
+    except ValueError as exc:
+        raise UsageError(f"the compilation config holds a value JSON cannot carry: {exc}") from None
+    sys.stdout.write(text + "\n")
 
 
 @app.command()
@@ -172,13 +211,23 @@ def bench(
                                                    "measuring.")] = None,
 ) -> None:
     """Median latency of HF eager, torch.compile, vitcg budget graphs and an exact-shape graph per workload."""
-    from .tools.workloads import WORKLOADS
+    from .tools.files import check_writable
 
     if from_json is not None:
         if plot_out is None:
             raise UsageError("--from-json needs --plot")
-        _plot(json.loads(from_json.read_text())["specs"], plot_out)
+        check_writable(plot_out)
+        _plot(_read_results(from_json), plot_out, source=from_json)
         return
+    _check_device(device, " (cuda is the real measurement, cpu a smoke run)")
+    # A run takes minutes to hours: a result path that cannot be written fails now, not after the run.
+    for target in (json_out, plot_out):
+        if target is not None:
+            check_writable(target)
+    if plot_out is not None:
+        _need_matplotlib()
+    from .tools.workloads import WORKLOADS
+
     unknown = [w for w in workload or () if w not in WORKLOADS]
     if unknown:
         raise UsageError(f"unknown workload {unknown[0]!r}; workloads: {', '.join(WORKLOADS)}")
@@ -211,35 +260,91 @@ def new(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Draft a spec from a transformers model type; every guess is marked TODO(vitcg new)."""
+    from .tools.files import make_folder, write_text_atomic
     from .tools.scaffold import draft, render
 
+    path = None if output == "-" else Path(output or f"specs/{model_type}.yaml")
+    if path is not None:
+        if path.exists() and not force:
+            raise UsageError(f"{path} exists; pass --force to overwrite it")
+        # Drafting imports transformers (seconds): a path that cannot be a file fails before it.
+        ancestor = path.parent
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise UsageError(f"cannot write {path}: {ancestor} is not a folder")
     text = render(draft(model_type))
-    if output == "-":
+    if path is None:
         sys.stdout.write(text)
         return
-    path = Path(output or f"specs/{model_type}.yaml")
-    if path.exists() and not force:
-        raise UsageError(f"{path} exists; pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    make_folder(path.parent)
+    write_text_atomic(path, text)
     todos = text.count("TODO(vitcg new)")
     typer.echo(f"wrote {path}: {todos} TODOs to confirm. Next: vitcg validate {path} && vitcg check {path}")
 
 
-def _plot(results: list[dict], path: Path) -> None:
+def _read_results(path: Path) -> list[dict]:
+    """The ``specs`` list of a ``vitcg bench --json`` file. Raises UsageError naming ``path`` otherwise."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"--from-json {path}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
+        raise UsageError(f"--from-json {path}: not valid JSON: {exc}") from None
+    specs = document.get("specs") if isinstance(document, dict) else None
+    if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
+        raise UsageError(f"--from-json {path}: not a results file of `vitcg bench --json` (no \"specs\" list "
+                         "of objects)")
+    return specs
+
+
+def _need_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'vitcg[bench]'") from None
+
+
+def _plot(results: list[dict], path: Path, source: Path | None = None) -> None:
+    _need_matplotlib()
     from .tools.bench import plot
 
-    plot(results, str(path))
+    try:
+        plot(results, str(path))
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        # Results read back from a file may be hand-edited or from another version: name the file, not a frame.
+        where = f"--from-json {source}" if source is not None else "--plot"
+        raise UsageError(f"{where}: cannot plot these results: {type(exc).__name__}: {exc}") from None
+
+
+def _drop_stdout() -> None:
+    """Point fd 1 at /dev/null: the interpreter flushes stdout at exit, and must not fail a second time."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def main() -> None:
-    """Console entry point: user errors are printed without a traceback."""
+    """Console entry point: user errors are printed without a traceback, and so is a closed stdout."""
+    if sys.stdout is None:
+        # fd 1 was closed (`vitcg ... >&-`): Python has no stdout to write results to.
+        typer.echo("error: standard output is closed; redirect it (>/dev/null) instead of closing it", err=True)
+        sys.exit(2)
     try:
         app()
     except VitcgError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except BrokenPipeError:
+        # typer maps a broken pipe inside a command to exit 1; one outside a command exits the same way.
+        _drop_stdout()
+        sys.exit(1)
+    finally:
+        # Buffered output is otherwise written at interpreter exit, where a reader that went away (`| head`)
+        # prints "Exception ignored ... BrokenPipeError" and the exit code becomes 120.
+        try:
+            sys.stdout.flush()
+        except OSError:
+            _drop_stdout()
+            sys.exit(1)

@@ -23,6 +23,7 @@ from vitcg.tools.render import (
     HEADER,
     build_context,
     find_stale,
+    foreign_files,
     generate,
     load_test_configs,
     markdown_cell,
@@ -234,22 +235,26 @@ def test_generate_writes_then_is_current(tmp_path):
     assert again.stale == [] and "is up to date (5 files from 3 specs)" in again.text()
 
 
-def test_find_stale_reports_differing_missing_and_extra_files(tmp_path):
+def test_find_stale_reports_differing_missing_and_extra_generated_files(tmp_path):
     out = tmp_path / "registry"
     (out / "__pycache__").mkdir(parents=True)
     (out / "__pycache__" / "test_configs.cpython-312.pyc").write_bytes(b"\0")
     (out / "same.md").write_text("same\n")
     (out / "changed.md").write_text("old\n")
-    (out / "extra.txt").write_text("x\n")
+    (out / "extra.txt").write_text(f"# {HEADER}\nx\n")
+    (out / "notes.txt").write_text(f"mine\n{HEADER}\n")  # the header below the first line does not count
+    (out / "sub").mkdir()
+    (out / "sub" / "nested.md").write_text(f"# {HEADER}\n")  # generated files lie directly in the folder
     stale = find_stale({"same.md": "same\n", "changed.md": "new\n", "missing.json": "{}\n"}, out)
     assert [(s.path.name, s.reason) for s in stale] == [
         ("changed.md", "differs"), ("extra.txt", "not produced by any template"), ("missing.json", "missing")]
+    assert [p.name for p in foreign_files({"changed.md": ""}, out)] == ["notes.txt", "same.md", "sub"]
 
 
 def test_check_writes_nothing_and_generate_removes_extra_files(tmp_path):
     specs, out = _copy_cases(tmp_path)
     generate(specs, TEMPLATES, out)
-    (out / "old.md").write_text("left over\n")
+    (out / "old.md").write_text(f"<!-- {HEADER} -->\nleft over\n")
     (out / "index.json").write_text("{}\n")
     check = generate(specs, TEMPLATES, out, check=True)
     assert not check.written

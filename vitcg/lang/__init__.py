@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ..errors import Diagnostic, SpecError, UsageError
 from .bindings import Bindings
-from .checks import SemanticChecker, schema, schema_diagnostics
-from .loader import LoadedYaml, load_file, load_text
+from .checks import check, schema
+from .loader import load_file, load_text
 from .model import Spec
 from .registry import Registry
 
@@ -53,21 +53,12 @@ class LoadResult:
         return sorted({d.file for d in self.diagnostics})
 
 
-def _check_loaded(loaded: LoadedYaml, bindings: Bindings | None) -> tuple[Spec | None, list[Diagnostic]]:
-    problems = schema_diagnostics(loaded)
-    if problems:
-        return None, problems
-    checker = SemanticChecker(loaded, bindings)
-    spec = checker.run()
-    return spec, sorted(checker.diagnostics, key=lambda d: (d.line, d.col, d.path))
-
-
 def spec_from_text(text: str, file: str = "<text>", bindings: Bindings | None = None) -> Spec:
     """Validate one spec given as text. Raises SpecError with every diagnostic."""
     loaded, problems = load_text(text, file)
     spec = None
     if loaded is not None:
-        spec, problems = _check_loaded(loaded, bindings)
+        spec, problems = check(loaded, bindings)
     if problems or spec is None:
         raise SpecError(problems)
     return spec
@@ -91,7 +82,7 @@ def load_specs(paths: Sequence[str | Path] = ("specs",), *, bindings: Bindings |
         loaded, problems = load_file(path, display)
         spec = None
         if loaded is not None:
-            spec, problems = _check_loaded(loaded, bindings)
+            spec, problems = check(loaded, bindings)
         result.diagnostics.extend(problems)
         if spec is None:
             continue

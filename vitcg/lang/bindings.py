@@ -69,7 +69,8 @@ def _sub_config_class(config_cls: type, key: str, value: Mapping[str, Any]) -> t
         from transformers import CONFIG_MAPPING
 
         model_type = value.get("model_type")
-        return CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+        # Not .get: CONFIG_MAPPING is lazy, and only its __getitem__ imports the config class.
+        return CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # noqa: SIM401
     return sub
 
 
@@ -124,6 +125,31 @@ def _check_config(path: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     return {"ok": True, "snapshot": config_snapshot(config)}
 
 
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _valid_entry(key: str, entry: Any) -> bool:
+    """Whether a cached answer has the shape its check returns; the cache file is not trusted (edited by
+    hand, truncated, written by another vitcg version), and a malformed answer would crash its reader."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("ok"), bool):
+        return False
+    kind = key.split(":", 1)[0]
+    if kind == "method":
+        return True
+    if not entry["ok"]:
+        if kind == "config" and "unknown_keys" in entry:
+            problems = entry["unknown_keys"]
+            return isinstance(problems, list) and all(
+                isinstance(p, list) and len(p) >= 2 and _strings(p[:-1]) and _strings(p[-1]) for p in problems)
+        return isinstance(entry.get("error"), str)
+    if kind == "class":
+        return _strings(entry.get("bases"))
+    if kind == "config":
+        return isinstance(entry.get("snapshot"), dict)
+    return False
+
+
 class Bindings:
     """Resolves classes and config snapshots, remembering the answers per transformers version."""
 
@@ -141,14 +167,19 @@ class Bindings:
             self._entries = {}
             if self.use_cache:
                 try:
-                    self._entries = json.loads(self.path.read_text())
+                    entries = json.loads(self.path.read_text(encoding="utf-8"))
                 except (OSError, ValueError):
-                    self._entries = {}
+                    entries = {}
+                if isinstance(entries, dict):
+                    self._entries = entries
+                else:
+                    self._dirty = True  # not an object (a JSON list, a number): rewrite the file
         return self._entries
 
     def _lookup(self, key: str, compute) -> dict[str, Any]:
         entries = self._load()
-        if key not in entries:
+        if not _valid_entry(key, entries.get(key)):
+            # Missing or malformed: a cache miss either way; the fresh answer replaces it on save.
             entries[key] = compute()
             self._dirty = True
         return entries[key]

@@ -302,5 +302,6 @@ class _Evaluator:
         parent = self._read(node.value)
         index = node.slice.value
         if not isinstance(parent, (list, tuple)) or index >= len(parent):
-            raise FormulaError(f"{_config_path(node)} does not exist ({_config_path(node.value)} is {parent!r})", col=_col(node))
+            raise FormulaError(f"{_config_path(node)} does not exist ({_config_path(node.value)} is {parent!r})",
+                               col=_col(node))
         return parent[index]

@@ -15,9 +15,12 @@ import yaml
 from ..errors import Diagnostic
 
 MAX_FILE_BYTES = 1024 * 1024
+"""Largest spec file read: real specs are a few KiB, and every later bound is cheap within this one."""
 MAX_NODES = 20_000
 """Nodes visited while converting one file; aliases count each time they are expanded."""
 MAX_DEPTH = 64
+"""Deepest collection nesting. Checked on the parser's events before composing: libyaml's composer recurses
+in C, so 25,000 nested ``[`` overflow its stack and kill the process before any Python check can run."""
 _COMPOSER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's composer when PyYAML has it (5x faster); nodes and marks are the same either way."""
 
@@ -71,6 +74,41 @@ class LoadedYaml:
         return Diagnostic(self.file, pos.line, pos.col + col_offset, format_path(path), message, hint, code)
 
 
+def _too_big(size: int) -> str:
+    return f"file is {size} bytes; specs are limited to 1 MiB ({MAX_FILE_BYTES} bytes)"
+
+
+def _too_deep(text: str) -> tuple[int, int] | None:
+    """1-based line and column of the first collection nested deeper than :data:`MAX_DEPTH`, else None.
+
+    Reads the event stream, which the parser builds with its own stack (it never recurses), so any input is
+    safe here; only composing nodes recurses. Malformed YAML stops the scan: composing reports the same
+    error, at a point the scan has seen to be shallow enough. Newer libyaml builds refuse nesting past 1000
+    levels while scanning ahead, before the event at depth 65 is seen; such a text is scanned again with
+    PyYAML's pure-Python parser, which has no such limit, to find where the bound is crossed.
+    """
+    try:
+        return _first_too_deep(yaml.parse(text, Loader=_COMPOSER))
+    except yaml.YAMLError:
+        pass
+    try:
+        return _first_too_deep(yaml.parse(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return None
+
+
+def _first_too_deep(events) -> tuple[int, int] | None:
+    depth = 0
+    for event in events:
+        if isinstance(event, yaml.CollectionStartEvent):
+            if depth > MAX_DEPTH:  # the same rule as the converter's: a collection at depth 65 is too deep
+                return event.start_mark.line + 1, event.start_mark.column + 1
+            depth += 1
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return None
+
+
 class _LoadFailure(Exception):
     def __init__(self, diagnostic: Diagnostic):
         self.diagnostic = diagnostic
@@ -86,6 +124,14 @@ def load_text(text: str, file: str) -> tuple[LoadedYaml | None, list[Diagnostic]
 
     if "\x00" in text:
         return fail("file contains a NUL byte; a spec must be UTF-8 text")
+    # Characters never outnumber UTF-8 bytes: encode only texts that might be within the bound.
+    size = len(text) if len(text) > MAX_FILE_BYTES else len(text.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_FILE_BYTES:
+        return fail(_too_big(size), 0, 0)
+    deep = _too_deep(text)
+    if deep is not None:
+        return fail(f"YAML is nested deeper than {MAX_DEPTH} levels", *deep,
+                    hint="a spec needs a few levels; look for unclosed [ or { brackets, or runaway indentation")
     try:
         root = yaml.compose(text, Loader=_COMPOSER)
     except yaml.MarkedYAMLError as exc:
@@ -124,8 +170,12 @@ def load_file(path: str | Path, display: str | None = None) -> tuple[LoadedYaml 
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            return None, [Diagnostic(display, 0, 0, "$", f"file is {size} bytes; specs are limited to 1 MiB", None, "yaml")]
-        raw = path.read_bytes()
+            return None, [Diagnostic(display, 0, 0, "$", _too_big(size), None, "yaml")]
+        with open(path, "rb") as handle:
+            # Bounded: a file that grows after stat, or a device that reports size 0, is still cut at the limit.
+            raw = handle.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            return None, [Diagnostic(display, 0, 0, "$", _too_big(len(raw)) + " (or more)", None, "yaml")]
     except OSError as exc:
         return None, [Diagnostic(display, 0, 0, "$", f"cannot read file: {exc.strerror or exc}", None, "yaml")]
     try:

@@ -1,7 +1,8 @@
 """``vitcg bench``: latency of HF eager, torch.compile, vitcg budget graphs and an exact-shape graph.
 
 Each workload (:mod:`.workloads`) is a list of images (height, width in pixels) and videos (frames, height,
-width), turned into encoder inputs the way the spec's ``tests.shaping`` says the processor would. Latency is the median of ``iters`` runs timed with CUDA events, after ``warmup`` runs.
+width), turned into encoder inputs the way the spec's ``tests.shaping`` says the processor would. Latency is
+the median of ``iters`` runs timed with CUDA events, after ``warmup`` runs.
 The exact-shape graph is captured for the very input of the workload (no padding, no host work): the
 lower bound a budget graph can approach. Results also hold capture time, graph pool memory, padding
 waste and the host time per replay.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import io
 import json
 import math
 import platform
@@ -31,6 +33,7 @@ from ..runtime.graphs import capture_graph
 from ..runtime.manager import EncoderCudaGraphManager
 from ..runtime.timing import timed
 from .encoders import build_encoder, release
+from .files import write_bytes_atomic, write_text_atomic
 from .workloads import WORKLOADS, make_inputs, on_device, relative_error
 
 
@@ -294,7 +297,8 @@ def run_bench(specs: Sequence[Spec], *, workloads: Sequence[str], device: str, c
         finally:
             release(device)
         if json_out is not None:
-            json_out.write_text(json.dumps(run.document, indent=2) + "\n")
+            # Atomic: a run killed while writing keeps the previous spec's complete document.
+            write_text_atomic(json_out, json.dumps(run.document, indent=2) + "\n")
     return run
 
 
@@ -330,4 +334,7 @@ def plot(results: list[dict], path: str) -> None:
     for ax in list(axes.flat)[count:]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
+    plt.close(fig)
+    write_bytes_atomic(path, png.getvalue())

@@ -9,6 +9,7 @@ importing torch.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,13 +21,42 @@ ITEMS_PER_BATCH = {"image": 1, "video": 1, "image+video": 2}
 
 ENABLE = "cudagraph_mm_encoder"
 
+MAX_VALUE = 2**31 - 1
+"""Largest token budget, item count or frame count accepted. Engines size tensors and index them with these
+numbers; beyond int32 no batch fits on a device, so a larger value is a typo to report, not one to print."""
+
+
+class _NotFinite(ValueError):
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf
+        raise _NotFinite(text)
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise _NotFinite(text)  # NaN, Infinity, -Infinity: Python's json accepts them, JSON does not
+
+
+def check_bound(name: str, value: object) -> None:
+    """Raise UsageError naming ``name`` and ``value`` when ``value`` is an integer above :data:`MAX_VALUE`."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_VALUE:
+        raise UsageError(f"{name}: {value} is too large; the limit is {MAX_VALUE} (2**31-1)")
+
 
 def parse_base(text: str | None) -> dict[str, Any]:
     """The ``--base`` compilation config: a JSON object. Returns {} for None. Raises UsageError otherwise."""
     if text is None:
         return {}
     try:
-        base = json.loads(text)
+        base = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except _NotFinite as exc:
+        raise UsageError(f"--base holds {exc.text}, which is not a finite number (JSON has no Infinity or NaN)") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--base is not valid JSON: {exc}") from None
     if not isinstance(base, dict):
@@ -41,9 +71,12 @@ def parse_budgets(text: str | None) -> list[int] | None:
         return None
     parts = [p.strip() for p in text.split(",")]
     try:
-        return [int(p) for p in parts]
+        budgets = [int(p) for p in parts]
     except ValueError:
         raise UsageError(f"--budgets must be comma-separated integers such as 1024,2048,4096, got {text!r}") from None
+    for budget in budgets:
+        check_bound("--budgets", budget)
+    return budgets
 
 
 def compile_config(modality: str, base: Mapping[str, Any] | None = None, *, budgets: Sequence[int] | None = None,
@@ -54,8 +87,8 @@ def compile_config(modality: str, base: Mapping[str, Any] | None = None, *, budg
     ``encoder_cudagraph_max_vision_items_per_batch`` (``max_items``, else 1 for image or video and 2 for
     image+video) and, when given, ``encoder_cudagraph_token_budgets`` (sorted, without repeats) and
     ``encoder_cudagraph_max_frames_per_batch``. Budgets already in ``base`` are kept and checked too.
-    Raises UsageError for an unknown modality or frames without video, BudgetError when the limits
-    break an invariant.
+    Raises UsageError for an unknown modality, frames without video, or a budget, item or frame count above
+    :data:`MAX_VALUE`; BudgetError when the limits break an invariant.
     """
     if modality not in ITEMS_PER_BATCH:
         raise UsageError(f"modality must be one of {', '.join(ITEMS_PER_BATCH)}, got {modality!r}")
@@ -69,5 +102,10 @@ def compile_config(modality: str, base: Mapping[str, Any] | None = None, *, budg
         config[BUDGETS] = sorted(set(budgets))
     if max_frames is not None:
         config[MAX_FRAMES] = max_frames
+    all_budgets = config.get(BUDGETS)  # from --budgets or from the base
+    for budget in all_budgets if isinstance(all_budgets, list) else ():
+        check_bound(BUDGETS, budget)
+    check_bound(MAX_ITEMS, config[MAX_ITEMS])
+    check_bound(MAX_FRAMES, config.get(MAX_FRAMES))
     check_limits(config.get(BUDGETS), config[MAX_ITEMS], config.get(MAX_FRAMES))
     return config

@@ -20,6 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ..errors import RenderError, UsageError
 from ..lang import Spec, load_registry
 from ..lang.catalogue import vocabulary
+from .files import make_folder, write_text_atomic
 
 HEADER = "generated from specs/ by vitcg — do not edit"
 """Every generated file carries this line, in its own comment syntax (JSON: the ``_generated`` key)."""
@@ -30,7 +31,22 @@ VIDEO_QUESTION = "Describe this video in one sentence."
 
 TEMPLATE_SUFFIX = ".j2"
 IGNORED_DIRS = frozenset({"__pycache__"})
-"""Importing ``registry/*.py`` writes bytecode there; it is not a generated file, nor a stale one."""
+"""Importing ``registry/*.py`` writes bytecode there; it is neither generated nor someone else's file."""
+SHOWN_NAMES = 5
+"""Files named in the refusal of an output folder that holds other files; the rest are counted."""
+
+
+def has_header(name: str, head: list[str]) -> bool:
+    """Whether a file called ``name`` whose first lines are ``head`` carries :data:`HEADER`: in its first line,
+    or for JSON in the second as the ``_generated`` key (indented JSON opens with ``{`` alone).
+
+    Rendered output must pass this, and a file of the output folder that passes it counts as generated: the
+    only kind ``vitcg generate`` may remove. So the rule is strict; a header further down does not count.
+    """
+    if head and HEADER in head[0]:
+        return True
+    return (name.endswith(".json") and len(head) > 1 and head[0].strip() == "{"
+            and head[1].lstrip().startswith('"_generated"') and HEADER in head[1])
 
 
 def markdown_cell(value: Any) -> str:
@@ -153,10 +169,9 @@ def _template_line(exc: BaseException, filename: str | None) -> int | None:
 
 
 def _check_output(name: str, where: str, text: str) -> None:
-    head = text.splitlines()[:3]
-    if not any(HEADER in line for line in head):
+    if not has_header(name, text.splitlines()[:2]):
         raise RenderError(f"{where}: the output does not start with the generated-file header; "
-                          f"write {{{{ header }}}} in the first lines (for JSON: a \"_generated\" key)")
+                          f"write {{{{ header }}}} in the first line (for JSON: a \"_generated\" key first)")
     try:
         if name.endswith(".json"):
             json.loads(text)
@@ -237,6 +252,8 @@ class GenerateResult:
     stale: list[StaleFile] = field(default_factory=list)
     written: bool = False
     """True when stale files were rewritten or removed, False for ``--check``."""
+    foreign: list[Path] = field(default_factory=list)
+    """Entries of the output folder that vitcg did not generate: never written, never removed."""
 
     def text(self) -> str:
         """The report printed by the command: one line per stale file, then a summary line."""
@@ -260,15 +277,29 @@ class GenerateResult:
         return "\n".join(lines) + "\n"
 
 
-def _existing_files(out_dir: Path) -> list[str]:
+def is_generated(path: Path) -> bool:
+    """True when ``path`` is a regular file (not a symlink) that carries :data:`HEADER` (:func:`has_header`)."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as handle:
+            # Bounded reads: a large binary file with no newline must not be read whole.
+            head = [handle.readline(64 * 1024) for _ in range(2)]
+    except OSError:
+        return False
+    return has_header(path.name, [line.decode("utf-8", errors="replace") for line in head])
+
+
+def _entries(out_dir: Path) -> list[Path]:
+    """What lies directly in ``out_dir`` (no recursion: subfolders are never ours), bytecode folders aside."""
     if not out_dir.is_dir():
         return []
-    return sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*")
-                  if p.is_file() and not IGNORED_DIRS.intersection(p.relative_to(out_dir).parts))
+    return sorted(p for p in out_dir.iterdir() if not (p.name in IGNORED_DIRS and p.is_dir()))
 
 
 def find_stale(rendered: Mapping[str, str], out_dir: Path) -> list[StaleFile]:
-    """Files of ``out_dir`` that differ from ``rendered``, are missing, or that no template produces; sorted."""
+    """Files of ``out_dir`` that differ from ``rendered``, are missing, or were generated (they carry the
+    header) but no template produces them any more; sorted. Other files are not stale: see :func:`foreign_files`."""
     stale = []
     for name, text in rendered.items():
         path = out_dir / name
@@ -276,32 +307,59 @@ def find_stale(rendered: Mapping[str, str], out_dir: Path) -> list[StaleFile]:
             stale.append(StaleFile(path, "missing"))
         elif path.read_bytes() != text.encode("utf-8"):
             stale.append(StaleFile(path, "differs"))
-    stale.extend(StaleFile(out_dir / name, "not produced by any template")
-                 for name in _existing_files(out_dir) if name not in rendered)
+    stale.extend(StaleFile(path, "not produced by any template")
+                 for path in _entries(out_dir) if path.name not in rendered and is_generated(path))
     return sorted(stale, key=lambda s: s.path.as_posix())
 
 
+def foreign_files(rendered: Mapping[str, str], out_dir: Path) -> list[Path]:
+    """Entries directly in ``out_dir`` that vitcg did not generate and no template writes: files without the
+    header, symlinks, subfolders. ``vitcg generate`` never touches them; sorted."""
+    return [p for p in _entries(out_dir) if p.name not in rendered and not is_generated(p)]
+
+
+def _foreign_error(out_dir: Path, foreign: list[Path]) -> UsageError:
+    names = [p.as_posix() + ("/" if p.is_dir() and not p.is_symlink() else "") for p in foreign]
+    shown = ", ".join(names[:SHOWN_NAMES]) + (f" and {len(names) - SHOWN_NAMES} more" if len(names) > SHOWN_NAMES
+                                              else "")
+    return UsageError(f"{out_dir.as_posix()} holds files vitcg did not generate: {shown}; pick another --out "
+                      "folder, or pass --force to write there anyway (they are left alone)")
+
+
 def generate(specs_dir: Path = Path("specs"), templates_dir: Path = Path("templates"),
-             out_dir: Path = Path("registry"), *, check: bool = False) -> GenerateResult:
+             out_dir: Path = Path("registry"), *, check: bool = False, force: bool = False) -> GenerateResult:
     """Render every template from the specs in ``specs_dir`` and compare with ``out_dir``.
 
-    Without ``check``, stale files are rewritten and files no template produces are removed; with it,
-    nothing is written. Returns the result (``stale`` lists what was or is stale). Raises SpecError for
-    invalid specs, RenderError for a template that fails, UsageError for missing folders.
+    Without ``check``, stale files are rewritten (atomically) and generated files that no template produces
+    any more are removed; with it, nothing is written. Only files directly in ``out_dir`` that carry
+    :data:`HEADER` (:func:`has_header`) are ever removed. An ``out_dir`` holding other files (:func:`foreign_files`) is
+    refused unless ``force``, and even then those files are left alone. Returns the result (``stale`` lists
+    what was or is stale). Raises SpecError for invalid specs, RenderError for a template that fails,
+    UsageError for missing folders, an ``out_dir`` that holds other files, or a file that cannot be written.
     """
     if not specs_dir.is_dir():
         raise UsageError(f"no such specs folder: {specs_dir}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"output folder {out_dir} is a file")
     # Bindings (imports of transformers classes) are `vitcg validate`'s job; skipping them keeps this torch-free.
     specs = load_registry([specs_dir], bindings=False)
     rendered = render_templates(build_context(specs, specs_dir), templates_dir)
-    result = GenerateResult(out_dir, len(specs), rendered, find_stale(rendered, out_dir))
-    if not check and result.stale:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    result = GenerateResult(out_dir, len(specs), rendered, find_stale(rendered, out_dir),
+                            foreign=foreign_files(rendered, out_dir))
+    if check:
+        return result
+    if result.foreign and not force:
+        raise _foreign_error(out_dir, result.foreign)
+    if result.stale:
+        make_folder(out_dir)
         for item in result.stale:
             if item.reason == "not produced by any template":
-                item.path.unlink()
+                try:
+                    item.path.unlink()
+                except OSError as exc:
+                    raise UsageError(f"cannot remove {item.path}: {exc.strerror or exc}") from None
             else:
-                item.path.write_bytes(rendered[item.path.relative_to(out_dir).as_posix()].encode("utf-8"))
+                write_text_atomic(item.path, rendered[item.path.relative_to(out_dir).as_posix()])
         result.written = True
     return result
 

@@ -1,0 +1,314 @@
+"""Hostile input to the ``vitcg`` command (issue #13): every failure is one line and an exit code, never a
+traceback, a crash or lost files. Each test runs the command in a subprocess, so a segfault fails the test
+instead of killing pytest."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO, vitcg
+
+import vitcg as package
+
+HEADER = "generated from specs/ by vitcg — do not edit"
+RENDER_SPECS = "tests/specs/render/specs"
+OUTPUTS = {p.name.removesuffix(".j2") for p in (REPO / "templates").glob("*.j2")}
+
+
+def run(*args: str, env: dict[str, str] | None = None, stdout=subprocess.PIPE,
+        shell_prefix: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m vitcg ARGS`` in the repository root, with extra environment and a chosen stdout."""
+    command = [sys.executable, "-m", "vitcg", *args]
+    if shell_prefix is not None:
+        command = ["sh", "-c", shell_prefix + ' "$0" "$@"', *command]
+    return subprocess.run(command, cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def assert_usage_error(result: subprocess.CompletedProcess, *names: str) -> None:
+    """Exit 2, no traceback, one ``error:`` line naming every one of ``names``."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# 1. generate --out never deletes what it did not generate
+
+@pytest.fixture
+def crowded(tmp_path: Path) -> Path:
+    """An output folder that also holds a git checkout, notes and code: none of it is vitcg's."""
+    out = tmp_path / "out"
+    (out / ".git").mkdir(parents=True)
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (out / "notes.txt").write_text("my notes\n")
+    (out / "sub").mkdir()
+    (out / "sub" / "code.py").write_text("print('mine')\n")
+    (out / "sub" / "old.md").write_text(f"<!-- {HEADER} -->\n")  # generated-looking, but in a subfolder
+    return out
+
+
+def test_generate_refuses_a_folder_with_other_files_and_touches_nothing(crowded: Path):
+    before = snapshot(crowded)
+    result = run("generate", "--specs", RENDER_SPECS, "--out", str(crowded))
+    assert_usage_error(result, "--force", f"{crowded.as_posix()}/notes.txt", f"{crowded.as_posix()}/.git/",
+                       f"{crowded.as_posix()}/sub/")
+    assert snapshot(crowded) == before
+
+
+def test_generate_force_writes_beside_other_files_and_removes_only_its_own(crowded: Path):
+    (crowded / "OLD_LIST.md").write_text(f"<!-- {HEADER} -->\nleft over\n")
+    (crowded / "late.md").write_text(f"my file\n<!-- {HEADER} -->\nthe header is not in the first line\n")
+    before = snapshot(crowded)
+    result = run("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--force")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"removed {crowded.as_posix()}/OLD_LIST.md (not produced by any template)" in result.stdout
+    after = snapshot(crowded)
+    kept = {name: data for name, data in before.items() if name != "OLD_LIST.md"}
+    assert {name: after.get(name) for name in kept} == kept  # .git/HEAD, notes, sub/ and late.md survive
+    assert set(after) == set(kept) | OUTPUTS
+
+    check = run("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--check")
+    assert check.returncode == 0, check.stdout + check.stderr  # other files are not stale
+    assert check.stdout.endswith("is up to date (5 files from 3 specs)\n")
+
+
+def test_generate_check_lists_only_generated_files_as_stale(crowded: Path):
+    (crowded / "OLD_LIST.md").write_text(f"<!-- {HEADER} -->\n")
+    result = run("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--check")
+    assert result.returncode == 1
+    assert f"stale: {crowded.as_posix()}/OLD_LIST.md: not produced by any template" in result.stdout
+    for name in ("notes.txt", ".git", "sub", "code.py"):
+        assert name not in result.stdout
+
+
+# 2. deep nesting is a diagnostic, not a segfault; size is bounded
+
+def test_deeply_nested_spec_is_a_diagnostic_and_other_files_still_validate(tmp_path: Path):
+    (tmp_path / "deep.yaml").write_text("[" * 25_000 + "\n")
+    shutil.copy(REPO / "specs" / "qwen2_vl.yaml", tmp_path / "qwen2_vl.yaml")
+    result = run("validate", "--json", str(tmp_path))
+    assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    document = json.loads(result.stdout)
+    assert {f["file"]: f["valid"] for f in document["files"]} == {
+        str(tmp_path / "deep.yaml"): False, str(tmp_path / "qwen2_vl.yaml"): True}
+    (problem,) = document["diagnostics"]
+    assert problem["file"] == str(tmp_path / "deep.yaml")
+    assert (problem["line"], problem["col"]) == (1, 66)  # the 65th bracket opens level 65
+    assert "nested deeper than 64 levels" in problem["message"]
+
+    text = run("validate", str(tmp_path))
+    assert text.returncode == 1 and f"{tmp_path / 'deep.yaml'}:1:66: $: YAML is nested deeper" in text.stdout
+
+
+def test_deep_block_nesting_is_a_diagnostic(tmp_path: Path):
+    (tmp_path / "dashes.yaml").write_text("a:\n  " + "- " * 25_000 + "x\n")
+    result = run("validate", str(tmp_path / "dashes.yaml"))
+    assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
+    assert f"{tmp_path / 'dashes.yaml'}:2:" in result.stdout and "nested deeper than 64" in result.stdout
+
+
+def test_oversized_spec_names_its_size_and_the_bound(tmp_path: Path):
+    (tmp_path / "big.yaml").write_text("a: " + "x" * (2 << 20) + "\n")
+    result = run("validate", str(tmp_path / "big.yaml"))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{tmp_path / 'big.yaml'}:0:0: $: file is {(2 << 20) + 4} bytes" in result.stdout
+    assert "1048576 bytes" in result.stdout
+
+
+# 3. writes: atomic, and a failure is one line with exit 2
+
+def test_schema_output_failures_are_one_line(tmp_path: Path):
+    assert_usage_error(run("schema", "-o", str(tmp_path / "missing" / "schema.json")), "missing/schema.json",
+                       "no such folder")
+    assert_usage_error(run("schema", "-o", str(tmp_path)), str(tmp_path), "it is a folder")
+    if Path("/dev/full").exists():
+        assert_usage_error(run("schema", "-o", "/dev/full"), "/dev/full", "No space left on device")
+    assert run("schema", "-o", os.devnull).returncode == 0  # a device is written directly, not replaced
+
+
+def test_schema_output_replaces_the_file_and_leaves_no_temporary(tmp_path: Path):
+    path = tmp_path / "schema.json"
+    path.write_text("old\n")
+    path.chmod(0o640)
+    result = run("schema", "-o", str(path))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(path.read_text())["$schema"]
+    assert oct(path.stat().st_mode & 0o777) == oct(0o640)  # the file keeps its mode
+    assert [p.name for p in tmp_path.iterdir()] == ["schema.json"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_schema_output_into_a_read_only_folder(tmp_path: Path):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        assert_usage_error(run("schema", "-o", str(folder / "schema.json")), "locked/schema.json", "ermission")
+    finally:
+        folder.chmod(0o755)
+
+
+def test_new_output_under_a_file_is_one_line(tmp_path: Path):
+    (tmp_path / "file").write_text("x\n")
+    assert_usage_error(run("new", "qwen2_vl", "-o", str(tmp_path / "file" / "draft.yaml")), str(tmp_path / "file"))
+    assert (tmp_path / "file").read_text() == "x\n"
+
+
+def test_generate_output_that_is_a_folder_is_one_line(tmp_path: Path):
+    out = tmp_path / "out"
+    (out / "index.json").mkdir(parents=True)
+    assert_usage_error(run("generate", "--specs", RENDER_SPECS, "--out", str(out)), "index.json", "it is a folder")
+    (tmp_path / "plain").write_text("x\n")
+    assert_usage_error(run("generate", "--specs", RENDER_SPECS, "--out", str(tmp_path / "plain")), "plain", "is a file")
+
+
+def test_bench_json_into_a_missing_folder_fails_before_running(tmp_path: Path):
+    result = run("bench", "qwen2_vl", "--device", "cpu", "--size", "tiny", "--json",
+                 str(tmp_path / "missing" / "bench.json"))
+    assert_usage_error(result, "missing/bench.json", "no such folder")
+    assert result.stdout == ""  # no spec was benchmarked
+    assert_usage_error(run("bench", "qwen2_vl", "--device", "cpu", "--json", str(tmp_path)), "it is a folder")
+
+
+# 4. bench options
+
+def test_bench_from_json_missing_or_malformed(tmp_path: Path):
+    plot = str(tmp_path / "plot.png")
+    missing = tmp_path / "nowhere.json"
+    assert_usage_error(run("bench", "--from-json", str(missing), "--plot", plot), str(missing), "cannot read")
+    for name, text, reason in (("broken.json", "{", "not valid JSON"), ("list.json", "[1, 2]", "not a results file"),
+                               ("nospecs.json", '{"date": "x"}', "not a results file"),
+                               ("binary.json", None, "not valid JSON")):
+        path = tmp_path / name
+        if text is None:
+            path.write_bytes(b"\xff\xfe\x00")
+        else:
+            path.write_text(text)
+        assert_usage_error(run("bench", "--from-json", str(path), "--plot", plot), str(path), reason)
+    assert not (tmp_path / "plot.png").exists()
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "cpu:0", ""])
+def test_bench_unknown_device_is_a_usage_error(device: str):
+    assert_usage_error(run("bench", "qwen2_vl", "--device", device, "--size", "tiny"), "--device", repr(device))
+
+
+def test_check_unknown_device_is_a_usage_error():
+    assert_usage_error(run("check", "qwen2_vl", "--device", "cuda:x"), "--device", "'cuda:x'")
+
+
+# 5. a corrupt bindings cache is a cache miss
+
+def _binding_keys(spec: Path) -> list[str]:
+    """The cache keys ``vitcg validate`` looks up for ``spec``, recorded without importing transformers."""
+    from vitcg.lang import Bindings, load_specs
+
+    class Recorder(Bindings):
+        def __init__(self):
+            super().__init__(use_cache=False)
+            self.keys: list[str] = []
+
+        def _lookup(self, key, compute):
+            self.keys.append(key)
+            kind = key.split(":", 1)[0]
+            bases = ["torch.nn.modules.module.Module", "transformers.configuration_utils.PreTrainedConfig"]
+            return {"class": {"ok": True, "bases": bases}, "method": {"ok": True}}.get(kind, {"ok": True, "snapshot": {}})
+
+    recorder = Recorder()
+    load_specs([spec], bindings=recorder)
+    return list(dict.fromkeys(recorder.keys))
+
+
+def test_corrupt_bindings_cache_entries_are_recomputed(tmp_path: Path):
+    spec = REPO / "specs" / "qwen2_vl.yaml"
+    keys = _binding_keys(spec)
+    assert {k.split(":", 1)[0] for k in keys} == {"class", "method", "config"}
+    bad = {"class": [{"ok": True}, {"ok": True, "bases": 7}], "method": [{"ok": "yes"}],
+           "config": [{"ok": True, "snapshot": []}, {"ok": False}, {"ok": True}]}
+    entries = {}
+    for number, key in enumerate(keys):
+        choices = bad[key.split(":", 1)[0]]
+        entries[key] = choices[number % len(choices)]
+    from vitcg.lang.bindings import transformers_version
+
+    cache = tmp_path / f"bindings-transformers-{transformers_version()}.json"
+    cache.write_text(json.dumps(entries))
+    result = run("validate", str(spec), env={"VITCG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "all valid" in result.stdout
+    rewritten = json.loads(cache.read_text())
+    assert all(rewritten[k] != entries[k] for k in keys)  # every malformed answer was replaced
+    assert all(isinstance(rewritten[k]["bases"], list) for k in keys if k.startswith("class:"))
+
+
+# 6. a closed stdout
+
+def test_closed_stdout_is_one_line_not_a_traceback():
+    result = run("validate", "specs/qwen2_vl.yaml", stdout=None, shell_prefix="exec >&-; exec")
+    assert_usage_error(result, "standard output is closed")
+
+
+def test_reader_gone_is_quiet():
+    read, write = os.pipe()
+    os.close(read)  # every write to the pipe now fails with EPIPE
+    try:
+        for args in (("schema",), ("--version",), ("compile-config", "--modality", "image")):
+            result = run(*args, stdout=write)
+            assert result.returncode == 1, (args, result.stderr)
+            assert result.stderr == "", (args, result.stderr)
+    finally:
+        os.close(write)
+
+
+# 7. --version
+
+def test_version_prints_the_package_version_without_torch():
+    result = vitcg("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"vitcg {package.__version__}\n"
+    code = ("import sys\nfrom vitcg.cli import main\nsys.argv = ['vitcg', '--version']\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules)\n")
+    probe = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert probe.stdout.splitlines()[-1] == "0 False", probe.stdout + probe.stderr
+
+
+# 8. compile-config: bounded integers, never Infinity or NaN
+
+@pytest.mark.parametrize("args, named", [
+    (["--budgets", f"1024,{2**63}"], str(2**63)),
+    (["--budgets", str(2**31)], str(2**31)),
+    (["--max-items", str(2**64)], str(2**64)),
+    (["--modality", "video", "--max-frames", str(2**40)], str(2**40)),
+    (["--base", '{"encoder_cudagraph_token_budgets": [99999999999999999999999]}'], "99999999999999999999999"),
+    (["--base", '{"x": 1e999}'], "1e999"),
+    (["--base", '{"x": NaN}'], "NaN"),
+    (["--base", '{"x": -Infinity}'], "-Infinity"),
+])
+def test_compile_config_refuses_huge_and_non_finite_values(args: list[str], named: str):
+    if "--modality" not in args:
+        args = ["--modality", "image", *args]
+    result = run("compile-config", *args)
+    assert_usage_error(result, named)
+    assert result.stdout == ""
+
+
+def test_compile_config_accepts_the_largest_budget():
+    result = run("compile-config", "--modality", "image", "--budgets", str(2**31 - 1))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["encoder_cudagraph_token_budgets"] == [2**31 - 1]
+    assert "Infinity" not in result.stdout and "NaN" not in result.stdout

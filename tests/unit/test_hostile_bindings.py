@@ -1,0 +1,63 @@
+"""A corrupt bindings cache (issue #13) is a cache miss: ignored, recomputed and rewritten, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vitcg.lang.bindings import Bindings
+
+# Outside transformers: answered without importing anything.
+CLASS = "x.Y"
+ANSWER = {"ok": False, "error": "'x.Y' is outside the transformers package"}
+
+
+@pytest.mark.parametrize("content", [
+    "not json {",
+    "[1, 2]",
+    "3",
+    "null",
+    json.dumps({f"class:{CLASS}": {"ok": True}}),  # no 'bases'
+    json.dumps({f"class:{CLASS}": {"ok": True, "bases": 7}}),
+    json.dumps({f"class:{CLASS}": {"ok": True, "bases": [1, 2]}}),
+    json.dumps({f"class:{CLASS}": {"ok": False}}),  # no 'error'
+    json.dumps({f"class:{CLASS}": {"ok": "yes", "bases": []}}),
+    json.dumps({f"class:{CLASS}": ["ok"]}),
+    json.dumps({f"class:{CLASS}": None}),
+], ids=["not-json", "list", "number", "null", "no-bases", "bases-int", "bases-ints", "no-error", "ok-str",
+        "entry-list", "entry-null"])
+def test_corrupt_cache_is_a_miss_and_is_rewritten(tmp_path: Path, monkeypatch, content: str):
+    monkeypatch.setenv("VITCG_CACHE_DIR", str(tmp_path))
+    bindings = Bindings()
+    bindings.path.write_text(content)
+    assert bindings.check_class(CLASS) == ANSWER
+    bindings.save()
+    assert json.loads(bindings.path.read_text())[f"class:{CLASS}"] == ANSWER
+    assert Bindings().check_class(CLASS) == ANSWER
+
+
+@pytest.mark.parametrize("key, entry", [
+    ("method:x.Y:forward", {"ok": 1}),
+    ("config:x.Y:{}", {"ok": True, "snapshot": []}),
+    ("config:x.Y:{}", {"ok": True}),
+    ("config:x.Y:{}", {"ok": False, "unknown_keys": [["a"]]}),
+    ("config:x.Y:{}", {"ok": False, "unknown_keys": "a"}),
+])
+def test_corrupt_method_and_config_entries_are_recomputed(tmp_path: Path, key: str, entry: dict):
+    bindings = Bindings(cache_dir=tmp_path)
+    bindings.path.write_text(json.dumps({key: entry}))
+    if key.startswith("method:"):
+        assert bindings.check_method("x.Y", "forward") == {"ok": False}
+    else:
+        assert bindings.check_config("x.Y", {}) == ANSWER
+
+
+def test_valid_entries_are_used_as_they_are(tmp_path: Path):
+    bindings = Bindings(cache_dir=tmp_path)
+    cached = {f"class:{CLASS}": {"ok": True, "bases": ["a.B"]},
+              "config:x.Y:{}": {"ok": False, "unknown_keys": [["vision_config", "depthh", ["depth"]]]}}
+    bindings.path.write_text(json.dumps(cached))
+    assert bindings.check_class(CLASS) == cached[f"class:{CLASS}"]
+    assert bindings.check_config("x.Y", {}) == cached["config:x.Y:{}"]

@@ -1,0 +1,99 @@
+"""Atomic writes of the CLI (issue #13): the old file or the new one, never half; failures are UsageErrors."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from vitcg.errors import UsageError
+from vitcg.tools.files import check_writable, make_folder, write_bytes_atomic, write_text_atomic
+
+
+def test_write_replaces_and_leaves_only_the_file(tmp_path: Path):
+    path = tmp_path / "out.json"
+    write_text_atomic(path, "first — ünïcode\n")
+    assert path.read_bytes() == "first — ünïcode\n".encode()
+    path.chmod(0o600)
+    write_text_atomic(path, "second\r\n")  # newlines as given
+    assert path.read_bytes() == b"second\r\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_new_file_gets_the_umask_mode(tmp_path: Path):
+    umask = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "new.txt", "x")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "new.txt").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+
+
+def test_failed_replace_keeps_the_old_file_and_removes_the_temporary(tmp_path: Path, monkeypatch):
+    path = tmp_path / "out.json"
+    path.write_text("old\n")
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(UsageError, match=f"cannot write {path}: Permission denied"):
+        write_text_atomic(path, "new\n")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_unwritable_folder_is_a_usage_error(tmp_path: Path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)  # what a read-only folder does, even to root's tests
+    with pytest.raises(UsageError, match="out.json: Permission denied"):
+        write_text_atomic(tmp_path / "out.json", "x")
+
+
+def test_missing_folder_and_folder_paths(tmp_path: Path):
+    with pytest.raises(UsageError, match=f"no such folder {tmp_path / 'missing'}"):
+        write_text_atomic(tmp_path / "missing" / "out.json", "x")
+    with pytest.raises(UsageError, match="it is a folder"):
+        write_text_atomic(tmp_path, "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_symlink_is_written_through(tmp_path: Path):
+    target = tmp_path / "target.txt"
+    target.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    write_text_atomic(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_devices_are_written_directly():
+    with pytest.raises(UsageError, match="cannot write /dev/full: No space left on device"):
+        write_bytes_atomic("/dev/full", b"x" * 100_000)
+    write_bytes_atomic(os.devnull, b"x")  # not replaced by a regular file
+    assert not Path(os.devnull).is_file()
+
+
+def test_check_writable(tmp_path: Path):
+    check_writable(tmp_path / "new.json")
+    check_writable(os.devnull)
+    with pytest.raises(UsageError, match="no such folder"):
+        check_writable(tmp_path / "missing" / "new.json")
+    with pytest.raises(UsageError, match="it is a folder"):
+        check_writable(tmp_path)
+
+
+def test_make_folder(tmp_path: Path):
+    make_folder(tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b").is_dir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="cannot make folder .*file"):
+        make_folder(tmp_path / "file")
+    with pytest.raises(UsageError, match="cannot make folder .*file/sub"):
+        make_folder(tmp_path / "file" / "sub")

@@ -1,0 +1,167 @@
+"""Binding rules: the encoder's classes import, its configs build, and the formulas evaluate sensibly under them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ...errors import Diagnostic, FormulaError, suggest
+from .. import catalogue as cat
+from ..bindings import Bindings
+from ..loader import LoadedYaml
+from ..model import Encoder, Spec, thaw
+from .common import error, formula_diagnostic
+
+TORCH_MODULE = "torch.nn.modules.module.Module"
+PRETRAINED_CONFIG = "transformers.configuration_utils.PreTrainedConfig"
+_LIMITS_HINT = f"with {', '.join(f'{k}={v}' for k, v in cat.DEFAULT_LIMITS.items())}"
+
+
+def classes_bind(loaded: LoadedYaml, encoder: Encoder, bindings: Bindings) -> Iterator[Diagnostic]:
+    """The encoder class and config class import, subclass Module / PreTrainedConfig, and the class has the method."""
+    for field_name, path, base in (("class", encoder.class_path, TORCH_MODULE),
+                                   ("config_class", encoder.config_class, PRETRAINED_CONFIG)):
+        result = bindings.check_class(path)
+        if not result["ok"]:
+            yield error(loaded, ("encoder", field_name), result["error"], code="binding",
+                        hint="check the module path in the installed transformers " + bindings.version)
+        elif base not in result["bases"]:
+            yield error(loaded, ("encoder", field_name), f"{path} is not a {base.rsplit('.', 1)[1]} subclass",
+                        code="binding")
+        elif field_name == "class" and not bindings.check_method(path, encoder.method)["ok"]:
+            yield error(loaded, ("encoder", "method" if "method" in loaded.data["encoder"] else "class"),
+                        f"{path.rsplit('.', 1)[1]} has no method {encoder.method!r}", code="binding")
+
+
+def config_snapshots(loaded: LoadedYaml, encoder: Encoder,
+                     bindings: Bindings) -> tuple[dict[str, dict], list[Diagnostic]]:
+    """The config builds with its defaults, tiny_config and real_config, naming only its fields; returns snapshots."""
+    snapshots: dict[str, dict] = {}
+    problems: list[Diagnostic] = []
+    for label, overrides, where in (("defaults", {}, ("encoder", "config_class")),
+                                    ("tiny_config", encoder.tiny_config, ("encoder", "tiny_config")),
+                                    ("real_config", encoder.real_config, ("encoder", "real_config"))):
+        if label == "real_config" and not overrides:
+            continue  # the defaults, already checked
+        result = bindings.check_config(encoder.config_class, thaw(overrides))
+        if result["ok"]:
+            snapshots[label] = result["snapshot"]
+            continue
+        for *key_path, known in result.get("unknown_keys", ()):
+            problems.append(error(loaded, where + tuple(key_path),
+                                  f"{encoder.config_class.rsplit('.', 1)[1]} has no field {key_path[-1]!r}",
+                                  hint=suggest(key_path[-1], known), code="binding", key=True))
+        if "error" in result:
+            problems.append(error(loaded, where, result["error"], code="binding"))
+    return snapshots, problems
+
+
+def evaluate_geometry(loaded: LoadedYaml, spec: Spec,
+                      snapshots: Mapping[str, dict]) -> tuple[dict[str, dict[str, int]] | None, list[Diagnostic]]:
+    """The geometry evaluates under each config snapshot; returns values per snapshot, or None on failure."""
+    geometry: dict[str, dict[str, int]] = {}
+    for label, snapshot in snapshots.items():
+        values: dict[str, int] = {}
+        for name, formula in spec.geometry:
+            try:
+                values[name] = formula.evaluate(values, snapshot)
+            except FormulaError as exc:  # later configs would repeat the same complaint
+                return None, [formula_diagnostic(loaded, ("geometry", name), exc, f"with {label}")]
+        geometry[label] = values
+    return geometry, []
+
+
+def _config_field(snapshot: dict, name: str) -> tuple[str, int] | None:
+    """``(scope, value)`` of an integer config field called ``name`` (top level or vision_config), if any."""
+    for scope, table in (("", snapshot), ("vision_config.", snapshot.get("vision_config"))):
+        found = table.get(name) if isinstance(table, dict) else None
+        if isinstance(found, list) and found and all(v == found[0] for v in found):
+            found = found[0]  # (14, 14) patch sizes
+        if isinstance(found, int) and not isinstance(found, bool):
+            return scope, found
+    return None
+
+
+def literal_geometry_matches_config(loaded: LoadedYaml, spec: Spec,
+                                    snapshots: Mapping[str, dict]) -> Iterator[Diagnostic]:
+    """A literal geometry value whose name is also a config field agrees with that field."""
+    for name, formula in spec.geometry:
+        if formula.names or formula.config_paths:
+            continue
+        literal = formula.evaluate({})
+        for label, snapshot in snapshots.items():
+            found = _config_field(snapshot, name)
+            if found is not None and found[1] != literal:
+                scope, value = found
+                yield error(loaded, ("geometry", name), f"geometry {name} is {literal}, but the {label} config has "
+                            f"{scope}{name} = {value}", hint=f"read it from the config: config.{scope}{name}")
+                break
+
+
+def _budget_bounds(spec: Spec, geometry: Mapping[str, int]) -> dict[str, int | FormulaError]:
+    """The min and max budget under the default limits, or the error evaluating each."""
+    limits = {**cat.DEFAULT_LIMITS, **geometry}
+    bounds: dict[str, int | FormulaError] = {}
+    for key, formula in (("min", spec.budget_min), ("max", spec.budget_max)):
+        try:
+            bounds[key] = formula.evaluate(limits)
+        except FormulaError as exc:
+            bounds[key] = exc
+    return bounds
+
+
+def budgets_positive(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str, int]) -> Iterator[Diagnostic]:
+    """The min and max budget evaluate to positive values under the default limits."""
+    for key, bound in _budget_bounds(spec, geometry).items():
+        if isinstance(bound, FormulaError):
+            yield formula_diagnostic(loaded, ("budget", key), bound)
+        elif bound <= 0:
+            yield error(loaded, ("budget", key), f"{key} budget evaluates to {bound}; budgets must be > 0",
+                        hint=_LIMITS_HINT)
+
+
+def budget_order(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str, int]) -> Iterator[Diagnostic]:
+    """The min budget is not larger than a positive max budget."""
+    bounds = _budget_bounds(spec, geometry)
+    low, high = bounds["min"], bounds["max"]
+    if not isinstance(low, FormulaError) and not isinstance(high, FormulaError) and 0 < high < low:
+        yield error(loaded, ("budget", "min"), f"min budget {low} is larger than max budget {high}", hint=_LIMITS_HINT)
+
+
+def items_positive(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str, int]) -> Iterator[Diagnostic]:
+    """input_size, output_tokens and frames evaluate to positive values for a sample item."""
+    item = spec.attention_style.sample(geometry)
+    sample = {**item, **geometry}
+    for key, formula in (("input_size", spec.input_size), ("output_tokens", spec.output_tokens),
+                         ("frames", spec.frames)):
+        try:
+            value = formula.evaluate(sample)
+        except FormulaError as exc:
+            yield (formula_diagnostic(loaded, ("items", key), exc) if key in loaded.data["items"]
+                   else loaded.diagnostic(("items",), exc.message, code="formula"))
+            continue
+        if value <= 0:
+            described = ", ".join(f"{k}={v}" for k, v in item.items())
+            yield error(loaded, ("items", key), f"{key} is {value} for a sample item ({described}); it must be > 0")
+
+
+def buffer_sizes_positive(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str, int]) -> Iterator[Diagnostic]:
+    """Each buffer dimension and host value is positive at the min budget (when that budget is itself positive)."""
+    budget = _budget_bounds(spec, geometry)["min"]
+    if isinstance(budget, FormulaError) or budget <= 0:
+        return
+    sizes = {**cat.buffer_names(budget, 1, 1), **geometry}
+    for i, buffer in enumerate(spec.buffers):
+        formulas: list[tuple[tuple[Any, ...], Any]] = (
+            [(("value",), buffer.value)] if buffer.value is not None
+            else [(("shape", j), f) for j, f in enumerate(buffer.shape)])
+        for where, formula in formulas:
+            path = ("buffers", i) + where
+            try:
+                value = formula.evaluate(sizes)
+            except FormulaError as exc:
+                yield formula_diagnostic(loaded, path, exc)
+                continue
+            if value <= 0:
+                yield error(loaded, path, f"evaluates to {value} for budget={sizes['budget']}, max_items=1, "
+                            "max_frames=1; sizes must be > 0")

@@ -1,0 +1,197 @@
+"""Buffer rules: unique names, what each provider allows, host against tensor, tuple args, what the style needs.
+
+Provider rules cover style, graph_scope, padding, params and geometry; list rules cover the required providers,
+a row-wise padded buffer and the arguments the eager call passes the pixels and grid/tiles as.
+
+Rules on one entry take its index and its raw mapping; rules on the whole list take the raw entries, or the
+:class:`Buffer` objects built from the entries whose provider applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from ...errors import Diagnostic
+from .. import catalogue as cat
+from ..loader import LoadedYaml
+from ..model import Buffer, Modality
+from .common import error
+
+SHARED_PROVIDERS = ("aligned", "scope_arg")
+"""Providers that may fill several buffers; every other provider fills at most one."""
+
+Entry = Mapping[str, Any]
+
+
+def buffer_arg(entry: Entry) -> str:
+    """The encoder argument a buffer is passed as (its name unless ``arg`` says otherwise)."""
+    return entry.get("arg", entry["name"])
+
+
+def _unique_providers(entries: Sequence[Entry]) -> dict[str, int]:
+    """Provider -> index of the last buffer it fills, for the providers that fill one buffer."""
+    return {e["provider"]: i for i, e in enumerate(entries) if e["provider"] not in SHARED_PROVIDERS}
+
+
+def unique_buffers(loaded: LoadedYaml, entries: Sequence[Entry]) -> Iterator[Diagnostic]:
+    """Each buffer name and arg is used once, and each provider but aligned and scope_arg fills one buffer."""
+    tables: dict[str, dict[str, int]] = {"name": {}, "arg": {}, "provider": {}}
+    for i, entry in enumerate(entries):
+        keys = {"name": entry["name"], "arg": buffer_arg(entry)}
+        if entry["provider"] not in SHARED_PROVIDERS:
+            keys["provider"] = entry["provider"]
+        for what, key in keys.items():
+            table = tables[what]
+            if key in table:
+                yield error(loaded, ("buffers", i, what) if what in entry else ("buffers", i),
+                            f"buffer {what} {key!r} is already used by buffers[{table[key]}]")
+            table[key] = i
+
+
+def tuple_args_scoped(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
+    """Only scope_arg buffers address a tuple element (an arg ``name.N``)."""
+    if "." in buffer_arg(entry) and entry["provider"] != "scope_arg":
+        yield error(loaded, ("buffers", index, "arg"), "only scope_arg buffers address tuple elements (name.N)")
+
+
+def provider_serves_style(loaded: LoadedYaml, index: int, entry: Entry,
+                          style: cat.AttentionStyle) -> Iterator[Diagnostic]:
+    """The buffer's provider serves the spec's attention style."""
+    provider = entry["provider"]
+    info = cat.PROVIDERS[provider]
+    if style.name not in info.styles:
+        yield error(loaded, ("buffers", index, "provider"),
+                    f"provider {provider!r} does not apply to {style.name} style",
+                    hint=f"it serves: {', '.join(sorted(info.styles))}")
+
+
+def provider_matches_scope(loaded: LoadedYaml, index: int, entry: Entry, scoped: bool) -> Iterator[Diagnostic]:
+    """With ``graph_scope`` every buffer is a scope_arg; without it, none is."""
+    provider = entry["provider"]
+    if cat.PROVIDERS[provider].scoped == scoped:
+        return
+    if scoped:
+        yield error(loaded, ("buffers", index, "provider"),
+                    f"with graph_scope every buffer is a 'scope_arg', not {provider!r}", hint="provider: scope_arg")
+    else:
+        yield error(loaded, ("buffers", index, "provider"),
+                    f"provider {provider!r} fills the arguments of a graph_scope call", hint="add graph_scope.module")
+
+
+def padding_allowed(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
+    """The buffer's padding rule is one its provider supports."""
+    provider, padding = entry["provider"], entry["padding"]
+    paddings = cat.PROVIDERS[provider].paddings
+    if padding not in paddings:
+        yield error(loaded, ("buffers", index, "padding"),
+                    f"provider {provider!r} pads with {' or '.join(map(repr, paddings))}, not {padding!r}",
+                    hint=f"padding: {paddings[0]}")
+
+
+def rows_dim_in_range(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
+    """``params.rows_dim`` is one of the buffer's dimensions."""
+    rows_dim = entry.get("params", {}).get("rows_dim", 0)
+    if rows_dim and "shape" in entry and rows_dim >= len(entry["shape"]):
+        yield error(loaded, ("buffers", index, "params", "rows_dim"),
+                    f"rows_dim {rows_dim} is beyond the buffer's {len(entry['shape'])} dimensions")
+
+
+def host_or_tensor(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
+    """Host providers get 'value', tensor providers 'shape'; for scope_arg, 'fixed' padding goes with 'value'."""
+    provider = entry["provider"]
+    kind = cat.PROVIDERS[provider].kind
+    if kind == "either" and (entry["padding"] == "fixed") != ("value" in entry):
+        yield error(loaded, ("buffers", index, "padding"),
+                    "a host integer ('value') has padding 'fixed', a tensor ('shape') does not")
+    if kind == "host" and "shape" in entry:
+        yield error(loaded, ("buffers", index, "shape"),
+                    f"{provider!r} is a host integer fixed at capture: give 'value', not 'shape'", key=True)
+    if kind == "tensor" and "value" in entry:
+        yield error(loaded, ("buffers", index, "value"), f"{provider!r} is a tensor buffer: give 'shape', not 'value'",
+                    key=True)
+
+
+def aligned_role_exists(loaded: LoadedYaml, index: int, entry: Entry,
+                        modalities: Sequence[Modality]) -> Iterator[Diagnostic]:
+    """An 'aligned' buffer names, in ``params.role``, an extra input role of the modalities."""
+    if entry["provider"] != "aligned":
+        return
+    extra_roles = sorted({r for m in modalities for r in m.inputs if r not in cat.STANDARD_ROLES})
+    if entry.get("params", {}).get("role") not in extra_roles:
+        yield error(loaded, ("buffers", index, "params"), "an 'aligned' buffer names one of the extra input roles "
+                    f"in params.role ({', '.join(extra_roles) or 'the modalities have none'})")
+
+
+def params_allowed(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
+    """Each key of ``params`` is a param the provider takes."""
+    provider = entry["provider"]
+    params = cat.PROVIDERS[provider].params
+    for param in entry.get("params", {}):
+        if param not in params:
+            yield error(loaded, ("buffers", index, "params", param), f"provider {provider!r} takes no param {param!r}",
+                        hint=f"its params: {', '.join(sorted(params)) or 'none'}", key=True)
+
+
+def provider_geometry(loaded: LoadedYaml, index: int, entry: Entry,
+                      geometry: Sequence[str]) -> Iterator[Diagnostic]:
+    """The spec defines every geometry name the provider reads."""
+    provider = entry["provider"]
+    for needed in cat.PROVIDERS[provider].geometry:
+        if needed not in geometry:
+            yield error(loaded, ("buffers", index, "provider"),
+                        f"provider {provider!r} reads geometry {needed!r}, which the spec does not define",
+                        hint=f"add geometry.{needed}")
+
+
+def shape_not_empty(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
+    """A tensor buffer's shape has at least one dimension."""
+    if "shape" in entry and not entry["shape"]:
+        yield error(loaded, ("buffers", index, "shape"), "a tensor buffer needs at least one dimension")
+
+
+def tuple_args_complete(loaded: LoadedYaml, buffers: Sequence[Buffer]) -> Iterator[Diagnostic]:
+    """The elements a tuple argument's buffers address (``name.0``, ``name.1``, ...) have no gaps."""
+    tuples: dict[str, list[int]] = {}
+    for buffer in buffers:
+        name, _, index = buffer.arg.partition(".")
+        if index:
+            tuples.setdefault(name, []).append(int(index))
+    for name, indices in tuples.items():
+        if sorted(indices) != list(range(len(indices))):
+            yield error(loaded, ("buffers",), f"tuple argument {name!r} has elements {sorted(indices)}; "
+                        f"give {name}.0 to {name}.{len(indices) - 1} without gaps")
+
+
+def row_wise_buffer(loaded: LoadedYaml, buffers: Sequence[Buffer]) -> Iterator[Diagnostic]:
+    """Some buffer is padded row by row, so it says how many rows a capture holds."""
+    if buffers and not any(cat.PADDINGS[b.padding].row_wise for b in buffers):
+        yield error(loaded, ("buffers",), "no buffer is padded row by row, so none says how many rows a capture holds",
+                    hint="pad the buffer of the call's rows with "
+                    + " or ".join(r.name for r in cat.PADDINGS.values() if r.row_wise))
+
+
+def required_providers(loaded: LoadedYaml, entries: Sequence[Entry], style: cat.AttentionStyle,
+                       scoped: bool) -> Iterator[Diagnostic]:
+    """Without graph_scope, a buffer is filled by each provider the attention style requires."""
+    if scoped:
+        return
+    providers = _unique_providers(entries)
+    for needed in style.required_providers:
+        if needed not in providers:
+            yield error(loaded, ("buffers",), f"{style.name} style needs a buffer filled by provider {needed!r}",
+                        hint=cat.PROVIDERS[needed].doc)
+
+
+def eager_args_agree(loaded: LoadedYaml, entries: Sequence[Entry], buffers: Sequence[Buffer],
+                     args: Mapping[str, str], style: cat.AttentionStyle) -> Iterator[Diagnostic]:
+    """The pixels and grid/tiles buffers are passed as the arguments the eager call passes those roles as."""
+    by_role = {role: arg for arg, role in args.items()}
+    providers = _unique_providers(entries)
+    for role in style.roles:
+        buffer = next((b for b in buffers if b.provider == role), None)
+        if buffer is not None and role in by_role and buffer.arg != by_role[role]:
+            index = providers[role]
+            yield error(loaded, ("buffers", index, "arg" if "arg" in entries[index] else "name"),
+                        f"the {role} buffer is passed as {buffer.arg!r}, but the eager call passes {role} as "
+                        f"{by_role[role]!r}", hint=f"arg: {by_role[role]}")

@@ -1,0 +1,89 @@
+"""Modality and eager-call rules: the input roles each modality names, their keys, frames, and the encoder args."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from ...errors import Diagnostic, suggest
+from .. import catalogue as cat
+from ..loader import LoadedYaml
+from ..model import Modality
+from .common import error
+
+
+def _roles(style: cat.AttentionStyle) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The standard roles a modality of ``style`` must name, and those it may name."""
+    if style.count_required:
+        return style.roles, ()
+    return ("pixels",), (style.count_role,)
+
+
+def modality_roles_present(loaded: LoadedYaml, name: str, entry: Mapping[str, Any],
+                           style: cat.AttentionStyle) -> Iterator[Diagnostic]:
+    """The modality names every input role its style requires."""
+    required, optional = _roles(style)
+    for role in required:
+        if role not in entry["inputs"]:
+            yield error(loaded, ("modalities", name, "inputs"), f"{style.name} style needs input role {role!r}",
+                        hint=f"a {style.name} modality names: {', '.join([*required, *optional])}")
+
+
+def modality_roles_apply(loaded: LoadedYaml, name: str, entry: Mapping[str, Any],
+                         style: cat.AttentionStyle) -> Iterator[Diagnostic]:
+    """Each standard input role the modality names is one its style uses."""
+    required, optional = _roles(style)
+    allowed = [*required, *optional]
+    for role in entry["inputs"]:
+        if role in cat.STANDARD_ROLES and role not in allowed:
+            yield error(loaded, ("modalities", name, "inputs", role),
+                        f"input role {role!r} does not apply to {style.name} style",
+                        hint=f"a {style.name} modality names: {', '.join(allowed)}", key=True)
+
+
+def input_keys_unique(loaded: LoadedYaml, modalities: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
+    """No two input roles, in one modality or across them, read the same key of the multimodal kwargs."""
+    seen: dict[str, str] = {}
+    for name, entry in modalities.items():
+        for role, key in entry["inputs"].items():
+            if key in seen:
+                yield error(loaded, ("modalities", name, "inputs", role),
+                            f"input key {key!r} is already used by {seen[key]}")
+            seen[key] = f"{name}.{role}"
+
+
+def frames_per_video(loaded: LoadedYaml, name: str, entry: Mapping[str, Any]) -> Iterator[Diagnostic]:
+    """Video gives ``max_frames_per_video``; an image, which has one frame, does not."""
+    frames = entry.get("max_frames_per_video")
+    if name == "image" and frames is not None:
+        yield error(loaded, ("modalities", name, "max_frames_per_video"),
+                    "images have one frame; max_frames_per_video applies to video only", key=True)
+    if name == "video" and frames is None:
+        yield error(loaded, ("modalities", name), "video needs 'max_frames_per_video'",
+                    hint="the largest frame count of one video item (grid t, or tiles)")
+
+
+def extra_roles_agree(loaded: LoadedYaml, modalities: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
+    """Every modality names the same extra (non-standard) input roles."""
+    extras = {name: sorted(r for r in entry["inputs"] if r not in cat.STANDARD_ROLES)
+              for name, entry in modalities.items()}
+    if len({tuple(v) for v in extras.values()}) > 1:
+        yield error(loaded, ("modalities",), "every modality must name the same extra input roles, got "
+                    + "; ".join(f"{k}: {', '.join(v) or 'none'}" for k, v in extras.items()))
+
+
+def encoder_args_are_roles(loaded: LoadedYaml, args: Mapping[str, str],
+                           modalities: Sequence[Modality]) -> Iterator[Diagnostic]:
+    """Each argument of the eager call passes an input role some modality names."""
+    roles = sorted({role for m in modalities for role in m.inputs})
+    for arg, role in args.items():
+        if role not in roles:
+            yield error(loaded, ("encoder", "args", arg), f"input role {role!r} is not an input of the modalities",
+                        hint=suggest(role, roles) or f"roles: {', '.join(roles)}")
+
+
+def eager_call_passes_pixels(loaded: LoadedYaml, args: Mapping[str, str]) -> Iterator[Diagnostic]:
+    """The eager call passes the ``pixels`` role."""
+    if "pixels" not in args.values():
+        yield error(loaded, ("encoder", "args"), "the eager call must pass the 'pixels' role",
+                    hint="e.g. args: {hidden_states: pixels, grid_thw: grid}")
