@@ -44,6 +44,19 @@ def internvl_tokens(config, inputs):
     return ids
 
 
+def gemma3_tokens(config, inputs):
+    ids = []
+    for _ in range(inputs["pixel_values"].shape[0]):
+        ids += [config.boi_token_index] + [config.image_token_index] * config.mm_tokens_per_image
+        ids += [config.eoi_token_index]
+    return ids
+
+
+def llava_tokens(config, inputs):
+    per_image = (config.vision_config.image_size // config.vision_config.patch_size) ** 2  # CLS dropped
+    return [config.image_token_index] * (per_image * inputs["pixel_values"].shape[0])
+
+
 MODELS = {
     # Qwen2-VL-2B: 32-layer 1280-wide ViT, merger to 1536; 28-layer text model
     "qwen2_vl": dict(
@@ -78,6 +91,25 @@ MODELS = {
                          "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151674}),
         model=transformers.InternVLForConditionalGeneration, processor=transformers.GotOcr2ImageProcessorPil,
         processor_kwargs={"crop_to_patches": True, "size": {"height": 448, "width": 448}}, tokens=internvl_tokens),
+    # Gemma-3-4B: SigLIP so400m/14 at 896 px (one 4096-patch tile per image, pooled to 256 tokens); 34-layer text
+    "gemma3": dict(
+        config=lambda: transformers.Gemma3Config(
+            vision_config={"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
+                           "num_attention_heads": 16, "image_size": 896, "patch_size": 14, "vision_use_head": False},
+            text_config={"hidden_size": 2560, "num_hidden_layers": 34, "num_attention_heads": 8,
+                         "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 10240}),
+        model=transformers.Gemma3ForConditionalGeneration, processor=transformers.Gemma3ImageProcessorPil,
+        processor_kwargs={"size": {"height": 896, "width": 896}}, drop=("num_crops",), tokens=gemma3_tokens),
+    # LLaVA-1.5-7B: CLIP ViT-L/14 at 336 px (config defaults: feature layer -2, CLS dropped), Llama-7B text model
+    "llava": dict(
+        config=lambda: transformers.LlavaConfig(
+            vision_config={"model_type": "clip_vision_model", "hidden_size": 1024, "intermediate_size": 4096,
+                           "num_hidden_layers": 24, "num_attention_heads": 16, "image_size": 336, "patch_size": 14,
+                           "projection_dim": 768},
+            text_config={"model_type": "llama"}),
+        model=transformers.LlavaForConditionalGeneration, processor=transformers.LlavaImageProcessorPil,
+        processor_kwargs={"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}},
+        tokens=llava_tokens),
 }
 
 
@@ -86,6 +118,8 @@ def inputs_for(entry, config, sizes, seed=0):
     processor = entry["processor"](**entry.get("processor_kwargs", {}))
     images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in sizes]
     inputs = dict(processor(images=images, return_tensors="pt"))
+    for key in entry.get("drop", ()):
+        inputs.pop(key, None)  # processor bookkeeping that generate() does not take
     ids = [11, 12, 13] + entry["tokens"](config, inputs) + [14, 15]
     inputs["input_ids"] = torch.tensor([ids])
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])

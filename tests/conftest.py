@@ -18,7 +18,21 @@ def pytest_configure(config):
     os.environ.setdefault("VITCG_CACHE_DIR", str(cache))
 
 
+def _unavailable_specs() -> dict[str, str]:
+    """Spec name -> why the installed transformers cannot run it (too old for the spec's ``transformers``)."""
+    from vitcg.lang import load_specs
+
+    return {s.name: s.unavailable for s in load_specs([SPECS], bindings=False).unavailable}
+
+
 def pytest_collection_modifyitems(config, items):
+    # Tests parametrized over spec names skip the specs this transformers is too old for, saying so; CI runs
+    # the suite on the newest supported transformers too, where every spec runs.
+    unavailable = _unavailable_specs()
+    for item in items:
+        name = getattr(getattr(item, "callspec", None), "params", {}).get("name")
+        if isinstance(name, str) and name in unavailable:
+            item.add_marker(pytest.mark.skip(reason=f"{name}: {unavailable[name]}"))
     try:
         import torch
 

@@ -17,7 +17,11 @@ def test_check_one_spec_prints_a_table():
     assert lines[0].startswith("qwen2_vl (cpu, float32; budgets 64/128/256")
     for case in ("one small image", "images of different sizes", "one video", "image and video in one call",
                  "item larger than the largest budget", "empty batch"):
-        assert any(line.strip().startswith(case) and line.rstrip().endswith("ok") for line in lines), case
+        assert any(line.split(None, 1)[1].startswith(case) and line.rstrip().endswith("ok")
+                   for line in lines if line.startswith("  spec ")), case
+    # the end-to-end stage: the full VLM's own features and greedy tokens, with and without vitcg
+    (vlm,) = [line for line in lines if line.startswith("  vlm ")]
+    assert "VLM features and generate" in vlm and vlm.rstrip().endswith("ok"), vlm
     assert lines[-1] == "1 spec checked: 1 passed"
 
 

@@ -52,6 +52,11 @@ class LoadResult:
     def invalid_files(self) -> list[str]:
         return sorted({d.file for d in self.diagnostics})
 
+    @property
+    def unavailable(self) -> list[Spec]:
+        """Valid specs that the installed transformers is too old to run (``Spec.unavailable`` says why)."""
+        return [s for s in self.specs if s.unavailable]
+
 
 def spec_from_text(text: str, file: str = "<text>", bindings: Bindings | None = None) -> Spec:
     """Validate one spec given as text. Raises SpecError with every diagnostic."""

@@ -9,7 +9,9 @@ objects from the entries they looked at.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -18,7 +20,7 @@ from . import catalogue as cat
 from .bindings import Bindings
 from .formulas import Formula, parse
 from .loader import LoadedYaml, Path_
-from .model import Buffer, Docs, Encoder, ExampleInput, Modality, Spec, TestMeta, freeze
+from .model import Buffer, Docs, Encoder, ExampleInput, Modality, Spec, TestMeta, VlmTest, freeze
 from .rules import bindings as bind
 from .rules import buffers as buf
 from .rules import geometry as geo
@@ -62,9 +64,34 @@ def check(loaded: LoadedYaml, bindings: Bindings | None) -> tuple[Spec | None, l
         return None, problems
     found = _Found(loaded)
     spec = _spec(loaded, found)
-    if spec is not None and bindings is not None:
+    if spec is not None and spec.transformers is not None:
+        installed = installed_transformers()
+        if installed is not None and _release(installed) < _release(spec.transformers):
+            # its classes may be missing here: the bindings are not checked, and check skips the spec
+            spec = replace(spec, unavailable=f"unavailable in transformers {installed} (the spec needs "
+                                             f">= {spec.transformers})")
+    if spec is not None and spec.unavailable is None and bindings is not None:
         _bind(loaded, found, spec, bindings)
     return (None if found.diagnostics else spec), sorted(found.diagnostics, key=lambda d: (d.line, d.col, d.path))
+
+
+def installed_transformers() -> str | None:
+    """The installed transformers version, read from its metadata (no import); None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return None
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """``5.23.0rc1`` -> (5, 23, 0): the numeric release, padded to three parts."""
+    parts = []
+    for part in text.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        parts.append(int(digits or 0))
+    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
@@ -95,6 +122,7 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
     return Spec(
         file=loaded.file,
         graph_scope=scope["module"] if scope else None,
+        transformers=data.get("transformers"),
         name=data["name"],
         display_name=data["display_name"],
         architectures=tuple(data["architectures"]),
@@ -214,7 +242,17 @@ def _tests(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, modalit
         budgets=tuple(t["budgets"]),
         inputs=MappingProxyType(examples),
         shaping=found.take(tst.shaping_formulas(loaded, style, modalities, geometry)),
+        vlm=_vlm(t.get("vlm")),
     )
+
+
+def _vlm(entry: dict | None) -> VlmTest | None:
+    if entry is None:
+        return None
+    placeholder = entry.get("placeholder", {"token": "image_token_id"})
+    return VlmTest(config=freeze(entry.get("config", {})), processor=freeze(entry.get("processor", {})),
+                   token=placeholder["token"], before=tuple(placeholder.get("before", ())),
+                   after=tuple(placeholder.get("after", ())), skip=entry.get("skip"))
 
 
 def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> None:

@@ -115,6 +115,24 @@ class ExampleInput:
 
 
 @dataclass(frozen=True)
+class VlmTest:
+    """The end-to-end stage of ``vitcg check`` (``tests.vlm``): how to build the tiny full VLM and its inputs."""
+
+    config: Mapping[str, Any]
+    """Overrides of the VLM config class besides the tiny vision config."""
+    processor: Mapping[str, Any]
+    """Keyword arguments of the model's image processor class."""
+    token: str
+    """The VLM config field holding the image placeholder token id (one per output row)."""
+    before: tuple[str, ...] = ()
+    """Config fields of the token ids that open each image in ``input_ids``."""
+    after: tuple[str, ...] = ()
+    """Config fields of the token ids that close each image."""
+    skip: str | None = None
+    """Why the stage cannot run for this model, or None."""
+
+
+@dataclass(frozen=True)
 class TestMeta:
     prompt_template: str
     image_placeholder: str
@@ -130,6 +148,8 @@ class TestMeta:
     shaping: Mapping[str, Mapping[str, Formula]] = field(default_factory=lambda: MappingProxyType({}))
     """Per modality: item name -> formula over the image or video size in pixels (``tests.shaping``, or the
     attention style's default), how the model's processor shapes one item."""
+    vlm: VlmTest | None = None
+    """The end-to-end stage against the full VLM (``tests.vlm``); None when the spec does not describe it."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +180,10 @@ class Spec:
     tests: TestMeta
     graph_scope: str | None = None
     """Dotted path of the submodule whose call is captured; None: the whole encoder call is captured."""
+    transformers: str | None = None
+    """The oldest transformers release with the classes this spec names (``transformers``), or None."""
+    unavailable: str | None = None
+    """Why the installed transformers cannot run this spec (older than :attr:`transformers`), or None."""
 
     @property
     def attention_style(self) -> AttentionStyle:

@@ -349,6 +349,8 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Regis
     if isinstance(previous, Accelerated):
         previous.restore()
     chosen = _spec_for(model, spec, specs)
+    if chosen.unavailable:
+        raise UsageError(f"{chosen.name}: {chosen.unavailable}")
     owners, encoder = _resolve(model, chosen.encoder.vlm_attribute)
     expected = import_object(chosen.encoder.class_path)
     if not isinstance(encoder, expected):

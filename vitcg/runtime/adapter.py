@@ -308,14 +308,17 @@ class _Adapter:
         parts = []
         for entry in self.spec.encoder.outputs:
             field_name, _, index = entry.partition("[")
-            value = output[field_name] if isinstance(output, Mapping) else getattr(output, field_name, None)
+            # ModelOutput is a Mapping whose [] raises KeyError for a field left None: .get covers both
+            value = output.get(field_name) if isinstance(output, Mapping) else getattr(output, field_name, None)
             if value is not None and index:
                 position = int(index.rstrip("]"))
                 inside = isinstance(value, (list, tuple)) and -len(value) <= position < len(value)
                 value = value[position] if inside else None
             if value is None:
+                fields = [k for k, v in output.items() if v is not None] if isinstance(output, Mapping) else []
                 raise SpecRuntimeError(f"{self.spec.name}: the encoder output has no {entry!r} (encoder.outputs); "
-                                       f"it returned {type(output).__name__}")
+                                       f"it returned {type(output).__name__}"
+                                       + (f" with {', '.join(fields)}" if fields else ""))
             tensors = list(value) if isinstance(value, (list, tuple)) else [value]
             if not all(isinstance(t, torch.Tensor) for t in tensors):
                 raise SpecRuntimeError(f"{self.spec.name}: output {entry!r} holds "

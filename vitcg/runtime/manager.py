@@ -424,6 +424,11 @@ class EncoderCudaGraphManager:
                      selected: Mapping[str, Any], *, exact: bool, source: str) -> None:
         wanted = sum(tokens[i] for i in indices)
         rows = output.shape[0]
+        if output.shape[-1] != self.config.out_hidden_size:
+            # an engine sizes its embedding buffers by out_hidden_size: a wrong width corrupts them there
+            raise SpecRuntimeError(
+                f"the {source} returned rows of width {output.shape[-1]}, but get_encoder_cudagraph_config() says "
+                f"out_hidden_size={self.config.out_hidden_size}: check the spec's out_hidden_size geometry")
         if rows < wanted or (exact and rows != wanted):
             raise SpecRuntimeError(
                 f"the {source} returned {rows} rows for {len(indices)} items, but their output_tokens sum to "

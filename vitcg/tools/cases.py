@@ -50,6 +50,8 @@ class CaseResult:
     """Half precision: eager's own error against the float32 eager reference, for the same item."""
     noise_ok: bool = False
     """Every item within tolerance or within NOISE_FACTOR of eager's own float32 error."""
+    stage: str = "spec"
+    """``spec``: against the spec's own eager call; ``vlm``: end to end against the full VLM."""
 
     @property
     def ok(self) -> bool:
@@ -66,6 +68,8 @@ class SpecReport:
     max_items: int = 0
     cases: list[CaseResult] = field(default_factory=list)
     error: str | None = None
+    unavailable: str | None = None
+    """Why the installed transformers cannot run the spec (not a failure), or None."""
 
     @property
     def ok(self) -> bool:
@@ -126,7 +130,9 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
     tiny CPU runs fast and gives several budgets and an oversized item.
     """
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    report = SpecReport(spec.name, device, str(dtype).removeprefix("torch."))
+    report = SpecReport(spec.name, device, str(dtype).removeprefix("torch."), unavailable=spec.unavailable)
+    if spec.unavailable:
+        return report
     tolerance = TOLERANCE[dtype]
     try:
         module = build_encoder(spec, size, device=device, dtype=dtype, seed=seed)
@@ -179,4 +185,23 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
                     case.noise_ok = case.noise_ok and (error <= tolerance or graph32 <= NOISE_FACTOR * eager32)
         except (VitcgError, RuntimeError, ValueError, TypeError, IndexError) as exc:
             case.error = f"{type(exc).__name__}: {exc}"
+    if size == "tiny":
+        report.cases.append(_end_to_end(spec, device, seed))
     return report
+
+
+def _end_to_end(spec: Spec, device: str, seed: int) -> CaseResult:
+    """The end-to-end stage (:mod:`.vlm`) as one case: the full VLM's own features and greedy tokens."""
+    from .vlm import TOLERANCE as VLM_TOLERANCE
+    from .vlm import Unavailable, check_vlm
+
+    case = CaseResult("VLM features and generate (float32)", tolerance=VLM_TOLERANCE, stage="vlm")
+    try:
+        case.items, case.max_error, case.route = check_vlm(spec, device, seed)
+    except Unavailable as exc:
+        case.skipped = str(exc)
+    except VitcgError as exc:
+        case.error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a model or processor may fail in any way; the report says how
+        case.error = f"{type(exc).__name__}: {exc}"
+    return case

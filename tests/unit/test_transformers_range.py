@@ -1,0 +1,55 @@
+"""A spec that needs a newer transformers than the installed one is reported as unavailable, never as an error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vitcg.errors import UsageError
+from vitcg.lang import load_specs
+from vitcg.lang.checks import _release, installed_transformers
+from vitcg.tools.cases import check_spec
+from vitcg.tools.report import check_text, text_report
+
+REPO = Path(__file__).resolve().parents[2]
+FUTURE = REPO / "tests" / "specs" / "valid" / "needs_future_transformers.yaml"
+
+
+def test_release_ordering():
+    assert _release("5.17.0") < _release("5.20") < _release("5.23.0rc1") <= _release("5.23") < _release("5.100")
+
+
+def test_a_spec_needing_a_newer_transformers_is_valid_and_unavailable():
+    result = load_specs([FUTURE], use_cache=False)
+    assert result.ok and [s.name for s in result.unavailable] == ["needs_future_transformers"]
+    text = text_report(result)
+    assert f"{FUTURE}: note: unavailable in transformers {installed_transformers()} (the spec needs >= 99.0)" in text
+    assert text.rstrip().endswith("all valid (1 unavailable in this transformers)")
+
+
+def test_an_unavailable_spec_is_skipped_by_check_and_not_failed():
+    (spec,) = load_specs([FUTURE], bindings=False).specs
+    report = check_spec(spec)
+    assert report.ok and not report.cases and report.unavailable
+    text = check_text([report])
+    assert "skipped: unavailable in transformers" in text
+    assert text.splitlines()[-1] == ("1 spec checked: 0 passed, 1 unavailable in this transformers "
+                                     "(needs_future_transformers)")
+
+
+def test_accelerate_refuses_an_unavailable_spec():
+    torch = pytest.importorskip("torch")
+    import vitcg
+
+    (spec,) = load_specs([FUTURE], bindings=False).specs
+    with pytest.raises(UsageError, match="unavailable in transformers"):
+        vitcg.accelerate(torch.nn.Linear(2, 2), spec=spec)
+
+
+def test_specs_in_the_repository_state_their_oldest_release_where_it_matters():
+    """Every ``transformers`` key parses, and the pin in pyproject covers the oldest one CI runs (5.17)."""
+    pins = [s.transformers for s in load_specs([REPO / "specs"], bindings=False).specs if s.transformers]
+    assert all(_release(p) > _release("5.17") for p in pins)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"transformers>=5.17,<5.24"' in pyproject
