@@ -127,6 +127,32 @@ def check(
 
 
 @app.command()
+def demo(
+    spec: Annotated[str, typer.Argument(help="A spec with tests.vlm (its tiny full VLM is built).")] = "qwen2_vl",
+    specs_dir: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
+    device: Annotated[str, typer.Option(help="cpu, or cuda.")] = "cpu",
+) -> None:
+    """vitcg.accelerate on a tiny Hugging Face VLM (random weights): its features and greedy generate, with and
+    without graphs."""
+    _check_device(device)
+    import torch
+
+    from .tools.vlm import Unavailable, check_vlm
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here")
+    chosen = _select_specs([spec], False, specs_dir)[0]
+    try:
+        images, error, route = check_vlm(chosen, device)
+    except Unavailable as exc:
+        raise UsageError(f"{chosen.name}: the demo cannot run: {exc}") from None
+    typer.echo(f"{chosen.name}: tiny {chosen.architectures[0]} with random weights (float32, {device}), {images} "
+               "images from its own image processor, vitcg.accelerate(model):\n"
+               f"  get_image_features per image: max relative error {error:.1e} against the model without vitcg\n"
+               f"  generate: the same greedy tokens (encoder: {route})")
+
+
+@app.command()
 def schema(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,
 ) -> None:

@@ -52,3 +52,12 @@ def test_check_json(tmp_path: Path):
     assert run.returncode == 0
     document = json.loads(run.stdout)
     assert document["ok"] and document["specs"][0]["budgets"] == [4, 8, 16]
+
+
+def test_demo_accelerates_a_tiny_vlm_and_keeps_its_tokens():
+    run = vitcg("demo")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "qwen2_vl: tiny Qwen2VLForConditionalGeneration" in run.stdout
+    assert "generate: the same greedy tokens (encoder: 2 replays, 0 eager)" in run.stdout
+    refused = vitcg("demo", "tests/specs/check_fails/wrong_width.yaml")
+    assert refused.returncode == 1 and "out_hidden_size=96" in refused.stderr, refused.stderr

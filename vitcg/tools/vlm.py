@@ -176,4 +176,4 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
         raise VitcgError(f"greedy generate differs: {accelerated[0, -NEW_TOKENS:].tolist()} vs the VLM's "
                          f"{tokens[0, -NEW_TOKENS:].tolist()}")
     manager = stats.manager
-    return len(images), worst, f"graph {manager.replays}, eager {manager.misses}"
+    return len(images), worst, f"{manager.replays} replays, {manager.misses} eager"
