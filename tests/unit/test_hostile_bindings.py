@@ -56,8 +56,18 @@ def test_corrupt_method_and_config_entries_are_recomputed(tmp_path: Path, key: s
 
 def test_valid_entries_are_used_as_they_are(tmp_path: Path):
     bindings = Bindings(cache_dir=tmp_path)
-    cached = {f"class:{CLASS}": {"ok": True, "bases": ["a.B"]},
+    cached = {f"class:{CLASS}": {"ok": True, "bases": ["a.B"], "config_class": None},
               "config:x.Y:{}": {"ok": False, "unknown_keys": [["vision_config", "depthh", ["depth"]]]}}
     bindings.path.write_text(json.dumps(cached))
     assert bindings.check_class(CLASS) == cached[f"class:{CLASS}"]
     assert bindings.check_config("x.Y", {}) == cached["config:x.Y:{}"]
+
+
+def test_class_entries_without_their_config_class_are_recomputed(tmp_path: Path):
+    """A cache written before class entries named the config class they are built from is a miss."""
+    real = "transformers.models.qwen2_vl.modeling_qwen2_vl.Qwen2VLModel"
+    bindings = Bindings(cache_dir=tmp_path)
+    bindings.path.write_text(json.dumps({f"class:{real}": {"ok": True, "bases": ["a.B"]}}))
+    fresh = bindings.check_class(real)
+    assert fresh["ok"] and fresh["bases"] != ["a.B"]
+    assert fresh["config_class"] == "transformers.models.qwen2_vl.configuration_qwen2_vl.Qwen2VLConfig"

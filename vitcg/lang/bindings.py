@@ -99,7 +99,10 @@ def _check_class(path: str) -> dict[str, Any]:
         return {"ok": False, "error": str(exc)}
     if not isinstance(obj, type):
         return {"ok": False, "error": f"{path!r} is not a class"}
-    return {"ok": True, "bases": [c.__module__ + "." + c.__name__ for c in obj.__mro__]}
+    configured_by = getattr(obj, "config_class", None)
+    return {"ok": True, "bases": [c.__module__ + "." + c.__name__ for c in obj.__mro__],
+            "config_class": (configured_by.__module__ + "." + configured_by.__name__
+                             if isinstance(configured_by, type) else None)}
 
 
 def _has_method(path: str, method: str) -> bool:
@@ -144,7 +147,8 @@ def _valid_entry(key: str, entry: Any) -> bool:
                 isinstance(p, list) and len(p) >= 2 and _strings(p[:-1]) and _strings(p[-1]) for p in problems)
         return isinstance(entry.get("error"), str)
     if kind == "class":
-        return _strings(entry.get("bases"))
+        configured_by = entry.get("config_class", 0)  # a missing key is an older cache format: recompute
+        return _strings(entry.get("bases")) and (configured_by is None or isinstance(configured_by, str))
     if kind == "config":
         return isinstance(entry.get("snapshot"), dict)
     return False

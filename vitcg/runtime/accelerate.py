@@ -17,6 +17,7 @@ import functools
 import inspect
 import os
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import InputError, UsageError
+from ..errors import InputError, SpecRuntimeError, UsageError
 from ..lang import Registry, load_registry
 from ..lang.bindings import import_object
 from ..lang.model import Spec
@@ -89,7 +90,11 @@ class _Layout:
         of a packed encoder could scale along any dimension of size 1)."""
         entries = []
         for name in spec.encoder.outputs:
-            value = output[name] if isinstance(output, Mapping) else getattr(output, name, None)
+            # ModelOutput is a Mapping whose [] raises KeyError for an unset field: .get covers both
+            value = output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
+            if value is None:
+                raise SpecRuntimeError(f"{spec.name}: the encoder call returned {type(output).__name__} without "
+                                       f"{name!r} (the spec's encoder.outputs)")
             tensors = list(value) if isinstance(value, (list, tuple)) else [value]
             if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in tensors):
                 return None
@@ -176,6 +181,8 @@ class Accelerated:
         self._owners = owners
         self._patches: list[_Patch] = []
         self._layout: _Layout | None = None
+        self._broken: str | None = None
+        """Why routing stopped for good (the spec does not describe the model's output), or None."""
         self._original = getattr(encoder, spec.encoder.method)
         self._signature = inspect.signature(self._original)
         self._capture()
@@ -303,9 +310,17 @@ class Accelerated:
             rows = sum(i.output_tokens for i in self.adapter.get_encoder_cudagraph_item_specs(mm))
         except InputError as exc:
             return self._fallback(f"inputs the spec does not describe: {exc}", args, kwargs)
+        if self._broken is not None:
+            return self._fallback(self._broken, args, kwargs)
         if self._layout is None:
             output = self._fallback("first call: learning the output layout", args, kwargs)
-            self._layout = _Layout.learn(self.spec, output, rows)
+            try:
+                self._layout = _Layout.learn(self.spec, output, rows)
+            except SpecRuntimeError as exc:
+                # the spec does not describe this model's output: every later call runs the original, saying why
+                self._broken = f"the spec does not fit this model: {exc}"
+                warnings.warn(f"vitcg.accelerate: {self._broken}; the encoder runs without graphs", RuntimeWarning,
+                              stacklevel=3)
             return output
         self.stats.routed += 1
         parts = self.manager.execute(mm)

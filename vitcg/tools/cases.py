@@ -146,7 +146,7 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
                                           max_model_len=1 << 20, device=device, dtype=dtype)
         report.budgets, report.max_items = manager.budgets, manager.plan.max_items
         manager.capture()
-    except (VitcgError, RuntimeError, ValueError, TypeError, ImportError) as exc:
+    except Exception as exc:  # noqa: BLE001 - model code fails in any way on a wrong spec; the report says how
         report.error = f"{type(exc).__name__}: {exc}"
         return report
     generator = torch.Generator().manual_seed(seed)
@@ -183,7 +183,7 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
                     case.graph_vs_fp32 = max(case.graph_vs_fp32 or 0.0, graph32)
                     case.eager_vs_fp32 = max(case.eager_vs_fp32 or 0.0, eager32)
                     case.noise_ok = case.noise_ok and (error <= tolerance or graph32 <= NOISE_FACTOR * eager32)
-        except (VitcgError, RuntimeError, ValueError, TypeError, IndexError) as exc:
+        except Exception as exc:  # noqa: BLE001 - as above: a failing case is a result, not a crash
             case.error = f"{type(exc).__name__}: {exc}"
     if size == "tiny":
         report.cases.append(_end_to_end(spec, device, seed))

@@ -18,7 +18,23 @@ _LIMITS_HINT = f"with {', '.join(f'{k}={v}' for k, v in cat.DEFAULT_LIMITS.items
 
 
 def classes_bind(loaded: LoadedYaml, encoder: Encoder, bindings: Bindings) -> Iterator[Diagnostic]:
-    """The encoder class and config class import, subclass Module / PreTrainedConfig, and the class has the method."""
+    """The encoder class and config class import, subclass Module / PreTrainedConfig, the class has the method,
+    and the config class is (a subclass of) the one the encoder class is built from."""
+    problems = list(_classes_import(loaded, encoder, bindings))
+    if problems:  # the relation below means nothing until both classes are what they should be
+        yield from problems
+        return
+    model, config = bindings.check_class(encoder.class_path), bindings.check_class(encoder.config_class)
+    expected = model.get("config_class")
+    if expected and expected not in config["bases"]:
+        short = encoder.class_path.rsplit(".", 1)[1]
+        yield error(loaded, ("encoder", "config_class"),
+                    f"{short} is built from a {expected.rsplit('.', 1)[1]}, not a "
+                    f"{encoder.config_class.rsplit('.', 1)[1]}", code="binding",
+                    hint=f"set config_class to {expected}, or class to the encoder that this config builds")
+
+
+def _classes_import(loaded: LoadedYaml, encoder: Encoder, bindings: Bindings) -> Iterator[Diagnostic]:
     for field_name, path, base in (("class", encoder.class_path, TORCH_MODULE),
                                    ("config_class", encoder.config_class, PRETRAINED_CONFIG)):
         result = bindings.check_class(path)
