@@ -252,7 +252,8 @@ def _vlm(entry: dict | None) -> VlmTest | None:
     placeholder = entry.get("placeholder", {"token": "image_token_id"})
     return VlmTest(config=freeze(entry.get("config", {})), processor=freeze(entry.get("processor", {})),
                    token=placeholder["token"], before=tuple(placeholder.get("before", ())),
-                   after=tuple(placeholder.get("after", ())), skip=entry.get("skip"))
+                   after=tuple(placeholder.get("after", ())), skip=entry.get("skip"),
+                   architecture=entry.get("architecture"), processor_class=entry.get("processor_class"))
 
 
 def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> None:

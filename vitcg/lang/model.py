@@ -130,6 +130,10 @@ class VlmTest:
     """Config fields of the token ids that close each image."""
     skip: str | None = None
     """Why the stage cannot run for this model, or None."""
+    architecture: str | None = None
+    """The VLM class to build; None: the first of the spec's architectures that transformers has."""
+    processor_class: str | None = None
+    """The image processor class; None: the one transformers maps to the spec's model types."""
 
 
 @dataclass(frozen=True)

@@ -366,8 +366,9 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Regis
     chosen = _spec_for(model, spec, specs)
     if chosen.unavailable:
         raise UsageError(f"{chosen.name}: {chosen.unavailable}")
-    owners, encoder = _resolve(model, chosen.encoder.vlm_attribute)
     expected = import_object(chosen.encoder.class_path)
+    # a spec may capture a method of the VLM itself (its get_image_features): then the model is the encoder
+    owners, encoder = ([], model) if isinstance(model, expected) else _resolve(model, chosen.encoder.vlm_attribute)
     if not isinstance(encoder, expected):
         raise UsageError(f"{chosen.name}: {chosen.encoder.vlm_attribute} of {type(model).__name__} is a "
                          f"{type(encoder).__name__}, not the spec's {expected.__name__}")

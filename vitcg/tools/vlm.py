@@ -43,51 +43,67 @@ def _merge(base: dict, overrides: Mapping) -> dict:
 
 
 def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> torch.nn.Module:
-    """The spec's tiny full VLM with seeded random weights, float32, eval mode. Raises Unavailable when the
-    installed transformers has none of its architectures."""
+    """The spec's tiny full VLM with seeded random weights, float32, eval mode: ``tests.vlm.architecture`` (or
+    the first of the spec's architectures transformers has), built from its own config class with the tiny
+    vision config and ``tests.vlm.config``. Raises Unavailable when transformers has no such class."""
     import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    cls = next((getattr(transformers, a) for a in spec.architectures if hasattr(transformers, a)), None)
-    if cls is None or spec.model_types[0] not in CONFIG_MAPPING:
-        raise Unavailable(f"transformers {transformers.__version__} has none of {', '.join(spec.architectures)}")
-    config_cls = CONFIG_MAPPING[spec.model_types[0]]
+    names = [spec.tests.vlm.architecture] if spec.tests.vlm.architecture else list(spec.architectures)
+    cls = next((getattr(transformers, a) for a in names if hasattr(transformers, a)), None)
+    if cls is None:
+        raise Unavailable(f"transformers {transformers.__version__} has none of {', '.join(names)}")
+    config_cls = cls.config_class
     tiny = thaw(spec.encoder.tiny_config)
-    overrides = tiny if import_object(spec.encoder.config_class) is config_cls else {"vision_config": tiny}
+    overrides = tiny if issubclass(import_object(spec.encoder.config_class), config_cls) else {"vision_config": tiny}
     config = config_cls(**_merge(overrides, spec.tests.vlm.config))
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return cls(config).eval().to(device)
 
 
-def build_processor(spec: Spec):
-    """The model's image processor (PIL backend) from its defaults and ``tests.vlm.processor``. Raises
-    Unavailable when transformers maps no image processor to the model type."""
+def build_processor(spec: Spec, vlm: torch.nn.Module):
+    """The model's image processor from its defaults and ``tests.vlm.processor``: ``tests.vlm.processor_class``,
+    or the one transformers maps to the spec's model types or the VLM's (PIL backend first). Raises
+    Unavailable when there is none."""
     import transformers
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
-    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(spec.model_types[0])
-    if isinstance(names, Mapping):
-        names = names.get("pil") or next(iter(names.values()), None)
-    elif isinstance(names, (list, tuple)):
-        names = next((n for n in names if n), None)
-    if not names or not hasattr(transformers, names):
-        raise Unavailable(f"transformers {transformers.__version__} maps no image processor to "
-                          f"{spec.model_types[0]!r}")
-    return getattr(transformers, names)(**thaw(spec.tests.vlm.processor))
+    name = spec.tests.vlm.processor_class
+    for model_type in () if name else (*spec.model_types, vlm.config.model_type):
+        names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+        if isinstance(names, Mapping):
+            names = [names.get("pil"), *names.values()]
+        elif isinstance(names, str):
+            names = [names]
+        name = next((n for n in names or () if n and hasattr(transformers, n)), None)
+        if name:
+            break
+    if not name or not hasattr(transformers, name):
+        raise Unavailable(f"transformers {transformers.__version__} has no image processor "
+                          f"{name or 'mapped to ' + ', '.join(spec.model_types)} (tests.vlm.processor_class)")
+    return getattr(transformers, name)(**thaw(spec.tests.vlm.processor))
+
+
+def _image_features(vlm: torch.nn.Module):
+    """The ``get_image_features`` that the VLM's forward calls: its base model's (where the VLM class only
+    forwards to it, with None for the arguments it was not given), else the class's own."""
+    method = getattr(vlm.base_model, "get_image_features", None) or getattr(vlm, "get_image_features", None)
+    if method is None:
+        raise Unavailable(f"{type(vlm).__name__} has no get_image_features")
+    return method
 
 
 def _features(vlm: torch.nn.Module, inputs: Mapping[str, Any]) -> list[torch.Tensor]:
     """The base model's ``get_image_features`` rows, one tensor per image where the model splits them."""
     with torch.no_grad():
-        out = vlm.base_model.get_image_features(**inputs)
+        out = _image_features(vlm)(**inputs)
     value = out.pooler_output if hasattr(out, "pooler_output") else out
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def _feature_inputs(vlm: torch.nn.Module, made: Mapping[str, Any]) -> dict[str, Any]:
     """The processor outputs that ``get_image_features`` takes, by parameter name."""
-    parameters = inspect.signature(vlm.base_model.get_image_features).parameters
+    parameters = inspect.signature(_image_features(vlm)).parameters
     return {k: v for k, v in made.items() if k in parameters and isinstance(v, torch.Tensor)}
 
 
@@ -133,7 +149,7 @@ def check_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> tuple[int, floa
 
 def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
     vlm = build_vlm(spec, device, seed)
-    processor = build_processor(spec)
+    processor = build_processor(spec, vlm)
     rng = np.random.default_rng(seed)
     images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in IMAGE_SIZES]
     inputs = {k: v.to(device) for k, v in _feature_inputs(vlm, processor(images=images, return_tensors="pt")).items()}
