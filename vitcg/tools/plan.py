@@ -530,7 +530,10 @@ def make_plan(target: Target, requests: Sequence[tuple[Request, int, Items]], co
     if not requests:
         raise UsageError("no requests to plan for")
     planner = Planner(target, requests, costs, manager, max_num_batched_tokens, max_model_len)
-    default_memory = planner.memory(planner.default_config())
+    try:
+        default_memory = planner.memory(planner.default_config())
+    except BudgetError as exc:  # every limit here came from the command line
+        raise UsageError(str(exc)) from None
     cap = default_memory if memory_cap_mib is None else memory_cap_mib
     if not math.isfinite(cap) or cap <= 0:
         raise UsageError(f"--memory-cap-mib must be a positive number of MiB, got {memory_cap_mib!r}")
