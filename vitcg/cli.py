@@ -279,6 +279,60 @@ def bench(
 
 
 @app.command()
+def plan(
+    spec: Annotated[str, typer.Argument(help="A spec name (from --specs-dir) or spec file.", show_default=False)],
+    request: Annotated[list[str] | None, typer.Option(help="One encoder call: images HxW and videos FxHxW, "
+                                                      "comma-separated (repeatable).")] = None,
+    requests: Annotated[Path | None, typer.Option(help='JSON list of {"images": [[h, w], ...], "videos": '
+                                                  '[[frames, h, w], ...]}, one per encoder call.')] = None,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Engine limit: largest budget.")] = 8192,
+    max_model_len: Annotated[int, typer.Option(help="Engine limit: largest budget.")] = 32768,
+    memory_cap_mib: Annotated[float | None, typer.Option(help="Graph memory cap in MiB (default: what vLLM's "
+                                                         "default ladder takes).")] = None,
+    costs: Annotated[Path | None, typer.Option(help="A `vitcg bench --json` result: the spec's measured replay, "
+                                               "pool and eager times instead of the default model.")] = None,
+    manager: Annotated[str, typer.Option(help="vitcg (tight packing, eager routing) or vllm (greedy).")] = "vitcg",
+    specs_dir: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    """Choose token budgets and items per batch that minimize expected encoder latency on a sample of requests
+    (default: the bench workloads) under a graph memory cap; print vLLM's compilation_config for them."""
+    from .tools.compile_config import check_bound
+
+    for name, value in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-model-len", max_model_len)):
+        if value <= 0:
+            raise UsageError(f"{name} must be a positive integer, got {value}")
+        check_bound(name, value)
+    import time
+
+    from .tools import plan as planning
+
+    chosen = _select_specs([spec], False, specs_dir)[0]
+    sample = [planning.parse_request(text) for text in request or ()]
+    if requests is not None:
+        sample += planning.read_requests(requests)
+    source = "--request/--requests" if sample else "bench workloads"
+    if not sample:
+        sample = planning.default_requests(chosen)
+    cost_model = planning.costs_from_results(costs, chosen.name) if costs else planning.default_costs()
+    geometry = planning.spec_geometry(chosen)
+    target = planning.target_of(chosen, geometry, max_num_batched_tokens, max_model_len)
+    if target.min_budget > target.max_budget:
+        raise UsageError(f"{chosen.name}: min budget {target.min_budget} exceeds max budget {target.max_budget}; "
+                         "raise --max-num-batched-tokens / --max-model-len")
+    grouped = planning.group(lambda r: planning.request_items(chosen, geometry, r), sample)
+    tic = time.perf_counter()
+    result = planning.make_plan(target, grouped, cost_model, manager=manager, memory_cap_mib=memory_cap_mib,
+                                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
+    seconds = time.perf_counter() - tic
+    limits = (max_num_batched_tokens, max_model_len)
+    if as_json:
+        sys.stdout.write(json.dumps(planning.plan_json(result, source=source, limits=limits), indent=2) + "\n")
+    else:
+        sys.stdout.write(planning.plan_text(result, source=source, limits=limits, seconds=seconds))
+
+
+@app.command()
 def new(
     model_type: Annotated[str, typer.Argument(help="A transformers model type, e.g. glm_ocr.", show_default=False)],
     output: Annotated[str | None, typer.Option("--output", "-o", help="Where to write the draft ('-' for "

@@ -220,6 +220,25 @@ class Spec:
             values[name] = formula.evaluate(values, config)
         return values
 
+    def shape_item(self, modality: str, entry: tuple[int, ...], geometry: Mapping[str, int]) -> int | list[int]:
+        """The count row of one image ``(height, width)`` or video ``(frames, height, width)`` in pixels, as the
+        model's processor would shape it: the spec's ``tests.shaping`` (or its attention style's default);
+        1 for a modality without counts (one resized tile, or one whole clip, per item)."""
+        m = self.modality(modality)
+        if m is None or m.count_key is None:
+            return 1
+        sizes = dict(zip(("height", "width") if modality == "image" else ("frames", "height", "width"), entry))
+        names = {**geometry, **sizes}
+        row = [formula.evaluate(names) for formula in self.tests.shaping[modality].values()]
+        return row if self.attention_style.segmented else row[0]
+
+    def item_sizes(self, modality: str, row: Any, geometry: Mapping[str, int]) -> tuple[int, int, int]:
+        """``(input_size, output_tokens, frames)`` of one item from its count row (a grid row or a tile
+        count): the ``items`` formulas at ``geometry``; frames are 0 for images."""
+        names = {**self.attention_style.names(row), **geometry}
+        frames = self.frames.evaluate(names) if modality == "video" else 0
+        return self.input_size.evaluate(names), self.output_tokens.evaluate(names), frames
+
     def to_json(self) -> dict[str, Any]:
         """Plain data for templates and ``registry/index.json``: formulas as their source text."""
         return {

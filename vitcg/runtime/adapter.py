@@ -139,10 +139,8 @@ class _Adapter:
         if cached is None:
             if len(self._item_cache) >= ITEM_CACHE_SIZE:
                 self._item_cache.clear()
-            names = {**self.spec.attention_style.names(row), **self.geometry}
-            frames = self.spec.frames.evaluate(names) if modality.name == "video" else 0
-            cached = self._item_cache[key] = (
-                EncoderItemSpec(self.spec.input_size.evaluate(names), self.spec.output_tokens.evaluate(names)), frames)
+            input_size, output_tokens, frames = self.spec.item_sizes(modality.name, row, self.geometry)
+            cached = self._item_cache[key] = (EncoderItemSpec(input_size, output_tokens), frames)
         return cached
 
     def item_spec(self, modality: Modality, row) -> EncoderItemSpec:

@@ -5,13 +5,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
 from ..lang.catalogue import buffer_names
 from ..lang.model import Modality, Spec
 from ..runtime.adapter import SpecAdapter
+from .sizes import MIXED_SIZES, WORKLOADS, Workload
+
+__all__ = ["MIXED_SIZES", "WORKLOADS", "Workload", "InputBuilder", "make_inputs", "on_device", "relative_error"]
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -86,40 +88,10 @@ class InputBuilder:
         return self.spec.attention_style.check_item(frames, a, b, self.geometry)
 
 
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    description: str
-    images: tuple[tuple[int, int], ...] = ()
-    """(height, width) in pixels."""
-    videos: tuple[tuple[int, int, int], ...] = ()
-    """(frames, height, width)."""
-
-
-MIXED_SIZES = ((480, 640), (768, 1024), (600, 800), (375, 500), (720, 1280), (336, 336), (448, 448), (612, 612))
-"""Resolutions typical of VLM benchmarks: COCO/VQAv2 photos (640x480, 500x375), DocVQA/ChartQA pages and
-charts (1024x768, 800x600), 720p screenshots, and square crops (336, 448, 612)."""
-
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("1x224", "one 224x224 image", images=((224, 224),)),
-    Workload("1x448", "one 448x448 image", images=((448, 448),)),
-    Workload("8x224", "eight 224x224 images", images=((224, 224),) * 8),
-    Workload("mixed", "eight images of realistic resolutions", images=MIXED_SIZES),
-    Workload("video4x448", "one 4-frame 448x448 video", videos=((4, 448, 448),)),
-    Workload("image+video", "two images (480x640, 448x448) and a 4-frame 448x448 video",
-             images=((480, 640), (448, 448)), videos=((4, 448, 448),)),
-)}
-
 def _item_size(adapter: SpecAdapter, modality: Modality, entry: tuple[int, ...]) -> int | list[int]:
     """The count row of one image ``(height, width)`` or video ``(frames, height, width)``, as the model's
-    processor would shape it: the spec's ``tests.shaping`` (or its attention style's default)."""
-    spec = adapter.spec
-    sizes = dict(zip(("height", "width") if modality.name == "image" else ("frames", "height", "width"), entry))
-    if modality.count_key is None:
-        return 1  # one resized tile (or one whole clip) per item
-    names = {**adapter.geometry, **sizes}
-    row = [formula.evaluate(names) for formula in spec.tests.shaping[modality.name].values()]
-    return row if spec.attention_style.segmented else row[0]
+    processor would shape it (:meth:`Spec.shape_item`)."""
+    return adapter.spec.shape_item(modality.name, entry, adapter.geometry)
 
 
 def make_inputs(adapter: SpecAdapter, workload: Workload, generator: torch.Generator) -> dict[str, torch.Tensor] | None:

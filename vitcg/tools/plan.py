@@ -1,0 +1,618 @@
+"""``vitcg plan``: the budget ladder and items per batch that minimize expected encoder latency on a sample.
+
+From a sample of requests (the images and videos of one encoder call each), item sizes come from the spec
+itself (:meth:`Spec.shape_item` and :meth:`Spec.item_sizes` at the checkpoint's geometry). Each candidate
+configuration is judged by driving the real :meth:`EncoderCudaGraphManager.plan_packs` over a protocol stub
+(no encoder, no weights) with injected replay and eager costs, so packing, eager fallback and eager routing
+are the manager's own. The expected latency of a configuration is the mean over requests of the replay cost
+of each pack plus one eager call for the items routed eagerly. The search starts from vLLM's default ladder
+and improves it by deterministic local search (add, remove or move one budget; change items or frames per
+batch) while the graphs' memory stays under a cap, so the plan is never worse than the default under the
+same cost model.
+
+Costs (:class:`CostModel`): by default a linear model fitted to H100 measurements of the Qwen2-VL-7B vision
+tower; ``--costs`` reads a ``vitcg bench --json`` result instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import BudgetError, UsageError, VitcgError
+from ..lang.catalogue import buffer_names
+from ..lang.model import Spec, thaw
+from ..runtime.budgets import doubling_budgets
+from ..runtime.engine import engine_config
+from ..runtime.manager import EncoderCudaGraphManager
+from ..runtime.protocol import EncoderCudaGraphConfig, EncoderItemSpec
+from .compile_config import compile_config
+from .sizes import WORKLOADS
+
+MANAGERS = {"vitcg": ("tight", True, True), "vllm": ("greedy", False, False)}
+"""Which manager the plan is for: (packing, eager routing, lean inferred caps). ``vitcg``: vitcg's manager
+(tight packing, eager routing, lean caps); ``vllm``: vLLM's (greedy packing, no routing, inferred caps)."""
+
+# Measured on an H100 (benchmarks/results-costs-2026-11-22-h100.json, Qwen2-VL-7B tower, bf16).
+H100_REPLAY_MS = ((64, 3.93), (128, 4.90), (256, 6.78), (512, 11.36), (1024, 22.34), (2048, 44.59),
+                  (4096, 87.05), (8192, 181.26))
+"""Replay time per budget (ms), measured with about :data:`REF_SLOTS` attention segment slots."""
+H100_EAGER_MS = ((64, 35.12), (256, 35.11), (512, 51.48), (4313, 121.08), (512, 37.42), (1159, 56.68))
+"""Hugging Face eager forward of the bench workloads: (output tokens, ms)."""
+H100_POOL_MIB = 526.2
+"""Graph pool and buffers of the eight budgets 64..8192."""
+SLOT_MS = 1.1e-5
+"""Extra replay time per attention segment slot beyond :data:`REF_SLOTS` and per budget token (ms): the flash
+varlen grid grows with slots times ``max_seqlen``. Fitted to benchmarks/RESULTS.md (vLLM's inferred caps,
+128 items + 4096 frames, against lean caps: +1.5 ms at 256 tokens, +4.7 ms at 512, +370 ms at 8192)."""
+REF_SLOTS = 48
+"""Segment slots of the measured replays (16 items + 32 frames)."""
+MAX_PIXELS = 1 << 16
+"""Largest height, width or frame count accepted in a request."""
+
+
+def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(a, b)`` of ``y = a + b*x`` minimizing the squared *relative* error (each point weighted by 1/y), so
+    small, launch-bound sizes fit as well as large ones. Needs two distinct x."""
+    w = [1.0 / y**2 for _, y in points]
+    sw = sum(w)
+    sx = sum(wi * x for wi, (x, _) in zip(w, points))
+    sy = sum(wi * y for wi, (_, y) in zip(w, points))
+    sxx = sum(wi * x * x for wi, (x, _) in zip(w, points))
+    sxy = sum(wi * x * y for wi, (x, y) in zip(w, points))
+    det = sw * sxx - sx * sx
+    if det <= 0:
+        raise ValueError("a line needs two distinct sizes")
+    b = (sw * sxy - sx * sy) / det
+    return (sy - b * sx) / sw, b
+
+
+def _interpolate(points: Sequence[tuple[int, float]], x: float) -> float:
+    """Piecewise linear through ``points`` (sorted by x), extended linearly beyond both ends."""
+    if len(points) == 1:
+        return points[0][1] * x / points[0][0]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1 or (x1, y1) == points[-1]:
+            return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What a replay, an eager forward and a graph cost. Replays: ``r0 + r1*b`` ms, or ``replay_points``
+    interpolated when measured; plus :data:`SLOT_MS` per segment slot over :data:`REF_SLOTS` per budget token.
+    Eager: ``e0 + e1*t`` ms for ``t`` output tokens in one call. Memory: ``mib_per_token * b`` per graph."""
+
+    source: str
+    r0: float
+    r1: float
+    e0: float
+    e1: float
+    mib_per_token: float
+    replay_points: tuple[tuple[int, float], ...] = ()
+    slot_ms: float = SLOT_MS
+
+    def replay(self, budget: int, slots: int = 0) -> float:
+        base = _interpolate(self.replay_points, budget) if self.replay_points else self.r0 + self.r1 * budget
+        return base + self.slot_ms * max(0, slots - REF_SLOTS) * budget
+
+    def eager(self, tokens: int) -> float:
+        return self.e0 + self.e1 * tokens if tokens else 0.0
+
+    def memory(self, budget: int) -> float:
+        return self.mib_per_token * budget
+
+    def describe(self) -> str:
+        replay = ("measured replay_ms interpolated" if self.replay_points
+                  else f"replay {self.r0:.2f} + {self.r1:.4f}*budget ms")
+        return (f"{self.source}: {replay}, eager {self.e0:.1f} + {self.e1:.4f}*tokens ms, "
+                f"{self.mib_per_token:.4f} MiB per budget token, +{self.slot_ms:.1e} ms per segment slot over "
+                f"{REF_SLOTS} per budget token")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "replay_ms": {"r0": round(self.r0, 4), "r1": round(self.r1, 6),
+                                                     "points": [list(p) for p in self.replay_points]},
+                "eager_ms": {"e0": round(self.e0, 4), "e1": round(self.e1, 6)},
+                "mib_per_budget_token": round(self.mib_per_token, 6), "slot_ms": self.slot_ms,
+                "ref_slots": REF_SLOTS}
+
+
+def default_costs() -> CostModel:
+    """The linear model fitted to the H100 measurements of the Qwen2-VL-7B tower."""
+    r0, r1 = fit_line(H100_REPLAY_MS)
+    e0, e1 = fit_line(H100_EAGER_MS)
+    memory = H100_POOL_MIB / sum(b for b, _ in H100_REPLAY_MS)
+    return CostModel("default: linear model fitted to Qwen2-VL-7B tower on an H100 (2026-11-22)", r0, r1, e0, e1,
+                     memory)
+
+
+def costs_from_results(path: Path, spec: str) -> CostModel:
+    """A cost model from a ``vitcg bench --json`` file: ``spec``'s measured replay_ms per budget
+    (interpolated), pool_mib over its budgets, and a line through its workloads' eager times."""
+    where = f"--costs {path}"
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"{where}: not valid JSON: {exc}") from None
+    specs = document.get("specs") if isinstance(document, dict) else None
+    if not isinstance(specs, list):
+        raise UsageError(f"{where}: not a results file of `vitcg bench --json` (no \"specs\" list)")
+    entry = next((s for s in specs if isinstance(s, dict) and s.get("spec") == spec), None)
+    if entry is None:
+        names = ", ".join(str(s.get("spec")) for s in specs if isinstance(s, dict)) or "none"
+        raise UsageError(f"{where}: no results for spec {spec!r} (it has: {names})")
+    try:
+        replay = sorted((int(b), float(ms)) for b, ms in entry["replay_ms"].items())
+        budgets = [int(b) for b in entry["budgets"]]
+        pool = float(entry["pool_mib"])
+        eager = [(int(w["tokens"]), float(w["ms"]["eager"])) for w in entry["workloads"]
+                 if isinstance(w.get("ms"), dict) and w["ms"].get("eager")]
+        e0, e1 = fit_line(eager)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"{where}: the {spec} entry lacks replay_ms per budget, budgets, pool_mib or eager times "
+                         f"of two workload sizes ({type(exc).__name__}: {exc})") from None
+    if not replay or not budgets or pool <= 0 or any(ms <= 0 or b <= 0 for b, ms in replay):
+        raise UsageError(f"{where}: the {spec} entry has no usable replay_ms or pool_mib")
+    r0, r1 = fit_line(replay) if len(replay) > 1 else (0.0, replay[0][1] / replay[0][0])
+    return CostModel(f"measured: {path} ({spec})", r0, r1, e0, e1, pool / sum(budgets), tuple(replay))
+
+
+# ---------------------------------------------------------------------------------------------- the sample
+
+@dataclass(frozen=True)
+class Request:
+    """The images and videos of one encoder call, in pixels."""
+
+    images: tuple[tuple[int, int], ...] = ()
+    videos: tuple[tuple[int, int, int], ...] = ()
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        parts = [f"{h}x{w}" for h, w in self.images] + [f"{f}x{h}x{w}" for f, h, w in self.videos]
+        return ",".join(parts)
+
+
+_SIZE = re.compile(r"[0-9]+(x[0-9]+){1,2}")
+
+
+def parse_request(text: str) -> Request:
+    """``448x448,224x224`` (images HxW) or ``4x448x448`` (a video FxHxW), comma-separated. Raises UsageError."""
+    images, videos = [], []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not _SIZE.fullmatch(part):
+            raise UsageError(f"--request {text}: expected images as HxW and videos as FxHxW, comma-separated "
+                             f"positive integers (e.g. 448x448,4x448x448), got {part!r}")
+        numbers = tuple(int(n) for n in part.split("x"))
+        _check_numbers(f"--request {text}", numbers)
+        (images if len(numbers) == 2 else videos).append(numbers)
+    return Request(tuple(images), tuple(videos))
+
+
+def _check_numbers(where: str, numbers: Sequence[Any]) -> None:
+    for n in numbers:
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_PIXELS:
+            raise UsageError(f"{where}: sizes must be integers from 1 to {MAX_PIXELS}, got {n!r}")
+
+
+def read_requests(path: Path) -> list[Request]:
+    """A JSON list of ``{"images": [[h, w], ...], "videos": [[frames, h, w], ...]}``. Raises UsageError."""
+    where = f"--requests {path}"
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(document, list) or not document:
+        raise UsageError(f'{where}: expected a non-empty JSON list of {{"images": [[h, w], ...], "videos": '
+                         f'[[frames, h, w], ...]}}, got {type(document).__name__}')
+    requests = []
+    for i, entry in enumerate(document):
+        at = f"{where}: request {i}"
+        if not isinstance(entry, dict) or set(entry) - {"images", "videos"}:
+            raise UsageError(f'{at}: expected an object with "images" and/or "videos", got {json.dumps(entry)[:80]}')
+        parts = {}
+        for key, size in (("images", 2), ("videos", 3)):
+            value = entry.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(v, list) and len(v) == size for v in value):
+                shape = "[h, w]" if size == 2 else "[frames, h, w]"
+                raise UsageError(f"{at}: {key!r} must be a list of {shape}, got {json.dumps(value)[:80]}")
+            for v in value:
+                _check_numbers(f"{at}: {key}", v)
+            parts[key] = tuple(tuple(v) for v in value)
+        if not parts["images"] and not parts["videos"]:
+            raise UsageError(f"{at}: no images and no videos")
+        requests.append(Request(parts["images"], parts["videos"]))
+    return requests
+
+
+def default_requests(spec: Spec) -> list[Request]:
+    """The bench workloads (:data:`vitcg.tools.sizes.WORKLOADS`) the spec can serve."""
+    return [Request(w.images, w.videos, w.name) for w in WORKLOADS.values()
+            if not (w.videos and spec.modality("video") is None) and not (w.images and spec.modality("image") is None)]
+
+
+# ---------------------------------------------------------------------------------------------- the target
+
+@dataclass(frozen=True)
+class Target:
+    """What planning needs of one encoder at given engine limits (no module, no weights)."""
+
+    name: str
+    min_budget: int
+    max_budget: int
+    modalities: tuple[str, ...] = ("image",)
+    max_frames_per_video: int = 1
+    segmented: bool = True
+    """Whether capture buffers hold a slot per attention segment (``cu_seqlens``)."""
+    out_hidden_size: int = 1
+    buffer_keys: tuple[str, ...] = ()
+
+    @property
+    def video(self) -> bool:
+        return "video" in self.modalities
+
+    def slots(self, budget: int, items: int, frames: int) -> int:
+        return buffer_names(budget, items, frames)["max_segments"] if self.segmented else 0
+
+
+def spec_geometry(spec: Spec) -> dict[str, int]:
+    """The spec's geometry at its checkpoint's dimensions (``real_config``), from the config snapshot the
+    bindings cache holds (transformers is imported only on a cache miss)."""
+    from ..lang.bindings import Bindings
+
+    bindings = Bindings()
+    answer = bindings.check_config(spec.encoder.config_class, thaw(spec.encoder.real_config))
+    bindings.save()
+    if not answer.get("ok"):
+        reason = spec.unavailable or answer.get("error") or answer.get("unknown_keys")
+        raise UsageError(f"{spec.name}: cannot resolve its geometry: {reason}")
+    return spec.resolve_geometry(answer["snapshot"])
+
+
+def target_of(spec: Spec, geometry: dict[str, int], max_num_batched_tokens: int, max_model_len: int) -> Target:
+    names = {"max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len, **geometry}
+    video = spec.modality("video")
+    return Target(spec.name, spec.budget_min.evaluate(names), spec.budget_max.evaluate(names), spec.modality_names,
+                  video.max_frames_per_video if video else 1, any(b.provider == "cu_seqlens" for b in spec.buffers),
+                  geometry.get("out_hidden_size", 1), tuple(b.name for b in spec.buffers))
+
+
+Items = tuple[tuple[int, int], ...]
+"""One request as items: (output tokens, frames) each, images before videos (the manager's canonical order)."""
+
+
+def request_items(spec: Spec, geometry: dict[str, int], request: Request) -> Items:
+    items = []
+    for modality, entries in (("image", request.images), ("video", request.videos)):
+        if entries and spec.modality(modality) is None:
+            raise UsageError(f"request {request.label}: {spec.name} has no {modality} modality "
+                             f"(it has {', '.join(spec.modality_names)})")
+        for entry in entries:
+            _, tokens, frames = spec.item_sizes(modality, spec.shape_item(modality, entry, geometry), geometry)
+            items.append((tokens, frames))
+    return tuple(items)
+
+
+# ---------------------------------------------------------------------------------------------- the search
+
+class _Stub:
+    """The protocol members a manager reads before it packs: config and budget range (nothing runs)."""
+
+    supports_encoder_cudagraph = True
+
+    def __init__(self, target: Target):
+        self.target = target
+
+    def get_encoder_cudagraph_config(self) -> EncoderCudaGraphConfig:
+        t = self.target
+        return EncoderCudaGraphConfig(list(t.modalities), list(t.buffer_keys), t.out_hidden_size,
+                                      max_frames_per_video=t.max_frames_per_video)
+
+    def get_encoder_cudagraph_budget_range(self, vllm_config: Any) -> tuple[int, int]:
+        return self.target.min_budget, self.target.max_budget
+
+    def get_max_frames_per_video(self) -> int:
+        return self.target.max_frames_per_video
+
+
+@dataclass(frozen=True)
+class Config:
+    """One candidate: budgets, items and frames per batch."""
+
+    budgets: tuple[int, ...]
+    max_items: int
+    max_frames: int
+
+
+@dataclass
+class Evaluation:
+    config: Config
+    memory_mib: float
+    expected_ms: float
+    per_request: list[float]
+    replays: int = 0
+    eager_items: int = 0
+
+
+@dataclass
+class Plan:
+    target: Target
+    costs: CostModel
+    manager: str
+    requests: list[tuple[Request, int, Items]]
+    """Distinct requests: (request, how many times it occurs, its items)."""
+    memory_cap_mib: float
+    default: Evaluation
+    planned: Evaluation
+    compilation_config: dict[str, Any]
+    evaluations: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class Planner:
+    def __init__(self, target: Target, requests: Sequence[tuple[Request, int, Items]], costs: CostModel,
+                 manager: str = "vitcg", max_num_batched_tokens: int = 8192, max_model_len: int = 32768):
+        if manager not in MANAGERS:
+            raise UsageError(f"--manager must be one of {', '.join(MANAGERS)}, got {manager!r}")
+        self.target, self.requests, self.costs, self.manager = target, list(requests), costs, manager
+        self.packing, self.route_eager, self.lean = MANAGERS[manager]
+        self.limits = (max_num_batched_tokens, max_model_len)
+        self.stub = _Stub(target)
+        self.total = sum(count for _, count, _ in self.requests)
+        self._cache: dict[Config, Evaluation | None] = {}
+
+    def _manager(self, budgets=None, items=0, frames=None) -> EncoderCudaGraphManager:
+        return EncoderCudaGraphManager(
+            self.stub, vllm_config=engine_config(*self.limits, token_budgets=list(budgets) if budgets else None,
+                                                 max_items_per_batch=items, max_frames_per_batch=frames,
+                                                 video=self.target.video),
+            packing=self.packing, lean=self.lean, route_eager=self.route_eager)
+
+    def default_config(self) -> Config:
+        """What the manager captures with no options: vLLM's ladder and the manager's inferred caps."""
+        plan = self._manager().plan
+        return Config(plan.budgets, plan.max_items, plan.max_frames)
+
+    def memory(self, config: Config) -> float:
+        return sum(self.costs.memory(b) for b in config.budgets)
+
+    def evaluate(self, config: Config) -> Evaluation | None:
+        """Expected latency of ``config`` (None when the manager refuses it)."""
+        if config in self._cache:
+            return self._cache[config]
+        try:
+            manager = self._manager(config.budgets, config.max_items, config.max_frames)
+        except BudgetError:
+            self._cache[config] = None
+            return None
+        plan = manager.plan
+        replay = {b: self.costs.replay(b, self.target.slots(b, plan.max_items, plan.max_frames)) for b in plan.budgets}
+        manager.replay_costs = dict(replay)
+        manager.eager_costs = {b: self.costs.eager(b) for b in plan.budgets}
+        per_request, total, replays, eager_items = [], 0.0, 0, 0
+        for _, count, items in self.requests:
+            specs = [EncoderItemSpec(tokens, tokens) for tokens, _ in items]
+            packs, eager = manager.plan_packs(specs, [frames for _, frames in items])
+            ms = sum(replay[p.budget] for p in packs) + self.costs.eager(sum(items[i][0] for i in eager))
+            per_request.append(ms)
+            total += ms * count
+            replays += len(packs) * count
+            eager_items += len(eager) * count
+        result = Evaluation(config, self.memory(config), total / self.total, per_request, replays, eager_items)
+        self._cache[config] = result
+        return result
+
+    def candidates(self) -> list[int]:
+        """Budgets worth trying: multiples of the min budget on a geometric grid (ratio 1.25), vLLM's ladder,
+        and each item's and each request's tokens rounded up to a multiple of the min budget."""
+        lo, hi = self.target.min_budget, self.target.max_budget
+        values = set(doubling_budgets(lo, hi))
+        m = 1.0
+        while m * lo <= hi:
+            values.add(lo * round(m))
+            m *= 1.25
+        for _, _, items in self.requests:
+            for tokens in [t for t, _ in items] + [sum(t for t, _ in items)]:
+                values.add(lo * max(1, math.ceil(tokens / lo)))
+        return sorted(v for v in values if lo <= v <= hi)
+
+    def _item_choices(self) -> list[int]:
+        most = max(len(items) for _, _, items in self.requests)
+        values = {1 << k for k in range(12)} | {most, self.default_config().max_items}
+        return sorted(values)
+
+    def _frame_choices(self) -> list[int]:
+        if not self.target.video:
+            return [0]
+        videos = [f for _, _, items in self.requests for _, f in items if f]
+        if not videos:
+            return [0, self.default_config().max_frames]
+        top = max(videos)
+        return sorted({0, top, 2 * top, 4 * top, sum(videos), self.default_config().max_frames})
+
+    def _better(self, new: Evaluation, old: Evaluation) -> bool:
+        """Lower latency, or the same latency with less memory (fewer graphs for nothing)."""
+        tolerance = 1e-9 * max(1.0, old.expected_ms)
+        if new.expected_ms < old.expected_ms - tolerance:
+            return True
+        return abs(new.expected_ms - old.expected_ms) <= tolerance and new.memory_mib < old.memory_mib - 1e-9
+
+    def _neighbours(self, config: Config, candidates: list[int]) -> list[Config]:
+        budgets = set(config.budgets)
+        out = []
+        for b in candidates:
+            if b not in budgets:
+                out.append(Config(tuple(sorted(budgets | {b})), config.max_items, config.max_frames))
+        for b in config.budgets:
+            if len(budgets) > 1:
+                out.append(Config(tuple(sorted(budgets - {b})), config.max_items, config.max_frames))
+            k = candidates.index(b) if b in candidates else None
+            for j in (k - 1, k + 1) if k is not None else ():
+                if 0 <= j < len(candidates) and candidates[j] not in budgets:
+                    out.append(Config(tuple(sorted(budgets - {b} | {candidates[j]})), config.max_items,
+                                      config.max_frames))
+        out += [Config(config.budgets, n, config.max_frames) for n in self._item_choices() if n != config.max_items]
+        out += [Config(config.budgets, config.max_items, f) for f in self._frame_choices() if f != config.max_frames]
+        return out
+
+    def fits(self, config: Config, cap: float) -> bool:
+        return self.memory(config) <= cap + 1e-9
+
+    def search(self, cap: float, max_rounds: int = 200) -> tuple[Evaluation, Evaluation]:
+        """``(default, planned)``. Starts from the default (its largest budgets dropped while it exceeds
+        ``cap``) and takes the best improving move until none improves."""
+        default = self.evaluate(self.default_config())
+        start = default.config
+        smallest = self.target.min_budget
+        if self.costs.memory(smallest) > cap + 1e-9:
+            raise UsageError(f"--memory-cap-mib {cap:g} is below the smallest graph: budget {smallest} needs "
+                             f"{self.costs.memory(smallest):.1f} MiB under {self.costs.source.split(':')[0]} costs")
+        while not self.fits(start, cap):
+            budgets = start.budgets[:-1] if len(start.budgets) > 1 else (smallest,)
+            start = Config(budgets, min(start.max_items, budgets[0]), start.max_frames)
+        current = self.evaluate(start)
+        if current is None:  # the capped default broke an invariant: the smallest budget alone
+            current = self.evaluate(Config((smallest,), min(start.max_items, smallest), start.max_frames))
+        candidates = self.candidates()
+        for _ in range(max_rounds):
+            best = current
+            for config in self._neighbours(current.config, candidates):
+                if not self.fits(config, cap):
+                    continue
+                result = self.evaluate(config)
+                if result is not None and self._better(result, best):
+                    best = result
+            if best is current:
+                break
+            current = best
+        return default, current
+
+    @property
+    def evaluations(self) -> int:
+        return len(self._cache)
+
+
+def modality_of(requests: Sequence[tuple[Request, int, Items]]) -> str:
+    images = any(r.images for r, _, _ in requests)
+    videos = any(r.videos for r, _, _ in requests)
+    return "image+video" if images and videos else "video" if videos else "image"
+
+
+def group(spec_items, requests: Sequence[Request]) -> list[tuple[Request, int, Items]]:
+    """Distinct requests in first-seen order with their counts and items (``spec_items(request)``)."""
+    counts = Counter((r.images, r.videos, r.name) for r in requests)
+    seen, out = set(), []
+    for r in requests:
+        key = (r.images, r.videos, r.name)
+        if key not in seen:
+            seen.add(key)
+            out.append((r, counts[key], spec_items(r)))
+    return out
+
+
+def make_plan(target: Target, requests: Sequence[tuple[Request, int, Items]], costs: CostModel, *,
+              manager: str = "vitcg", memory_cap_mib: float | None = None, max_num_batched_tokens: int = 8192,
+              max_model_len: int = 32768) -> Plan:
+    """Plan budgets, items and frames for ``requests`` (grouped, with items) on ``target``."""
+    if not requests:
+        raise UsageError("no requests to plan for")
+    planner = Planner(target, requests, costs, manager, max_num_batched_tokens, max_model_len)
+    try:
+        default_memory = planner.memory(planner.default_config())
+    except BudgetError as exc:  # every limit here came from the command line
+        raise UsageError(str(exc)) from None
+    cap = default_memory if memory_cap_mib is None else memory_cap_mib
+    if not math.isfinite(cap) or cap <= 0:
+        raise UsageError(f"--memory-cap-mib must be a positive number of MiB, got {memory_cap_mib!r}")
+    default, planned = planner.search(cap)
+    modality = modality_of(requests)
+    if target.video and "video" not in modality and planned.config.max_frames:
+        # no video in the sample: frame slots only widen the capture buffers (never slower without them)
+        zero = planner.evaluate(Config(planned.config.budgets, planned.config.max_items, 0))
+        planned = zero if zero is not None else planned
+    frames = planned.config.max_frames if target.video else None
+    try:
+        config = compile_config(modality, budgets=list(planned.config.budgets), max_items=planned.config.max_items,
+                                max_frames=frames)
+    except VitcgError as exc:
+        raise UsageError(f"the planned configuration is not a valid compilation config: {exc}") from None
+    notes = []
+    if default.memory_mib > cap + 1e-9:
+        notes.append(f"vLLM's default ladder needs {default.memory_mib:.0f} MiB, over the {cap:.0f} MiB cap")
+    return Plan(target, costs, manager, list(requests), cap, default, planned, config, planner.evaluations, notes)
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+def _config_line(e: Evaluation) -> str:
+    c = e.config
+    return (f"budgets {','.join(map(str, c.budgets))}; {c.max_items} items, {c.max_frames} frames per batch; "
+            f"{e.memory_mib:.0f} MiB")
+
+
+def plan_text(plan: Plan, *, source: str, limits: tuple[int, int], seconds: float | None = None) -> str:
+    rows = [("request", "count", "items", "tokens", "default ms", "planned ms", "speedup")]
+    for (request, count, items), d, p in zip(plan.requests, plan.default.per_request, plan.planned.per_request):
+        rows.append((request.label if len(request.label) <= 40 else request.label[:37] + "...", str(count),
+                     str(len(items)), str(sum(t for t, _ in items)), f"{d:.2f}", f"{p:.2f}", f"{d / p:.2f}x"))
+    d, p = plan.default.expected_ms, plan.planned.expected_ms
+    rows.append(("expected (mean)", str(sum(c for _, c, _ in plan.requests)), "", "", f"{d:.2f}", f"{p:.2f}",
+                 f"{d / p:.2f}x"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
+                                enumerate(zip(row, widths))) for row in rows)
+    packing, routing, _ = MANAGERS[plan.manager]
+    lines = [
+        f"vitcg plan {plan.target.name}: {len(plan.requests)} distinct requests ({source}); budget range "
+        f"{plan.target.min_budget}..{plan.target.max_budget} (max_num_batched_tokens {limits[0]}, "
+        f"max_model_len {limits[1]})",
+        f"costs: {plan.costs.describe()}",
+        f"manager: {plan.manager} ({packing} packing, {'eager routing' if routing else 'no eager routing'}); "
+        f"graph memory cap {plan.memory_cap_mib:.0f} MiB",
+        "",
+        table,
+        "",
+        f"default:  {_config_line(plan.default)} (vLLM's ladder, the manager's inferred caps)",
+        f"planned:  {_config_line(plan.planned)}"
+        + (f" ({plan.planned.eager_items} of the sample's items run eagerly)" if plan.planned.eager_items else ""),
+        *[f"note: {n}" for n in plan.notes],
+        "",
+        "compilation_config:",
+        json.dumps(plan.compilation_config),
+    ]
+    if seconds is not None:
+        lines.insert(3, f"search: {plan.evaluations} configurations in {seconds:.2f} s")
+    return "\n".join(lines) + "\n"
+
+
+def plan_json(plan: Plan, *, source: str, limits: tuple[int, int]) -> dict[str, Any]:
+    def evaluation(e: Evaluation) -> dict[str, Any]:
+        return {"budgets": list(e.config.budgets), "max_items": e.config.max_items,
+                "max_frames": e.config.max_frames, "memory_mib": round(e.memory_mib, 2),
+                "expected_ms": round(e.expected_ms, 4), "replays": e.replays, "eager_items": e.eager_items}
+
+    return {
+        "spec": plan.target.name, "source": source, "manager": plan.manager,
+        "limits": {"max_num_batched_tokens": limits[0], "max_model_len": limits[1],
+                   "min_budget": plan.target.min_budget, "max_budget": plan.target.max_budget},
+        "costs": plan.costs.to_json(), "memory_cap_mib": round(plan.memory_cap_mib, 2),
+        "default": evaluation(plan.default), "plan": evaluation(plan.planned),
+        "speedup": round(plan.default.expected_ms / plan.planned.expected_ms, 4),
+        "requests": [{"request": r.label, "count": c, "items": len(items), "tokens": sum(t for t, _ in items),
+                      "default_ms": round(d, 4), "plan_ms": round(p, 4)}
+                     for (r, c, items), d, p in zip(plan.requests, plan.default.per_request, plan.planned.per_request)],
+        "compilation_config": plan.compilation_config, "notes": plan.notes,
+    }
