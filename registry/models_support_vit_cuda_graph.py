@@ -37,6 +37,7 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "llama4",
     "llava",
     "minimax_m3_vl",
+    "mlcd",
     "mllama",
     "ovis2",
     "paligemma",

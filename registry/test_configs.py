@@ -378,6 +378,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=[],
     ),
+    "mlcd": VitCudagraphTestConfig(
+        model="DeepGlint-AI/mlcd-vit-bigG-patch14-336",
+        modalities=["image"],
+        image_prompt="USER: <image>\nWhat is in this image? ASSISTANT:",
+        video_prompt=None,
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "mllama": VitCudagraphTestConfig(
         model="meta-llama/Llama-3.2-11B-Vision-Instruct",
         modalities=["image"],
