@@ -7,6 +7,7 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "aimv2_vision_model",
     "blip-2",
     "clip",
+    "cohere2_vision",
     "cosmos3_edge",
     "deepseek_ocr2",
     "deepseek_vl_hybrid",

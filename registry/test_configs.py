@@ -66,6 +66,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=["core_model"],
     ),
+    "cohere2_vision": VitCudagraphTestConfig(
+        model="CohereLabs/command-a-vision-07-2025",
+        modalities=["image"],
+        image_prompt="<|START_OF_TURN_TOKEN|><|USER_TOKEN|><image>What is in this image?<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+        video_prompt=None,
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "cosmos3_edge": VitCudagraphTestConfig(
         model="nvidia/Cosmos-3-Edge",
         modalities=["image", "video"],
