@@ -5,6 +5,7 @@ offline vision-language example, which asserts the model type is listed before e
 MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "aimv2",
     "aimv2_vision_model",
+    "aya_vision",
     "blip-2",
     "clip",
     "cohere2_vision",

@@ -42,6 +42,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=[],
     ),
+    "aya_vision": VitCudagraphTestConfig(
+        model="CohereLabs/aya-vision-8b",
+        modalities=["image"],
+        image_prompt="<|START_OF_TURN_TOKEN|><|USER_TOKEN|><image>What is in this image?<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+        video_prompt=None,
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "blip_2": VitCudagraphTestConfig(
         model="Salesforce/blip2-opt-2.7b",
         modalities=["image"],
