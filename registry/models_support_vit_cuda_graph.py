@@ -41,6 +41,7 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "minimax_m3_vl",
     "mlcd",
     "mllama",
+    "molmo2",
     "ovis2",
     "paligemma",
     "phi4_multimodal",

@@ -426,6 +426,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [4100, 8200, 16400]},
         marks=["core_model"],
     ),
+    "molmo2": VitCudagraphTestConfig(
+        model="allenai/Molmo2-8B",
+        modalities=["image"],
+        image_prompt="<|im_start|>user\n<|image|>What is in this image?<|im_end|>\n<|im_start|>assistant\n",
+        video_prompt=None,
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "ovis2": VitCudagraphTestConfig(
         model="thisisiron/Ovis2-2B-hf",
         modalities=["image"],
