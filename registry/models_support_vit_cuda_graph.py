@@ -38,6 +38,7 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "lfm2_vl",
     "llama4",
     "llava",
+    "llava_next",
     "minimax_m3_vl",
     "mlcd",
     "mllama",

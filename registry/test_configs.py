@@ -390,6 +390,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=["core_model"],
     ),
+    "llava_next": VitCudagraphTestConfig(
+        model="llava-hf/llava-v1.6-mistral-7b-hf",
+        modalities=["image"],
+        image_prompt="[INST] <image>\nWhat is in this image? [/INST]",
+        video_prompt=None,
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "minimax_m3_vl": VitCudagraphTestConfig(
         model="MiniMaxAI/MiniMax-M3",
         modalities=["image", "video"],
