@@ -39,6 +39,7 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "llama4",
     "llava",
     "llava_next",
+    "llava_onevision",
     "minimax_m3_vl",
     "mlcd",
     "mllama",

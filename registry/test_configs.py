@@ -402,6 +402,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=[],
     ),
+    "llava_onevision": VitCudagraphTestConfig(
+        model="llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
+        modalities=["image"],
+        image_prompt="<|im_start|>user <image>\nWhat is in this image?<|im_end|><|im_start|>assistant\n",
+        video_prompt=None,
+        num_video_frames=16,
+        max_model_len=16384,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "minimax_m3_vl": VitCudagraphTestConfig(
         model="MiniMaxAI/MiniMax-M3",
         modalities=["image", "video"],
