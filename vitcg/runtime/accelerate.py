@@ -79,22 +79,30 @@ class _Layout:
     """How one output of the captured call is rebuilt from the manager's combined rows: the output type and,
     per ``encoder.outputs`` entry, the shapes of its tensors. Learned from the first original call."""
 
-    def __init__(self, kind: type, entries: list[tuple[str, bool, list[tuple[int, ...]], list[int]]]):
+    def __init__(self, kind: type, entries: list[tuple[str, int | None, int, bool, list[tuple[int, ...]], list[int]]]):
         self.kind = kind
         self.entries = entries
-        """(field, is a list, shapes, dim that scales with the rows per tensor)."""
+        """(field, index inside the field or None, the field's length when indexed, is a list, shapes, dim that
+        scales with the rows per tensor)."""
 
     @classmethod
     def learn(cls, spec: Spec, output: Any, rows: int) -> _Layout | None:
         """The layout of ``output`` (a call that produced ``rows`` rows); None while it is ambiguous (one row
-        of a packed encoder could scale along any dimension of size 1)."""
+        of a packed encoder could scale along any dimension of size 1). Raises SpecRuntimeError when the
+        output lacks a field of the spec's ``encoder.outputs``."""
         entries = []
-        for name in spec.encoder.outputs:
+        for entry in spec.encoder.outputs:
+            name, _, index_text = entry.partition("[")
             # ModelOutput is a Mapping whose [] raises KeyError for an unset field: .get covers both
             value = output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
+            index, length = None, 0
+            if value is not None and index_text:
+                index = int(index_text.rstrip("]"))
+                inside = isinstance(value, (list, tuple)) and -len(value) <= index < len(value)
+                length, value = (len(value), value[index]) if inside else (0, None)
             if value is None:
                 raise SpecRuntimeError(f"{spec.name}: the encoder call returned {type(output).__name__} without "
-                                       f"{name!r} (the spec's encoder.outputs)")
+                                       f"{entry!r} (the spec's encoder.outputs)")
             tensors = list(value) if isinstance(value, (list, tuple)) else [value]
             if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in tensors):
                 return None
@@ -108,14 +116,18 @@ class _Layout:
                 if len(matching) != 1 or t.numel() // shape[-1] != rows:
                     return None
                 dims.append(matching[0])
-            entries.append((name, isinstance(value, (list, tuple)), [tuple(t.shape) for t in tensors], dims))
+            entries.append((name, index, length, isinstance(value, (list, tuple)), [tuple(t.shape) for t in tensors],
+                            dims))
         return cls(type(output), entries)
 
     def build(self, combined: torch.Tensor) -> Any:
-        """The output object for ``combined`` rows (the spec's output fields concatenated on the last dim).
-        Raises InputError when the rows do not fit the learned shapes."""
-        fields, offset, rows = {}, 0, combined.shape[0]
-        for name, is_list, shapes, dims in self.entries:
+        """The output object for ``combined`` rows (the spec's output fields concatenated on the last dim). An
+        indexed field (``hidden_states[-2]``) comes back as a tuple of its learned length holding the graph's
+        rows at that index and None elsewhere: the graphs compute nothing else. Raises InputError when the
+        rows do not fit the learned shapes."""
+        fields: dict[str, Any] = {}
+        offset, rows = 0, combined.shape[0]
+        for name, index, length, is_list, shapes, dims in self.entries:
             parts = []
             for shape, dim in zip(shapes, dims):
                 width = shape[-1]
@@ -129,7 +141,13 @@ class _Layout:
                 new = list(shape)
                 new[dim] = rows // others
                 parts.append(flat.reshape(new))
-            fields[name] = parts if is_list else parts[0]
+            value = parts if is_list else parts[0]
+            if index is None:
+                fields[name] = value
+            else:
+                slots = list(fields.get(name) or [None] * length)
+                slots[index] = value
+                fields[name] = tuple(slots)
         if issubclass(self.kind, Mapping) and not hasattr(self.kind, "__dataclass_fields__"):
             return self.kind(fields)
         return self.kind(**fields)
