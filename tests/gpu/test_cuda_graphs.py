@@ -15,7 +15,7 @@ from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.cases import check_spec
 from vitcg.tools.encoders import build_encoder
-from vitcg.tools.workloads import relative_error
+from vitcg.tools.workloads import InputBuilder, on_device, relative_error
 
 pytestmark = pytest.mark.gpu
 REGISTRY = load_registry(["specs"])
@@ -90,3 +90,25 @@ def test_many_random_batches_share_one_pool_without_nan(qwen2):
             want = adapter.encoder_eager_forward(adapter.select_encoder_cudagraph_items(kwargs, [index]))
             assert relative_error(got, want) <= 1e-2
     assert len(used) >= 3  # several budgets' graphs interleaved in the shared pool
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl"])
+def test_a_poisoned_item_leaves_the_others_as_eager_float32(name, no_tf32):
+    """Under real CUDA graphs (varlen flash attention): three images in one pack, the middle one NaN; the
+    others match eager alone, the poisoned one is exactly eager's."""
+    spec = REGISTRY[name]
+    adapter = adapter_for(spec, build_encoder(spec, device="cuda", dtype=torch.float32))
+    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=1024, device="cuda", dtype=torch.float32)
+    manager.capture()
+    builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(0))
+    kwargs = on_device(adapter, builder.inputs("image", [builder.image(2, 4), builder.image(4, 4), builder.image(2, 2)]))
+    first = adapter.get_encoder_cudagraph_item_specs(kwargs)[0].input_size
+    kwargs[spec.modality("image").pixels_key][first, :7] = float("nan")
+    got = manager.execute(kwargs)
+    assert manager.use_cuda_graphs and manager.stats.replays == 1 and manager.stats.nonfinite_items == 1
+    for index, out in enumerate(got):
+        want = adapter.encoder_eager_forward(adapter.select_encoder_cudagraph_items(kwargs, [index]))
+        if index == 1:
+            torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)  # the same eager call
+        else:
+            assert torch.isfinite(out).all() and relative_error(out, want) <= 1e-5

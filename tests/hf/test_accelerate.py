@@ -83,6 +83,20 @@ def test_autograd_and_uncaptured_arguments_run_the_original(model):
         assert handle.stats.routed == 0
 
 
+def test_inputs_the_spec_rejects_run_the_original(model):
+    """An InputError of the spec's input checks is no answer: the original call runs and gives its own."""
+    inputs = images((56, 56))
+    grid = torch.tensor([[1, 4, 3]])  # w not a multiple of spatial_merge_size: the original fails in its own way
+    pixels = inputs["pixel_values"][:12]
+    with torch.no_grad(), vitcg.accelerate(model, max_num_batched_tokens=1024) as handle:
+        with pytest.raises(RuntimeError) as caught:
+            model.model.get_image_features(pixels, grid)
+        assert not isinstance(caught.value, vitcg.errors.VitcgError)
+        [reason] = handle.stats.reasons
+        assert "inputs the spec does not describe" in reason and "'image_grid_thw'" in reason and "w is not" in reason
+        assert handle.stats.routed == 0
+
+
 def test_calling_twice_restores_the_first_routing(model):
     first = vitcg.accelerate(model, max_num_batched_tokens=1024)
     second = vitcg.accelerate(model, max_num_batched_tokens=1024)

@@ -328,3 +328,32 @@ def test_lean_caps_apply_only_to_inferred_limits(toy):
     assert make(toy64, max_num_batched_tokens=8192).plan.max_items == LEAN_ITEMS
     assert make(toy64, max_num_batched_tokens=8192, max_items_per_batch=40).plan.max_items == 40  # given: kept
     assert lean.budgets == vllm.budgets  # budgets are vLLM's either way
+
+
+def test_a_poisoned_item_runs_eagerly_alone_and_leaves_its_pack_intact(toy):
+    """The toy's segment sums multiply by a 0/1 mask, as packed attention multiplies by zero weights: one NaN
+    row makes every row of its pack NaN. Isolated, the others come out of the graph exactly as eager."""
+    kwargs = batch(3, 2, 4, seed=5)
+    kwargs["x"][3, 1] = float("nan")  # item 1
+    kwargs["x"][4, 0] = float("inf")
+    want = reference(kwargs, toy)
+    manager = make(toy)
+    got = manager.execute(kwargs)
+    for index in (0, 2):
+        torch.testing.assert_close(got[index], want[index])
+    torch.testing.assert_close(got[1], want[1], equal_nan=True)
+    stats = manager.stats
+    assert (stats.nonfinite_items, stats.misses, stats.hits, stats.replays) == (1, 1, 2, 1)
+    assert stats.as_dict()["nonfinite_items"] == 1
+
+    unguarded = make(toy, isolate_nonfinite=False)
+    assert not any(torch.isfinite(out).all() for out in unguarded.execute(kwargs))  # the root cause
+
+
+def test_finite_inputs_take_the_usual_path(toy):
+    kwargs = batch(3, 2, 4, seed=6)
+    manager = make(toy)
+    got = manager.execute(kwargs)
+    for g, w in zip(got, reference(kwargs, toy), strict=True):
+        torch.testing.assert_close(g, w)
+    assert manager.stats.nonfinite_items == 0 and manager.stats.misses == 0 and manager.stats.replays == 1

@@ -22,6 +22,8 @@ LIMIT_NAMES = ("max_num_batched_tokens", "max_model_len")
 BUFFER_NAMES = ("budget", "max_items", "max_frames", "max_segments")
 DEFAULT_LIMITS = {"max_num_batched_tokens": 8192, "max_model_len": 32768}
 """Limits the budget formulas are checked with when no engine is in sight (vLLM's online defaults)."""
+MERGE_NAME = "spatial_merge_size"
+"""The geometry name of the merge block size of :attr:`AttentionStyle.merged` item names."""
 SHAPING_NAMES = {"image": ("height", "width"), "video": ("frames", "height", "width")}
 """What a ``tests.shaping`` formula may read besides geometry: the size of one image or video in pixels."""
 
@@ -83,6 +85,9 @@ class AttentionStyle:
     how the model's processor turns one image or video into one item."""
     markers: tuple[str, ...] = ()
     """``transformers.vision_utils`` helpers whose call in an encoder's source marks this style (``vitcg new``)."""
+    merged: tuple[str, ...] = ()
+    """Item names the encoder merges in blocks of geometry :data:`MERGE_NAME` (when the spec defines it): each
+    must be a multiple of it."""
 
     @property
     def segmented(self) -> bool:
@@ -115,7 +120,7 @@ class AttentionStyle:
         (tiles: ``a`` tiles, or one tile per frame for video)."""
         if not self.segmented:
             return a if frames == 0 else frames
-        m = geometry["spatial_merge_size"]
+        m = geometry[MERGE_NAME]
         return [max(frames, 1), a * m, b * m]
 
     def sample(self, geometry: Mapping[str, int]) -> dict[str, int]:
@@ -141,12 +146,12 @@ STYLES: Mapping[str, AttentionStyle] = MappingProxyType({s.name: s for s in (
                    "one sequence of patch rows; varlen attention by cu_seqlens", "grid", ("t", "h", "w"),
                    ("frame", "clip"), True, ("pixels", "cu_seqlens", "max_seqlen"),
                    ("patch_size", "spatial_merge_size"), _PACKED_SHAPING,
-                   ("get_vision_attention_seqlens", "get_vision_cu_seqlens")),
+                   ("get_vision_attention_seqlens", "get_vision_cu_seqlens"), ("h", "w")),
     AttentionStyle("windowed", "windowed varlen (rotary)",
                    "packed, plus Qwen2.5-VL-style windows between full-attention layers", "grid", ("t", "h", "w"),
                    ("frame", "clip"), True,
                    ("pixels", "cu_seqlens", "max_seqlen", "window_index", "cu_window_seqlens", "max_window_seqlen"),
-                   ("patch_size", "spatial_merge_size"), _PACKED_SHAPING, ("get_vision_window_index",)),
+                   ("patch_size", "spatial_merge_size"), _PACKED_SHAPING, ("get_vision_window_index",), ("h", "w")),
     AttentionStyle("tiles", "fixed-size tiles on dim 0",
                    "fixed-size tiles batched on dim 0; attention within each tile", "tiles", ("n",),
                    ("tile",), False, ("pixels",), (), {"image": {"n": "1"}, "video": {"n": "frames"}}),

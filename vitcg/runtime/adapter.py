@@ -3,7 +3,9 @@
 Nothing here knows a model. Item sizes come from the spec's formulas, buffer shapes from its buffer
 formulas, buffer contents from the providers it names, and the encoder call from its ``args``,
 ``call_kwargs`` and ``outputs``. Items are numbered canonically: the spec's modalities in order (image,
-then video), each in input order; a selection keeps the order of the indices it is given.
+then video), each in input order; a selection keeps the order of the indices it is given. Every entry point
+reads its multimodal kwargs through :class:`~vitcg.runtime.inputs.InputReader`, which rejects bad inputs
+with an InputError before any tensor work.
 
 :class:`SpecAdapter` implements :class:`~vitcg.runtime.protocol.SupportsEncoderCudaGraph` (vLLM's protocol) plus
 :mod:`vitcg.runtime.extension`. With ``graph_scope`` the graphs capture one submodule call instead of the whole
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from . import providers
 from .attention import ATTENTION_NAME, configs_of, register, use_attention
 from .engine import read_limits
 from .extension import MIXED, Replay
+from .inputs import Input, InputReader
 from .padding import BufferPadding, Capacities, fill
 from .protocol import (
     DEFAULT_PATH,
@@ -44,20 +46,6 @@ from .protocol import (
 from .scope import Scope
 
 ITEM_CACHE_SIZE = 4096
-
-
-@dataclass(frozen=True)
-class _Input:
-    """One modality present in the multimodal kwargs."""
-
-    modality: Modality
-    pixels: torch.Tensor
-    counts: torch.Tensor | None
-    """The counts as given (for the eager call); None when every tile is an item."""
-    counts_cpu: torch.Tensor
-    """The counts on the CPU as int64 (for formulas and providers); ones when every tile is an item."""
-    extras: dict[str, torch.Tensor]
-    """Extra inputs by role, aligned with the pixels on dim 0."""
 
 
 def adapter_for(spec: Spec, module: nn.Module, **options: Any) -> SpecAdapter | ScopedSpecAdapter:
@@ -99,39 +87,11 @@ class _Adapter:
         self._capacities = Capacities()
         self._padding = {b.name: BufferPadding(b.name, b.padding, self._capacities)
                          for b in spec.buffers if not b.is_host}
+        self._reader = InputReader(spec, self.geometry, self.device, self.item_spec)
         register()
 
-
-    def _inputs(self, mm_kwargs: Mapping[str, Any]) -> list[_Input]:
-        found = []
-        for modality in self.spec.modalities:
-            keys = list(modality.inputs.values())
-            present = [k for k in keys if mm_kwargs.get(k) is not None]
-            if not present:
-                continue
-            missing = [k for k in keys if k not in present]
-            if missing:
-                raise InputError(f"{self.spec.name}: {present[0]!r} is given without {missing[0]!r}")
-            pixels = mm_kwargs[modality.pixels_key]
-            if modality.count_key is None:
-                counts, counts_cpu = None, torch.ones(pixels.shape[0], dtype=torch.int64)
-            else:
-                counts = torch.as_tensor(mm_kwargs[modality.count_key])
-                counts_cpu = counts.detach().to("cpu", torch.int64)
-            style = self.spec.attention_style
-            if not style.counts_fit(counts_cpu.shape):
-                raise InputError(f"{self.spec.name}: {modality.count_key!r} must have shape {style.count_shape}, "
-                                 f"got {tuple(counts_cpu.shape)}")
-            extras = {role: mm_kwargs[modality.inputs[role]] for role in modality.extra_roles}
-            for role, value in extras.items():
-                if value.shape[0] != pixels.shape[0]:
-                    raise InputError(f"{self.spec.name}: {modality.inputs[role]!r} has {value.shape[0]} rows on "
-                                     f"dim 0, {modality.pixels_key!r} has {pixels.shape[0]}; they must align")
-            found.append(_Input(modality, pixels, counts, counts_cpu, extras))
-        if not found and any(v is not None for v in mm_kwargs.values()):
-            expected = "; ".join(f"{m.name}: {', '.join(m.inputs.values())}" for m in self.spec.modalities)
-            raise InputError(f"{self.spec.name}: no known input key in {sorted(mm_kwargs)}; expected {expected}")
-        return found
+    def _inputs(self, mm_kwargs: Mapping[str, Any]) -> list[Input]:
+        return self._reader.read(mm_kwargs)
 
     def _item(self, modality: Modality, row) -> tuple[EncoderItemSpec, int]:
         key = (modality.name, tuple(row) if isinstance(row, (list, tuple)) else row)
@@ -195,11 +155,7 @@ class _Adapter:
             if not local and (indices or k):  # no items here; an empty selection keeps the first modality
                 continue
             rows = inp.counts_cpu.tolist()
-            sizes = [self.item_spec(inp.modality, row).input_size for row in rows]
-            if sum(sizes) != inp.pixels.shape[0]:
-                raise InputError(
-                    f"{self.spec.name}: {inp.modality.pixels_key!r} has {inp.pixels.shape[0]} rows but "
-                    f"{inp.modality.count_key!r} describes {sum(sizes)} (items.input_size: {self.spec.input_size})")
+            sizes = [self.item_spec(inp.modality, row).input_size for row in rows]  # pixel rows match: read checked
             offsets = [0]
             for size in sizes:
                 offsets.append(offsets[-1] + size)

@@ -17,6 +17,12 @@ Results come back in the caller's item order, each cloned before the next replay
 Without CUDA the same buffers and padding are used and the fixed-shape forward runs directly: the
 static-shape path that CPU tests compare against eager. There, host syncs and data-dependent shapes
 raise (:mod:`vitcg.runtime.syncs`), as a capture would.
+
+A poisoned item never changes another item's output: packed attention multiplies the zero weights between
+segments by the other segments' values, and 0 * NaN is NaN, so one item with NaN or inf inputs would turn
+its whole pack into NaN. With ``isolate_nonfinite`` (default) the floating inputs are checked before packing
+(one device-to-host sync for all of them, outside the forward); items found non-finite run eagerly, each
+alone, and get exactly what eager gives them.
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ class ManagerStats:
     """Items that ran eagerly (larger than every budget, too many frames, or cheaper eagerly)."""
     routed_eager: int = 0
     """Of the misses, items that fit a budget but ran eagerly because that was estimated cheaper."""
+    nonfinite_items: int = 0
+    """Of the misses, items whose inputs held NaN or inf and so ran eagerly, each alone (``isolate_nonfinite``)."""
     graph_hits = property(lambda self: self.hits, doc="vLLM's name for :attr:`hits`.")
     graph_misses = property(lambda self: self.misses, doc="vLLM's name for :attr:`misses`.")
     replays: int = 0
@@ -100,7 +108,8 @@ class ManagerStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"items": self.items, "hits": self.hits, "misses": self.misses, "replays": self.replays,
-                "eager_calls": self.eager_calls, "used_tokens": self.used_tokens,
+                "eager_calls": self.eager_calls, "nonfinite_items": self.nonfinite_items,
+                "used_tokens": self.used_tokens,
                 "padded_tokens": self.padded_tokens, "padding_waste": round(self.padding_waste, 4),
                 "host_seconds": round(self.host_seconds, 6),
                 "replays_per_budget": dict(sorted(self.replays_per_budget.items()))}
@@ -146,7 +155,9 @@ class EncoderCudaGraphManager:
     or frames per batch are left to be inferred, use :data:`LEAN_ITEMS` and one video's frames instead of
     vLLM's larger values (budgets are vLLM's either way). ``route_eager``: on CUDA, measure at capture
     what the forward costs without a graph and send packs that are cheaper eagerly to the eager call (so a
-    compute-bound batch padded to a large budget is never slower than eager)."""
+    compute-bound batch padded to a large budget is never slower than eager). ``isolate_nonfinite``: check the
+    floating inputs for NaN and inf before packing (one device-to-host sync per call) and run the items that
+    hold any eagerly, each alone, so that they cannot poison the other items of a pack."""
 
     def __init__(
         self,
@@ -167,6 +178,7 @@ class EncoderCudaGraphManager:
         ladder: str = "vllm",
         lean: bool = True,
         route_eager: bool = True,
+        isolate_nonfinite: bool = True,
     ):
         self.model = model
         self.config = model.get_encoder_cudagraph_config()
@@ -217,6 +229,7 @@ class EncoderCudaGraphManager:
         """Cost of the forward without a graph per budget (ms), measured at capture on CUDA when
         ``route_eager``: packs whose replay costs more than their tokens eagerly run eagerly. A caller may set
         its own (same unit as :attr:`replay_costs`)."""
+        self.isolate_nonfinite = isolate_nonfinite
         self.stats = ManagerStats()
         self._forward_seconds = 0.0
         self._pool = None
@@ -449,7 +462,9 @@ class EncoderCudaGraphManager:
         if not self.graphs:
             self.capture()
         frames = self.extension.get_encoder_cudagraph_item_frames(mm_kwargs) if self.extension else None
-        packs, eager = self.plan_packs(items, frames)
+        # here, before packing and outside the forward that no_host_syncs guards: this sync is deliberate
+        poisoned = self._nonfinite_items(mm_kwargs, len(items)) if self.isolate_nonfinite else []
+        packs, eager = self._plan_except(items, frames, poisoned)
         tokens = [item.output_tokens for item in items]
         dest: dict[int, torch.Tensor] = {}
         for pack in packs:
@@ -473,21 +488,46 @@ class EncoderCudaGraphManager:
             self.stats.used_tokens += pack.tokens
             self.stats.padded_tokens += pack.budget - pack.tokens
         if eager:
-            selected, _ = self._select(mm_kwargs, eager)
-            tic = time.perf_counter()
-            with torch.inference_mode():
-                output = self.model.encoder_eager_forward(selected, path=DEFAULT_PATH)
-            self._forward_seconds += time.perf_counter() - tic
-            self._postprocess(output, eager, tokens, dest, selected, exact=True, source="eager forward")
-            self.stats.eager_calls += 1
-            self.stats.misses += len(eager)
+            self._run_eager(mm_kwargs, eager, tokens, dest)
             self.stats.routed_eager += sum(1 for i in eager if self._fit(tokens[i]) is not None
                                            and (frames is None or frames[i] <= self.plan.max_frames))
+        for index in poisoned:
+            self._run_eager(mm_kwargs, [index], tokens, dest)
+        self.stats.nonfinite_items += len(poisoned)
         self.stats.items += len(items)
         missing = [i for i in range(len(items)) if i not in dest]
         if missing:
             raise SpecRuntimeError(f"postprocess_encoder_output left items {missing} without output")
         return [dest[i] for i in range(len(items))]
+
+    def _nonfinite_items(self, mm_kwargs: Mapping[str, Any], count: int) -> list[int]:
+        """The items whose floating inputs hold NaN or inf. All inputs are checked at once first (one
+        device-to-host sync); only when something is non-finite is each item selected and checked."""
+        if _finite(mm_kwargs):
+            return []
+        return [i for i in range(count) if not _finite(self._select(mm_kwargs, [i])[0])]
+
+    def _plan_except(self, items: Sequence[EncoderItemSpec], frames: Sequence[int] | None, excluded: list[int]
+                     ) -> tuple[list[PackPlan], list[int]]:
+        """:meth:`plan_packs` over every item but ``excluded``, in the canonical indices of ``items``."""
+        if not excluded:
+            return self.plan_packs(items, frames)
+        skip = set(excluded)
+        rest = [i for i in range(len(items)) if i not in skip]
+        packs, eager = self.plan_packs([items[i] for i in rest], [frames[i] for i in rest] if frames else None)
+        return ([dataclasses.replace(p, indices=tuple(rest[j] for j in p.indices)) for p in packs],
+                [rest[j] for j in eager])
+
+    def _run_eager(self, mm_kwargs: Mapping[str, Any], indices: list[int], tokens: list[int], dest: dict) -> None:
+        """One eager forward of the items at ``indices``, their outputs into ``dest``."""
+        selected, _ = self._select(mm_kwargs, indices)
+        tic = time.perf_counter()
+        with torch.inference_mode():
+            output = self.model.encoder_eager_forward(selected, path=DEFAULT_PATH)
+        self._forward_seconds += time.perf_counter() - tic
+        self._postprocess(output, indices, tokens, dest, selected, exact=True, source="eager forward")
+        self.stats.eager_calls += 1
+        self.stats.misses += len(indices)
 
     def _run(self, entry: _BudgetGraph, values: Mapping[str, Any]) -> tuple[Any, Mapping]:
         """Refill ``entry``'s buffers in place from ``values`` (None: leave as captured; a 0-d tensor: copied
@@ -518,6 +558,12 @@ class EncoderCudaGraphManager:
                 output = self.model.encoder_cudagraph_forward({**entry.inputs.values}, path=DEFAULT_PATH)
         self._forward_seconds += time.perf_counter() - tic
         return output, entry.inputs.values
+
+
+def _finite(kwargs: Mapping[str, Any]) -> bool:
+    """Whether every floating tensor of ``kwargs`` is free of NaN and inf: one device-to-host sync for all."""
+    checks = [torch.isfinite(v).all() for v in kwargs.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return not checks or bool(torch.stack([c.to(checks[0].device) for c in checks]).all())
 
 
 class _progress:

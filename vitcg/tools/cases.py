@@ -20,7 +20,7 @@ from ..lang.model import Spec
 from ..runtime.adapter import adapter_for
 from ..runtime.manager import EncoderCudaGraphManager
 from .encoders import build_encoder
-from .workloads import InputBuilder, Inputs, relative_error
+from .workloads import InputBuilder, Inputs, on_device, relative_error
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 """Tolerance of :func:`relative_error` (graph against eager) per dtype."""
@@ -158,7 +158,7 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
             case.skipped = make
             continue
         try:
-            inputs = make()
+            inputs = on_device(adapter, make())
             items = adapter.get_encoder_cudagraph_item_specs(inputs)
             case.items = len(items)
             before = {"per_budget": manager.stats.replays_per_budget.copy(), "misses": manager.stats.misses}

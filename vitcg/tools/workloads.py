@@ -114,9 +114,11 @@ def make_inputs(adapter: SpecAdapter, workload: Workload, generator: torch.Gener
     return kwargs
 
 
-def on_device(adapter: SpecAdapter, kwargs: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Inputs on the device, floating ones in the model dtype; grids and tile counts stay on the host, as
-    processors emit them (reading them on the device would cost a sync per call)."""
+def on_device(adapter: SpecAdapter, kwargs: Mapping[str, torch.Tensor],
+              dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Inputs on the encoder's device (where the adapter requires them), floating ones in ``dtype`` (None: as
+    they are); grids and tile counts stay on the host, as processors emit them (reading them on the device
+    would cost a sync per call)."""
     counts = {m.count_key for m in adapter.spec.modalities}
-    return {k: v if k in counts else v.to(adapter.device, dtype if v.is_floating_point() else v.dtype)
+    return {k: v if k in counts else v.to(adapter.device, dtype if dtype and v.is_floating_point() else v.dtype)
             for k, v in kwargs.items()}

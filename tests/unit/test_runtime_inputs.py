@@ -1,0 +1,126 @@
+"""Hostile runtime inputs: every protocol entry point rejects them with an InputError naming the key, the
+expected and the actual, before any tensor work (and before transformers could fail deep inside)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vitcg.errors import InputError
+from vitcg.lang import load_registry
+from vitcg.runtime.adapter import SpecAdapter
+from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.tools.encoders import build_encoder
+
+SPECS = load_registry(["specs"])
+ROW = 1176  # tiny qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
+
+
+@pytest.fixture(scope="module")
+def adapters():
+    return {name: SpecAdapter(SPECS[name], build_encoder(SPECS[name])) for name in ("qwen2_vl", "internvl")}
+
+
+def grid(*rows, dtype=torch.int64):
+    return torch.tensor(rows, dtype=dtype)
+
+
+def pixels(rows, *row):
+    return torch.randn(rows, *(row or (ROW,)))
+
+
+def tiles(n, side=56):
+    return torch.randn(n, 3, side, side)
+
+
+# (spec, kwargs, fragments the message must hold: the key, the expected, the actual)
+CASES = {
+    "numpy pixels": ("qwen2_vl", lambda: {"pixel_values": np.zeros((16, ROW), np.float32), "image_grid_thw": grid([1, 4, 4])},
+                     ["'pixel_values'", "expected a torch.Tensor", "got numpy.ndarray"]),
+    "list pixels": ("qwen2_vl", lambda: {"pixel_values": [[0.0] * ROW] * 16, "image_grid_thw": grid([1, 4, 4])},
+                    ["'pixel_values'", "expected a torch.Tensor", "got list"]),
+    "meta pixels": ("qwen2_vl", lambda: {"pixel_values": torch.zeros(16, ROW, device="meta"),
+                                         "image_grid_thw": grid([1, 4, 4])},
+                    ["'pixel_values'", "encoder's device cpu", "got one on meta"]),
+    "meta grid": ("qwen2_vl", lambda: {"pixel_values": pixels(16), "image_grid_thw": grid([1, 4, 4]).to("meta")},
+                  ["'image_grid_thw'", "expected a tensor with data", "meta"]),
+    "h not a multiple of the merge size": ("qwen2_vl", lambda: {"pixel_values": pixels(12), "image_grid_thw": grid([1, 3, 4])},
+                                           ["'image_grid_thw'", "item 0 is [1, 3, 4]", "multiples of spatial_merge_size 2",
+                                            "h is not"]),
+    "w not a multiple of the merge size": ("qwen2_vl", lambda: {"pixel_values": pixels(36),
+                                                               "image_grid_thw": grid([1, 4, 4], [1, 4, 5])},
+                                           ["'image_grid_thw'", "item 1 is [1, 4, 5]", "spatial_merge_size 2", "w is not"]),
+    "zero in the grid": ("qwen2_vl", lambda: {"pixel_values": pixels(0), "image_grid_thw": grid([1, 0, 4])},
+                         ["'image_grid_thw'", "item 0 is [1, 0, 4]", "expected positive t, h, w"]),
+    "negative in the grid": ("qwen2_vl", lambda: {"pixel_values": pixels(16), "image_grid_thw": grid([1, -4, -4])},
+                             ["'image_grid_thw'", "item 0 is [1, -4, -4]", "expected positive"]),
+    "float grid": ("qwen2_vl", lambda: {"pixel_values": pixels(16), "image_grid_thw": grid([1, 4, 4], dtype=torch.float32)},
+                   ["'image_grid_thw'", "expected an integer dtype", "got torch.float32"]),
+    "bool grid": ("qwen2_vl", lambda: {"pixel_values": pixels(1), "image_grid_thw": grid([1, 1, 1], dtype=torch.bool)},
+                  ["'image_grid_thw'", "expected an integer dtype", "got torch.bool"]),
+    "empty grid with pixel rows": ("qwen2_vl", lambda: {"pixel_values": pixels(16),
+                                                        "image_grid_thw": torch.zeros(0, 3, dtype=torch.int64)},
+                                   ["'pixel_values' has 16 rows", "'image_grid_thw' describes 0", "t * h * w"]),
+    "fewer rows than the grid": ("qwen2_vl", lambda: {"pixel_values": pixels(15), "image_grid_thw": grid([1, 4, 4])},
+                                 ["'pixel_values' has 15 rows", "'image_grid_thw' describes 16"]),
+    "pixels with an extra dim": ("qwen2_vl", lambda: {"pixel_values": pixels(16, ROW, 1), "image_grid_thw": grid([1, 4, 4])},
+                                 ["'pixel_values'", f"expected shape (rows, {ROW})", f"got (16, {ROW}, 1)"]),
+    "pixels with a wrong last dim": ("qwen2_vl", lambda: {"pixel_values": pixels(16, 1), "image_grid_thw": grid([1, 4, 4])},
+                                     ["'pixel_values'", f"expected shape (rows, {ROW})", "got (16, 1)"]),
+    "integer pixels": ("qwen2_vl", lambda: {"pixel_values": torch.zeros(16, ROW, dtype=torch.int64),
+                                            "image_grid_thw": grid([1, 4, 4])},
+                       ["'pixel_values'", "expected a floating dtype", "got torch.int64"]),
+    "unknown extra key": ("qwen2_vl", lambda: {"pixel_values": pixels(16), "image_grid_thw": grid([1, 4, 4]),
+                                               "image_grid_tw": grid([1, 4, 4])},
+                          ["unknown input key 'image_grid_tw'", "pixel_values, image_grid_thw, pixel_values_videos",
+                           "did you mean 'image_grid_thw'?"]),
+    "float tile counts": ("internvl", lambda: {"pixel_values_flat": tiles(2), "image_num_patches": torch.tensor([2.0])},
+                          ["'image_num_patches'", "expected an integer dtype", "got torch.float32"]),
+    "zero tiles": ("internvl", lambda: {"pixel_values_flat": tiles(2), "image_num_patches": torch.tensor([2, 0])},
+                   ["'image_num_patches'", "item 1 is 0", "expected positive n"]),
+    "tiles of the wrong size": ("internvl", lambda: {"pixel_values_flat": tiles(2, 55), "image_num_patches": torch.tensor([2])},
+                                ["'pixel_values_flat'", "expected shape (rows, 3, 56, 56)", "got (2, 3, 55, 55)"]),
+    "more tiles than counted": ("internvl", lambda: {"pixel_values_flat": tiles(3), "image_num_patches": torch.tensor([2])},
+                                ["'pixel_values_flat' has 3 rows", "'image_num_patches' describes 2"]),
+}
+
+
+def _raises(call, fragments):
+    with pytest.raises(InputError) as caught:
+        call()
+    for fragment in fragments:
+        assert fragment in str(caught.value), (fragment, str(caught.value))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_protocol_entry_points_reject(case, adapters):
+    name, make, fragments = CASES[case]
+    adapter = adapters[name]
+    kwargs = make()
+    _raises(lambda: adapter.get_input_modality(kwargs), fragments)
+    _raises(lambda: adapter.get_encoder_cudagraph_item_specs(kwargs), fragments)
+    _raises(lambda: adapter.select_encoder_cudagraph_items(kwargs, []), fragments)
+    _raises(lambda: adapter.encoder_eager_forward(kwargs), fragments)
+
+
+@pytest.mark.parametrize("case", ["numpy pixels", "meta pixels", "h not a multiple of the merge size", "float grid",
+                                  "empty grid with pixel rows", "pixels with a wrong last dim", "unknown extra key",
+                                  "zero tiles"])
+def test_the_manager_rejects_before_any_replay(case, adapters):
+    name, make, fragments = CASES[case]
+    manager = EncoderCudaGraphManager(adapters[name], max_num_batched_tokens=256)
+    _raises(lambda: manager.execute(make()), fragments)
+    assert manager.stats.replays == manager.stats.eager_calls == 0
+
+
+def test_none_values_and_empty_selections_stay_valid(adapters):
+    qwen2 = adapters["qwen2_vl"]
+    kwargs = {"pixel_values": pixels(16), "image_grid_thw": grid([1, 4, 4]), "image_embeds": None,
+              "pixel_values_videos": None, "video_grid_thw": None}
+    assert [s.output_tokens for s in qwen2.get_encoder_cudagraph_item_specs(kwargs)] == [4]
+    empty = {"pixel_values": pixels(0), "image_grid_thw": torch.zeros(0, 3, dtype=torch.int64)}
+    assert qwen2.get_encoder_cudagraph_item_specs(empty) == []
+    assert EncoderCudaGraphManager(qwen2, max_num_batched_tokens=256).execute(empty) == []
+    int32 = {"pixel_values": pixels(16).double(), "image_grid_thw": grid([1, 4, 4], dtype=torch.int32)}
+    assert len(qwen2.get_encoder_cudagraph_item_specs(int32)) == 1  # any integer grid, any floating pixels

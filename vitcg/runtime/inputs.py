@@ -1,0 +1,185 @@
+"""Runtime input checks: the multimodal kwargs of one call read against what the spec declares, or InputError."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import FormulaError, InputError, suggest
+from ..lang.catalogue import BUFFER_NAMES, MERGE_NAME, buffer_names
+from ..lang.model import Modality, Spec
+from .protocol import EncoderItemSpec
+
+ItemSpec = Callable[[Modality, Any], EncoderItemSpec]
+"""The item spec of one count row (a grid row or a tile count) of a modality: the adapter's, cached."""
+
+
+@dataclass(frozen=True)
+class Input:
+    """One modality present in the multimodal kwargs, checked."""
+
+    modality: Modality
+    pixels: torch.Tensor
+    counts: torch.Tensor | None
+    """The counts as given (for the eager call); None when every tile is an item."""
+    counts_cpu: torch.Tensor
+    """The counts on the CPU as int64 (for formulas and providers); ones when every tile is an item."""
+    extras: dict[str, torch.Tensor]
+    """Extra inputs by role, aligned with the pixels on dim 0."""
+
+
+def pixel_row(spec: Spec, geometry: Mapping[str, int]) -> tuple[int | None, ...] | None:
+    """The shape of one pixel row (a patch row or a tile) as the graphs hold it: the pixel buffer's shape past
+    dim 0, None for a dimension that depends on the capture; None when the spec has no pixel buffer (a graph
+    scope captures a submodule's arguments, not the pixels)."""
+    buffer = spec.providers().get("pixels")
+    if buffer is None or buffer.shape is None:
+        return None
+    names = {**buffer_names(1, 1, 1), **geometry}
+    return tuple(None if f.names & set(BUFFER_NAMES) else f.evaluate(names) for f in buffer.shape[1:])
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _shape(dims: tuple) -> str:
+    return "(" + ", ".join("*" if d is None else str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+class InputReader:
+    """Reads one call's multimodal kwargs into :class:`Input` records, one per modality present.
+
+    Every protocol entry point of the adapter reads its kwargs here, so a bad input fails once, before any
+    tensor work, with an InputError naming the key, what the spec expects and what was given: tensors
+    where tensors go, pixels floating on the encoder's device with the row shape of the pixel buffer, counts
+    of an integer dtype holding positive entries (grid heights and widths multiples of the merge size when
+    the spec defines one), as many pixel rows as the items' ``input_size`` adds up to, and no unknown keys
+    (None values are ignored)."""
+
+    def __init__(self, spec: Spec, geometry: Mapping[str, int], device: torch.device, item_spec: ItemSpec):
+        self.spec = spec
+        self.device = device
+        self._item_spec = item_spec
+        self.known = tuple(dict.fromkeys(k for m in spec.modalities for k in m.inputs.values()))
+        self.pixel_row = pixel_row(spec, geometry)
+        self.merge = geometry.get(MERGE_NAME)
+        self.merged = spec.attention_style.merged if self.merge else ()
+        """Item names that must be multiples of :attr:`merge`: only where the spec defines a merge size."""
+
+    def _error(self, key: str, message: str) -> InputError:
+        return InputError(f"{self.spec.name}: {key!r}: {message}")
+
+    def read(self, mm_kwargs: Mapping[str, Any]) -> list[Input]:
+        """The modalities present in ``mm_kwargs``, in the spec's order. Raises InputError."""
+        self._check_keys(mm_kwargs)
+        found = []
+        for modality in self.spec.modalities:
+            keys = list(modality.inputs.values())
+            present = [k for k in keys if mm_kwargs.get(k) is not None]
+            if not present:
+                continue
+            missing = [k for k in keys if k not in present]
+            if missing:
+                raise InputError(f"{self.spec.name}: {present[0]!r} is given without {missing[0]!r}")
+            pixels = self._tensor(modality.pixels_key, mm_kwargs[modality.pixels_key])
+            self._check_pixels(modality.pixels_key, pixels)
+            counts, counts_cpu = self._counts(modality, mm_kwargs, pixels)
+            extras = {role: self._aligned(modality, role, mm_kwargs[modality.inputs[role]], pixels)
+                      for role in modality.extra_roles}
+            self._check_items(modality, counts_cpu, pixels)
+            found.append(Input(modality, pixels, counts, counts_cpu, extras))
+        return found
+
+    def _check_keys(self, mm_kwargs: Mapping[str, Any]) -> None:
+        unknown = [k for k, v in mm_kwargs.items() if v is not None and k not in self.known]
+        if not unknown:
+            return
+        hint = suggest(str(unknown[0]), self.known)
+        hint = f"; {hint}" if hint else ""
+        if all(k in unknown for k, v in mm_kwargs.items() if v is not None):
+            expected = "; ".join(f"{m.name}: {', '.join(m.inputs.values())}" for m in self.spec.modalities)
+            raise InputError(f"{self.spec.name}: no known input key in {sorted(map(str, unknown))}; expected "
+                             f"{expected}{hint}")
+        raise InputError(f"{self.spec.name}: unknown input key {unknown[0]!r}; the spec's keys are "
+                         f"{', '.join(self.known)}{hint}")
+
+    def _tensor(self, key: str, value: Any) -> torch.Tensor:
+        if not isinstance(value, torch.Tensor):
+            raise self._error(key, f"expected a torch.Tensor, got {_type_name(value)}")
+        return value
+
+    def _check_device(self, key: str, value: torch.Tensor) -> None:
+        # the eager call would fail on another device, and a meta tensor holds no data to copy
+        if value.device != self.device:
+            raise self._error(key, f"expected a tensor on the encoder's device {self.device}, got one on "
+                                   f"{value.device}")
+
+    def _check_pixels(self, key: str, pixels: torch.Tensor) -> None:
+        self._check_device(key, pixels)
+        if not pixels.is_floating_point():
+            raise self._error(key, f"expected a floating dtype (pixel values), got {pixels.dtype}")
+        row = self.pixel_row
+        if pixels.ndim == 0 or row is not None and (
+                pixels.ndim != len(row) + 1 or any(d is not None and d != n for d, n in zip(row, pixels.shape[1:]))):
+            expected = _shape(("rows", *row)) if row is not None else "at least one dimension (rows)"
+            raise self._error(key, f"expected shape {expected}, got {_shape(tuple(pixels.shape))}")
+
+    def _counts(self, modality: Modality, mm_kwargs: Mapping[str, Any], pixels: torch.Tensor
+                ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        key = modality.count_key
+        if key is None:
+            return None, torch.ones(pixels.shape[0], dtype=torch.int64)
+        value = mm_kwargs[key]
+        try:
+            counts = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise self._error(key, f"expected a tensor of integers, got {_type_name(value)}") from None
+        if counts.is_meta:
+            raise self._error(key, "expected a tensor with data, got a meta tensor")
+        style = self.spec.attention_style
+        if not style.counts_fit(counts.shape):
+            raise InputError(f"{self.spec.name}: {key!r} must have shape {style.count_shape}, "
+                             f"got {tuple(counts.shape)}")
+        if counts.is_floating_point() or counts.is_complex() or counts.dtype == torch.bool:
+            raise self._error(key, f"expected an integer dtype, got {counts.dtype}")
+        return counts, counts.detach().to("cpu", torch.int64)
+
+    def _aligned(self, modality: Modality, role: str, value: Any, pixels: torch.Tensor) -> torch.Tensor:
+        key = modality.inputs[role]
+        value = self._tensor(key, value)
+        self._check_device(key, value)
+        if value.ndim == 0 or value.shape[0] != pixels.shape[0]:
+            raise InputError(f"{self.spec.name}: {key!r} has {value.shape[0] if value.ndim else 'no'} rows on dim "
+                             f"0, {modality.pixels_key!r} has {pixels.shape[0]}; they must align")
+        return value
+
+    def _check_items(self, modality: Modality, counts_cpu: torch.Tensor, pixels: torch.Tensor) -> None:
+        key = modality.count_key or modality.pixels_key
+        names = self.spec.attention_style.item_names
+        total = 0
+        for index, row in enumerate(counts_cpu.tolist()):
+            values = row if isinstance(row, list) else [row]
+            if min(values) < 1:
+                raise self._error(key, f"item {index} is {row}: expected positive {', '.join(names)}")
+            off = [n for n in self.merged if values[names.index(n)] % self.merge]
+            if off:
+                raise self._error(key, f"item {index} is {row}: expected {' and '.join(self.merged)} to be "
+                                       f"multiples of {MERGE_NAME} {self.merge}, {' and '.join(off)} is not")
+            try:
+                item = self._item_spec(modality, row)
+            except FormulaError as exc:
+                raise self._error(key, f"item {index} is {row}: {exc}") from None
+            if item.input_size < 1 or item.output_tokens < 1:
+                raise self._error(key, f"item {index} is {row}: expected a positive input_size and output_tokens "
+                                       f"(items: {self.spec.input_size}, {self.spec.output_tokens}), got "
+                                       f"{item.input_size} and {item.output_tokens}")
+            total += item.input_size
+        if total != pixels.shape[0]:
+            raise InputError(
+                f"{self.spec.name}: {modality.pixels_key!r} has {pixels.shape[0]} rows but {key!r} describes "
+                f"{total} (items.input_size: {self.spec.input_size})")
