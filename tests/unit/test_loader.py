@@ -47,6 +47,9 @@ def test_quoted_scalar_style_is_recorded():
         ("a: 1\n---\nb: 2\n", 2, "invalid YAML"),
         ("a:\n\tb: 1\n", 2, "invalid YAML"),
         ("a: .nan\n", 1, "NaN"),
+        ("a: {b: .inf}\n", 1, "'.inf' is infinite; numbers in a spec must be finite"),
+        ("a:\n  - -.Inf\n", 2, "infinite"),
+        ("a: 1.0e+999\n", 1, "infinite"),
         ("a: \x00\n", 1, "NUL byte"),
     ],
 )

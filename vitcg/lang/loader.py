@@ -6,6 +6,7 @@ non-string keys, unsafe tags and alias-expansion bombs are errors instead of sil
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,8 +233,11 @@ class _Converter:
             value = self.constructor.construct_object(node, deep=True)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
             raise self.error(node, path, f"invalid value: {exc}") from None
-        if isinstance(value, float) and value != value:
-            raise self.error(node, path, "NaN is not a valid value")
+        if isinstance(value, float) and not math.isfinite(value):
+            # Neither JSON nor a Python literal can hold it: registry/ would render Infinity, a NameError.
+            kind = "NaN" if value != value else "infinite"
+            self.problems.append(self.error(node, path, f"{node.value!r} is {kind}; numbers in a spec must be finite",
+                                            "write a finite number").diagnostic)
         return value
 
     def mapping(self, node: yaml.MappingNode, path: Path_, depth: int) -> dict:
