@@ -13,6 +13,16 @@ def suggest(name: str, candidates: Iterable[str]) -> str | None:
     return f"did you mean {close[0]!r}?" if close else None
 
 
+SHOWN_CHARS = 60
+"""Longest echo of a user's value in a message: a diagnostic names the value, it does not reprint a file."""
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to :data:`SHOWN_CHARS` characters with ``...`` when longer."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
 @dataclass(frozen=True)
 class Diagnostic:
     """One problem in one spec file, located as precisely as the YAML allows."""
