@@ -61,3 +61,12 @@ def test_valid_entries_are_used_as_they_are(tmp_path: Path):
     bindings.path.write_text(json.dumps(cached))
     assert bindings.check_class(CLASS) == cached[f"class:{CLASS}"]
     assert bindings.check_config("x.Y", {}) == cached["config:x.Y:{}"]
+
+
+def test_a_sub_config_model_type_that_is_not_a_string_is_a_config_error():
+    # Found by tests/acceptance/test_fuzz.py: `model_type: {k: qwen2}` was looked up in CONFIG_MAPPING and raised.
+    bindings = Bindings(use_cache=False)
+    result = bindings.check_config("transformers.models.internvl.configuration_internvl.InternVLConfig",
+                                   {"text_config": {"model_type": {"k": "qwen2"}, "hidden_size": 48}})
+    assert result["ok"] is False
+    assert result["error"].startswith("InternVLConfig(**overrides) failed: ")

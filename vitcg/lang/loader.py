@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import Diagnostic
+from ..errors import SHOWN_CHARS, Diagnostic, shown
 
 MAX_FILE_BYTES = 1024 * 1024
 """Largest spec file read: real specs are a few KiB, and every later bound is cheap within this one."""
@@ -29,10 +29,16 @@ Path_ = tuple  # a YAML path: a tuple of str keys and int indices
 
 
 def format_path(path: Path_) -> str:
-    """``("buffers", 0, "shape")`` -> ``$.buffers[0].shape``."""
+    """``("buffers", 0, "shape")`` -> ``$.buffers[0].shape``; a key that is not a plain word is quoted and cut:
+    ``$.tests.runner_kwargs['a b']``."""
     text = "$"
     for part in path:
-        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part and part.isprintable() and len(part) <= SHOWN_CHARS and not any(c in part for c in " .[]'\""):
+            text += f".{part}"
+        else:
+            text += f"[{shown(part)}]"
     return text
 
 
@@ -141,8 +147,14 @@ def load_text(text: str, file: str) -> tuple[LoadedYaml | None, list[Diagnostic]
         if mark is None:
             return fail(f"invalid YAML: {problem}")
         return fail(f"invalid YAML: {problem}", mark.line + 1, mark.column + 1)
+    except yaml.reader.ReaderError as exc:
+        # No mark, and str(exc) adds a second line naming PyYAML's buffer: locate it from the position.
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - text.rfind("\n", 0, exc.position)
+        return fail(f"invalid YAML: unacceptable character #x{exc.character:04x}: {exc.reason}", line, col,
+                    hint="remove it, or write it as an escape inside a double-quoted string")
     except yaml.YAMLError as exc:
-        return fail(f"invalid YAML: {exc}")
+        return fail(f"invalid YAML: {str(exc).splitlines()[0]}")
     except RecursionError:
         return fail("YAML is nested too deeply")
     if root is None:
