@@ -29,7 +29,7 @@ from vitcg import cli
 
 EXAMPLES = int(os.environ.get("VITCG_FUZZ_EXAMPLES", "0"))
 FUZZ = settings(
-    max_examples=EXAMPLES or 120,
+    max_examples=EXAMPLES or 300,
     deadline=None if EXAMPLES else 5000,  # the first example imports torch for the bindings
     database=None,  # write nothing into the checkout (no .hypothesis/)
     derandomize=not EXAMPLES,
@@ -241,7 +241,7 @@ ARGS = st.lists(st.one_of(
 ), max_size=5).map(lambda pairs: [part for pair in pairs for part in pair])
 
 
-@FUZZ
+@settings(FUZZ, max_examples=EXAMPLES or 200)
 @given(args=ARGS)
 def test_compile_config_survives_random_arguments(args: list[str]):
     code, stdout, stderr = run_in_process("compile-config", *args)
