@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,17 @@ def pytest_configure(config):
     # One cache for the session, outside the user's home: tests never depend on earlier runs.
     cache = Path(config.rootpath if hasattr(config, "rootpath") else REPO) / ".pytest_cache" / "vitcg-bindings"
     os.environ.setdefault("VITCG_CACHE_DIR", str(cache))
+    # Hypothesis keeps examples and the constants it scrapes from the code under ./.hypothesis: not in the checkout.
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    config._vitcg_hypothesis_home = tempfile.mkdtemp(prefix="vitcg-hypothesis-")
+    set_hypothesis_home_dir(config._vitcg_hypothesis_home)
+
+
+def pytest_unconfigure(config):
+    home = getattr(config, "_vitcg_hypothesis_home", None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _unavailable_specs() -> dict[str, str]:

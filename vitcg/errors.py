@@ -13,6 +13,20 @@ def suggest(name: str, candidates: Iterable[str]) -> str | None:
     return f"did you mean {close[0]!r}?" if close else None
 
 
+SHOWN_CHARS = 60
+"""Longest echo of a user's value in a message: a diagnostic names the value, it does not reprint a file."""
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to :data:`SHOWN_CHARS` characters with ``...`` when longer."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+"""Characters that end a line (``str.splitlines``), as escapes: a diagnostic is one line whatever the spec holds."""
+
+
 @dataclass(frozen=True)
 class Diagnostic:
     """One problem in one spec file, located as precisely as the YAML allows."""
@@ -37,9 +51,9 @@ class Diagnostic:
 
     def format(self) -> str:
         """``file:line:col: path: message`` plus an indented ``hint:`` line."""
-        text = f"{self.location()}: {self.path}: {self.message}"
+        text = f"{self.location()}: {self.path}: {self.message}".translate(_LINE_BREAKS)
         if self.hint:
-            text += f"\n    hint: {self.hint}"
+            text += f"\n    hint: {self.hint.translate(_LINE_BREAKS)}"
         return text
 
     def to_json(self) -> dict:

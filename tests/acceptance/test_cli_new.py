@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
 from helpers import vitcg
 
 
@@ -64,3 +67,21 @@ def test_readme_walkthrough_works_as_written(tmp_path):
         run = vitcg(*command.split()[1:], cwd=tmp_path)
         assert run.returncode == 0, f"{command}\n{run.stdout}\n{run.stderr}"
     assert "cohere_compass" in (tmp_path / "registry" / "SUPPORTED_MODELS.md").read_text()
+
+
+@pytest.mark.parametrize("model_type, named", [
+    ("llama", ["'llama' is not a vision model", "LlamaConfig has no vision_config", "LlamaModel takes 'input_ids'"]),
+    ("pp_chart2table", ["'pp_chart2table' has no importable modeling code", "write the spec by hand"]),
+])
+def test_refuses_model_types_it_cannot_draft(tmp_path, model_type, named):
+    if model_type == "pp_chart2table" and importlib.util.find_spec("transformers.models.pp_chart2table") is None:
+        pytest.skip("this transformers has no pp_chart2table config")
+    path = tmp_path / f"{model_type}.yaml"
+    run = vitcg("new", model_type, "--output", str(path))
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert "Traceback" not in run.stderr
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), run.stderr
+    for fragment in named:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert not path.exists()

@@ -312,3 +312,17 @@ def test_compile_config_accepts_the_largest_budget():
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["encoder_cudagraph_token_budgets"] == [2**31 - 1]
     assert "Infinity" not in result.stdout and "NaN" not in result.stdout
+
+
+# 9. specs: non-finite numbers never reach registry/
+
+def test_generate_refuses_a_spec_with_an_infinite_runner_kwarg(tmp_path: Path):
+    specs = tmp_path / "specs"
+    shutil.copytree(REPO / RENDER_SPECS, specs)
+    spec = specs / "windowed_vl.yaml"
+    spec.write_text(spec.read_text().replace("limit_mm_per_prompt: {image: 2, video: 1}", "limit_mm_per_prompt: .inf"))
+    result = run("generate", "--specs", str(specs), "--out", str(tmp_path / "out"))
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert f"{spec}:99:40: $.tests.runner_kwargs.limit_mm_per_prompt: '.inf' is infinite" in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -56,7 +56,7 @@ def test_names_are_recorded():
         ("max(t, key=h)", "no keyword arguments", 0),
         ("t *", "invalid syntax", None),
         ("", "formula is empty", 0),
-        ("t" * 401, "longer than 400", 0),
+        ("t" * 401, "formula is 401 characters; formulas are limited to 400", 0),
         ("+".join(["t"] * 150), "more than 200 parts", None),
         ("config.patch_size", "Attribute is not allowed", 0),
         ("t ~ h", "invalid syntax", None),

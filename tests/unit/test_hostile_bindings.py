@@ -71,3 +71,12 @@ def test_class_entries_without_their_config_class_are_recomputed(tmp_path: Path)
     fresh = bindings.check_class(real)
     assert fresh["ok"] and fresh["bases"] != ["a.B"]
     assert fresh["config_class"] == "transformers.models.qwen2_vl.configuration_qwen2_vl.Qwen2VLConfig"
+
+
+def test_a_sub_config_model_type_that_is_not_a_string_is_a_config_error():
+    # Found by tests/acceptance/test_fuzz.py: `model_type: {k: qwen2}` was looked up in CONFIG_MAPPING and raised.
+    bindings = Bindings(use_cache=False)
+    result = bindings.check_config("transformers.models.internvl.configuration_internvl.InternVLConfig",
+                                   {"text_config": {"model_type": {"k": "qwen2"}, "hidden_size": 48}})
+    assert result["ok"] is False
+    assert result["error"].startswith("InternVLConfig(**overrides) failed: ")

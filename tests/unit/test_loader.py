@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vitcg.errors import Diagnostic
 from vitcg.lang.loader import MAX_FILE_BYTES, format_path, load_file, load_text
 
 
@@ -47,6 +48,10 @@ def test_quoted_scalar_style_is_recorded():
         ("a: 1\n---\nb: 2\n", 2, "invalid YAML"),
         ("a:\n\tb: 1\n", 2, "invalid YAML"),
         ("a: .nan\n", 1, "NaN"),
+        ("a: {b: .inf}\n", 1, "'.inf' is infinite; numbers in a spec must be finite"),
+        ("a:\n  - -.Inf\n", 2, "infinite"),
+        ("a: 1.0e+999\n", 1, "infinite"),
+        ("a: 1\nb: \"x\x01\"\n", 2, "unacceptable character #x0001: control characters are not allowed"),
         ("a: \x00\n", 1, "NUL byte"),
     ],
 )
@@ -110,3 +115,15 @@ def test_missing_file_is_a_diagnostic(tmp_path):
 def test_format_path():
     assert format_path(()) == "$"
     assert format_path(("buffers", 0, "shape", 1)) == "$.buffers[0].shape[1]"
+
+
+def test_paths_quote_keys_that_are_not_plain_words():
+    assert format_path(("tests", "runner_kwargs", "a b", 0, "x\x1ey", "k.v")) == \
+        "$.tests.runner_kwargs['a b'][0]['x\\x1ey']['k.v']"
+    assert format_path(("k" * 100,)) == "$['" + "k" * 56 + "...]"
+
+
+def test_a_diagnostic_is_one_line_and_a_hint_whatever_the_spec_holds():
+    # str.splitlines() breaks at \x1e and \u2028 too: a key holding one once split a diagnostic in two.
+    d = Diagnostic("f.yaml", 2, 3, format_path(("a\x1eb",)), "unknown key 'a\nb'", hint="did you mean\u2028'ab'?")
+    assert d.format().splitlines() == ["f.yaml:2:3: $['a\\x1eb']: unknown key 'a\\nb'", "    hint: did you mean\\u2028'ab'?"]

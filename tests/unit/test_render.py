@@ -159,6 +159,26 @@ def test_python_literal_refuses_other_objects():
         python_literal({1, 2})
 
 
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), {"k": [float("inf")]}])
+def test_python_literal_refuses_non_finite_floats(value):
+    # repr() gives `inf`, which compiles and then raises NameError when registry/test_configs.py is imported.
+    with pytest.raises(RenderError, match="inf|nan"):
+        python_literal(value)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("x.py.j2", "# {{ header }}\nX = {{ specs[0].test_config.vllm_runner_kwargs | py }}\n"),
+    ("x.json.j2", '{{ {"_generated": header, "x": specs[0].test_config.vllm_runner_kwargs} | json }}\n'),
+    ("x.json.j2", '{\n  "_generated": "{{ header }}",\n  "x": Infinity\n}\n'),
+])
+def test_non_finite_floats_never_reach_the_output(case_specs, tmp_path, name, text):
+    # Validation refuses them in specs; a spec object built around it must still not render Infinity.
+    context = build_context(case_specs)
+    context["specs"][0]["test_config"]["vllm_runner_kwargs"] = {"limit_mm_per_prompt": float("inf")}
+    with pytest.raises(RenderError, match=f"{name}(:[0-9]+)?: .*(inf|Infinity)"):
+        render_templates(context, _templates(tmp_path, **{name: text}))
+
+
 def _templates(tmp_path: Path, **templates: str) -> Path:
     folder = tmp_path / "templates"
     folder.mkdir()

@@ -206,3 +206,19 @@ def test_check_reports_a_missing_required_provider():
     assert spec is None
     assert messages(found) == ["packed style needs a buffer filled by provider 'cu_seqlens'"]
     assert check(loaded_from(QWEN2_VL.read_text()), None)[0] is not None
+
+
+def test_long_values_are_measured_or_cut_never_echoed_whole():
+    long_list = "[" + ", ".join(["1"] * 2000) + "]"
+    text = (QWEN2_VL.read_text()
+            .replace("  segments: frame", "  segments: " + "f" * 5000)
+            .replace("  min: 64", "  min: " + long_list)
+            .replace("  max: min(max_num_batched_tokens, max_model_len)", "  max: " + "+".join(["1"] * 1000))
+            + "z" * 1000 + ": 1\n")
+    spec, diagnostics = check(loaded_from(text), None)
+    assert spec is None
+    assert [d.path for d in diagnostics] == ["$.attention.segments", "$.budget.min", "$.budget.max", "$['" + "z" * 56 + "...]"]
+    assert messages(diagnostics)[1:3] == ["[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,... is not a formula "
+                                          "(an integer or a string)",
+                                          "formula is 1,999 characters; formulas are limited to 400"]
+    assert all(len(m) < 120 for m in messages(diagnostics)), messages(diagnostics)

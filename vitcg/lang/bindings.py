@@ -70,7 +70,8 @@ def _sub_config_class(config_cls: type, key: str, value: Mapping[str, Any]) -> t
 
         model_type = value.get("model_type")
         # Not .get: CONFIG_MAPPING is lazy, and only its __getitem__ imports the config class.
-        return CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # noqa: SIM401
+        known = isinstance(model_type, str) and model_type in CONFIG_MAPPING  # a spec may put anything there
+        return CONFIG_MAPPING[model_type] if known else None
     return sub
 
 

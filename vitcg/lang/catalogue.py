@@ -24,6 +24,12 @@ DEFAULT_LIMITS = {"max_num_batched_tokens": 8192, "max_model_len": 32768}
 """Limits the budget formulas are checked with when no engine is in sight (vLLM's online defaults)."""
 MERGE_NAME = "spatial_merge_size"
 """The geometry name of the merge block size of :attr:`AttentionStyle.merged` item names."""
+MAX_BUDGET_TOKENS = 2**20
+"""Largest max budget a spec may reach under :data:`DEFAULT_LIMITS` (32x the largest in ``specs/``): a
+budget is a capture buffer's row count, so an unbounded one exhausts memory before anything runs."""
+MAX_BUFFER_ELEMENTS = 2**30
+"""Most elements the tensor buffers of the max budget's capture may hold together (4 GiB in float32; the
+largest spec in ``specs/`` needs 2.0e8)."""
 SHAPING_NAMES = {"image": ("height", "width"), "video": ("frames", "height", "width")}
 """What a ``tests.shaping`` formula may read besides geometry: the size of one image or video in pixels."""
 

@@ -270,3 +270,4 @@ def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> 
     found.add(bind.literal_geometry_matches_config(loaded, spec, snapshots))
     for rule in (bind.budgets_positive, bind.budget_order, bind.items_positive, bind.buffer_sizes_positive):
         found.add(rule(loaded, spec, geometry["defaults"]))
+    found.add(bind.resources_bounded(loaded, spec, geometry))

@@ -67,7 +67,7 @@ def parse(source: Any, vocabulary: Iterable[str], *, allow_config: bool = False)
         _check_range(source, 0)
         source = str(source)
     if len(source) > MAX_SOURCE_CHARS:
-        raise FormulaError(f"formula is longer than {MAX_SOURCE_CHARS} characters")
+        raise FormulaError(f"formula is {len(source):,} characters; formulas are limited to {MAX_SOURCE_CHARS}")
     if not source.strip():
         raise FormulaError("formula is empty")
     try:

@@ -6,13 +6,14 @@ non-string keys, unsafe tags and alias-expansion bombs are errors instead of sil
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..errors import Diagnostic
+from ..errors import SHOWN_CHARS, Diagnostic, shown
 
 MAX_FILE_BYTES = 1024 * 1024
 """Largest spec file read: real specs are a few KiB, and every later bound is cheap within this one."""
@@ -28,10 +29,16 @@ Path_ = tuple  # a YAML path: a tuple of str keys and int indices
 
 
 def format_path(path: Path_) -> str:
-    """``("buffers", 0, "shape")`` -> ``$.buffers[0].shape``."""
+    """``("buffers", 0, "shape")`` -> ``$.buffers[0].shape``; a key that is not a plain word is quoted and cut:
+    ``$.tests.runner_kwargs['a b']``."""
     text = "$"
     for part in path:
-        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part and part.isprintable() and len(part) <= SHOWN_CHARS and not any(c in part for c in " .[]'\""):
+            text += f".{part}"
+        else:
+            text += f"[{shown(part)}]"
     return text
 
 
@@ -140,8 +147,14 @@ def load_text(text: str, file: str) -> tuple[LoadedYaml | None, list[Diagnostic]
         if mark is None:
             return fail(f"invalid YAML: {problem}")
         return fail(f"invalid YAML: {problem}", mark.line + 1, mark.column + 1)
+    except yaml.reader.ReaderError as exc:
+        # No mark, and str(exc) adds a second line naming PyYAML's buffer: locate it from the position.
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - text.rfind("\n", 0, exc.position)
+        return fail(f"invalid YAML: unacceptable character #x{exc.character:04x}: {exc.reason}", line, col,
+                    hint="remove it, or write it as an escape inside a double-quoted string")
     except yaml.YAMLError as exc:
-        return fail(f"invalid YAML: {exc}")
+        return fail(f"invalid YAML: {str(exc).splitlines()[0]}")
     except RecursionError:
         return fail("YAML is nested too deeply")
     if root is None:
@@ -232,8 +245,11 @@ class _Converter:
             value = self.constructor.construct_object(node, deep=True)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
             raise self.error(node, path, f"invalid value: {exc}") from None
-        if isinstance(value, float) and value != value:
-            raise self.error(node, path, "NaN is not a valid value")
+        if isinstance(value, float) and not math.isfinite(value):
+            # Neither JSON nor a Python literal can hold it: registry/ would render Infinity, a NameError.
+            kind = "NaN" if value != value else "infinite"
+            self.problems.append(self.error(node, path, f"{node.value!r} is {kind}; numbers in a spec must be finite",
+                                            "write a finite number").diagnostic)
         return value
 
     def mapping(self, node: yaml.MappingNode, path: Path_, depth: int) -> dict:

@@ -126,8 +126,9 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
                seed: int = 0, budget_multiple: int = 4) -> SpecReport:
     """Build the spec's encoder and run every case; never raises for a failing spec (the report says why).
 
-    ``budget_multiple``: the engine's max_num_batched_tokens is this times the min budget, which keeps
-    tiny CPU runs fast and gives several budgets and an oversized item.
+    ``budget_multiple``: the engine's max_num_batched_tokens and max_model_len are this times the min
+    budget, which keeps tiny CPU runs fast and gives several budgets and an oversized item (a budget
+    bounded by max_model_len alone would otherwise size the capture buffers for a huge engine).
     """
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     report = SpecReport(spec.name, device, str(dtype).removeprefix("torch."), unavailable=spec.unavailable)
@@ -142,8 +143,9 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
                      if dtype in HALF else None)
         min_budget, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 30,
                                                                     "max_model_len": 1 << 30})
-        manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=budget_multiple * min_budget,
-                                          max_model_len=1 << 20, device=device, dtype=dtype)
+        limit = budget_multiple * min_budget
+        manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=limit, max_model_len=limit,
+                                          device=device, dtype=dtype)
         report.budgets, report.max_items = manager.budgets, manager.plan.max_items
         manager.capture()
     except Exception as exc:  # noqa: BLE001 - model code fails in any way on a wrong spec; the report says how

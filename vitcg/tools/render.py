@@ -8,6 +8,7 @@ strict: a missing field is a :class:`RenderError` naming the template, its line 
 from __future__ import annotations
 
 import json
+import math
 import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ def markdown_cell(value: Any) -> str:
 
 def python_literal(value: Any) -> str:
     """Python source for plain data (str, int, float, bool, None, lists, dicts). Raises RenderError otherwise."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RenderError(f"cannot write {value!r} as a Python literal: it would read as a name")
     if value is None or isinstance(value, (bool, int, float)):
         return repr(value)
     if isinstance(value, str):
@@ -71,7 +74,7 @@ def python_literal(value: Any) -> str:
 
 def json_text(value: Any) -> str:
     """``value`` as indented JSON, non-ASCII kept (jinja's ``tojson`` HTML-escapes ``<`` and ``>``)."""
-    return json.dumps(value, indent=2, ensure_ascii=False)
+    return json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
 
 
 def _prompt(template: str, placeholder: str | None, question: str) -> str | None:
@@ -168,13 +171,17 @@ def _template_line(exc: BaseException, filename: str | None) -> int | None:
     return line
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (Python's json module writes it for non-finite floats)")
+
+
 def _check_output(name: str, where: str, text: str) -> None:
     if not has_header(name, text.splitlines()[:2]):
         raise RenderError(f"{where}: the output does not start with the generated-file header; "
                           f"write {{{{ header }}}} in the first line (for JSON: a \"_generated\" key first)")
     try:
         if name.endswith(".json"):
-            json.loads(text)
+            json.loads(text, parse_constant=_no_constant)
         elif name.endswith(".py"):
             compile(text, name, "exec")
     except (ValueError, SyntaxError) as exc:

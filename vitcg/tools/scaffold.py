@@ -83,8 +83,31 @@ def _vlm_attribute(modeling, vlm_config: type, encoder: type) -> str:
     return "model.visual"
 
 
+def _input_modalities(encoder: type) -> tuple[str, ...]:
+    # transformers declares a tuple, or one string ("text" is PreTrainedModel's default).
+    declared = getattr(encoder, "input_modalities", ())
+    return (declared,) if isinstance(declared, str) else tuple(declared)
+
+
+def _refuse_text_only(model_type: str, vlm_config: type, encoder: type) -> None:
+    """Raise UsageError unless the encoder found for a config without a vision_config takes images or video.
+
+    Such a config is either a vision tower's own (siglip_vision_model, vit) or a text model's (llama).
+    """
+    first = next(iter(list(inspect.signature(encoder.forward).parameters)[1:2]), "")
+    modalities = _input_modalities(encoder)
+    if "pixel" in first or {"image", "video"} & set(modalities):
+        return
+    raise UsageError(f"{model_type!r} is not a vision model: {vlm_config.__name__} has no vision_config, and "
+                     f"its model class {encoder.__name__} takes {first!r} ({', '.join(modalities) or 'no'} "
+                     "input), not images or video; vitcg drafts specs for vision encoders")
+
+
 def draft(model_type: str) -> Draft:
-    """Read everything the spec needs off ``model_type``. Raises UsageError for an unknown model type."""
+    """Read everything the spec needs off ``model_type``.
+
+    Raises UsageError for an unknown model type, one without modeling code, or a text-only one.
+    """
     from transformers import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
@@ -92,12 +115,19 @@ def draft(model_type: str) -> Draft:
         raise UsageError(f"transformers has no model type {model_type!r}" + (f"; {hint}" if hint else ""))
     vlm_config = CONFIG_MAPPING[model_type]
     vision_config = _vision_config(vlm_config, model_type)
-    modeling = importlib.import_module(vision_config.__module__.replace(".configuration_", ".modeling_"))
+    module = vision_config.__module__.replace(".configuration_", ".modeling_")
+    try:
+        modeling = importlib.import_module(module)
+    except ImportError as exc:
+        raise UsageError(f"model type {model_type!r} has no importable modeling code ({exc}); "
+                         "write the spec by hand (docs/writing-specs.md)") from None
     encoder = _encoder_class(modeling, vision_config, model_type)
+    if vision_config is vlm_config:
+        _refuse_text_only(model_type, vlm_config, encoder)
     source = inspect.getsource(encoder)
     helpers = set(re.findall(r"(get_vision_\w+)\(", source))
     style = style_of(helpers).name
-    modalities = tuple(m for m in getattr(encoder, "input_modalities", ("image",)) if m in ("image", "video"))
+    modalities = tuple(m for m in _input_modalities(encoder) if m in ("image", "video"))
     defaults = vision_config().to_dict()
     return Draft(model_type, vlm_config, vision_config, encoder, _vlm_attribute(modeling, vlm_config, encoder),
                  style, modalities or ("image",), defaults, helpers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -181,3 +182,47 @@ def buffer_sizes_positive(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str,
             if value <= 0:
                 yield error(loaded, path, f"evaluates to {value} for budget={sizes['budget']}, max_items=1, "
                             "max_frames=1; sizes must be > 0")
+
+
+def _capture_elements(spec: Spec, geometry: Mapping[str, int], low: int, high: int) -> tuple[int, str, str]:
+    """Elements of the tensor buffers at budget ``high``, the largest buffer, and the pack the sizes assume.
+
+    The pack is the one vLLM infers: ``max_budget // min_budget`` items (at most ``min_budget``) and
+    every video's frames. Dimensions that fail to evaluate count as 1; other rules report them.
+    """
+    items = max(1, min(high // low, low))
+    frames = items * max((m.max_frames_per_video for m in spec.modalities if m.name == "video"), default=0)
+    sizes = {**cat.buffer_names(high, items, frames), **geometry}
+    total, largest = 0, (0, "")
+    for buffer in spec.buffers:
+        count = 1
+        for formula in buffer.shape or ():
+            with contextlib.suppress(FormulaError):
+                count *= max(formula.evaluate(sizes), 1)
+        if buffer.shape:
+            total += count
+            largest = max(largest, (count, buffer.name))
+    return total, largest[1], f"max_items={items}, max_frames={frames}"
+
+
+def resources_bounded(loaded: LoadedYaml, spec: Spec,
+                      geometries: Mapping[str, Mapping[str, int]]) -> Iterator[Diagnostic]:
+    """Under the default limits and every config, the max budget and its capture buffers stay within the bounds."""
+    for label, geometry in geometries.items():
+        bounds = _budget_bounds(spec, geometry)
+        low, high = bounds["min"], bounds["max"]
+        if isinstance(low, FormulaError) or isinstance(high, FormulaError) or not 0 < low <= high:
+            continue  # budgets_positive and budget_order say why
+        config = "the config defaults" if label == "defaults" else label
+        if high > cat.MAX_BUDGET_TOKENS:
+            yield error(loaded, ("budget", "max"), f"max budget is {high:,} tokens {_LIMITS_HINT} and {config}; "
+                        f"budgets are limited to {cat.MAX_BUDGET_TOKENS:,} (2**20)",
+                        hint="bound it by the engine limits: min(max_num_batched_tokens, max_model_len)")
+            return
+        total, largest, pack = _capture_elements(spec, geometry, low, high)
+        if total > cat.MAX_BUFFER_ELEMENTS:
+            yield error(loaded, ("budget", "max"), f"the capture buffers of max budget {high:,} ({pack}, {config}) "
+                        f"hold {total:,} elements, most in {largest!r}; they are limited to "
+                        f"{cat.MAX_BUFFER_ELEMENTS:,} (2**30)",
+                        hint="lower budget.max, or the buffer shapes that grow with it")
+            return

@@ -16,8 +16,9 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import ValidationError, best_match
 
-from ...errors import Diagnostic, suggest
+from ...errors import Diagnostic, shown, suggest
 from .. import catalogue as cat
+from ..formulas import MAX_SOURCE_CHARS
 from ..loader import LoadedYaml, Path_
 
 
@@ -67,7 +68,7 @@ def additional_properties(loaded: LoadedYaml, error: ValidationError) -> list[Di
     if not allowed and isinstance(error.schema.get("additionalProperties"), dict):
         return []
     return [
-        loaded.diagnostic(path + (k,), f"unknown key {k!r}", key=True,
+        loaded.diagnostic(path + (k,), f"unknown key {shown(k)}", key=True,
                           hint=suggest(k, allowed) or (f"allowed keys: {', '.join(allowed)}" if allowed else None))
         for k in error.instance if k not in allowed
     ]
@@ -83,7 +84,7 @@ def required(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
 def enum(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
     """A value outside the allowed set, listing the set and the closest member."""
     options = [str(o) for o in error.validator_value]
-    return [loaded.diagnostic(tuple(error.absolute_path), f"{error.instance!r} is not one of: {', '.join(options)}",
+    return [loaded.diagnostic(tuple(error.absolute_path), f"{shown(error.instance)} is not one of: {', '.join(options)}",
                               hint=suggest(str(error.instance), options))]
 
 
@@ -91,7 +92,8 @@ def alternatives(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]
     """anyOf / oneOf: a formula, a buffer's shape or value, else the most relevant failure of the alternatives."""
     path: Path_ = tuple(error.absolute_path)
     if error.schema is schema()["$defs"]["formula"]:
-        return [loaded.diagnostic(path, f"{error.instance!r} is not a formula (an integer or a string)")]
+        text, hint = _not_a_formula(error.instance)
+        return [loaded.diagnostic(path, text, hint=hint)]
     if error.validator == "oneOf" and path and path[0] == "buffers" and isinstance(error.instance, dict):
         has = [k for k in ("shape", "value") if k in error.instance]
         text = ("a buffer has either 'shape' (tensor) or 'value' (host integer), not both" if len(has) == 2
@@ -100,6 +102,16 @@ def alternatives(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]
     if error.context:
         return explain(loaded, best_match(error.context))
     return [loaded.diagnostic(path, message(error))]
+
+
+def _not_a_formula(value: Any) -> tuple[str, str | None]:
+    """Why a value fails the formula schema, and a hint; a long formula is measured, not echoed."""
+    if isinstance(value, str) and len(value) > MAX_SOURCE_CHARS:
+        return (f"formula is {len(value):,} characters; formulas are limited to {MAX_SOURCE_CHARS}",
+                "name its parts in geometry and use the names")
+    if isinstance(value, str):
+        return "formula is empty", None
+    return f"{shown(value)} is not a formula (an integer or a string)", None
 
 
 def min_properties(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
@@ -162,7 +174,7 @@ def message(error: ValidationError) -> str:
     """The offending value and what its keyword requires; for a keyword not in MESSAGES, the keyword and its value."""
     build = MESSAGES.get(error.validator)
     if build is not None:
-        return f"{error.instance!r} {build(error)}"
+        return f"{shown(error.instance)} {build(error)}"
     if error.validator is None:
         return "no value is allowed here"
     return f"does not satisfy {error.validator}: {error.validator_value!r}"

@@ -1,0 +1,34 @@
+"""`vitcg check` sizes its engine from the spec's min budget (issue #13), whatever limit bounds the max budget.
+
+The validate-time bounds are cases in tests/specs/invalid/ (budget_too_large, buffers_too_large)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vitcg.errors import VitcgError
+from vitcg.lang import catalogue as cat
+from vitcg.lang import spec_from_text
+from vitcg.lang.bindings import Bindings
+from vitcg.tools import cases
+
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+BOUNDED = "max: min(max_num_batched_tokens, max_model_len)"
+
+
+def test_check_sizes_a_spec_bounded_by_max_model_len_for_a_small_engine(monkeypatch):
+    # `vitcg check` once passed max_model_len=2**20: `max: max_model_len` meant 20 GB of capture buffers.
+    text = (SPECS / "qwen2_vl.yaml").read_text().replace(BOUNDED, "max: max_model_len")
+    spec = spec_from_text(text, "qwen2_vl.yaml", Bindings())
+    ranges = []
+
+    class Stop(cases.EncoderCudaGraphManager):
+        def __init__(self, adapter, **kwargs):
+            limits = {k: kwargs[k] for k in cat.LIMIT_NAMES}
+            ranges.append(adapter.get_encoder_cudagraph_budget_range(limits))
+            raise VitcgError("stopped before capture")
+
+    monkeypatch.setattr(cases, "EncoderCudaGraphManager", Stop)
+    report = cases.check_spec(spec)
+    assert "stopped before capture" in report.error
+    assert ranges == [(64, 4 * 64)]
