@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, ttft, check, check-real, check-real-all, profile, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, ttft, check, check-real, check-real-new, check-real-all, profile, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -19,7 +19,7 @@ for step in "$@"; do
     env) { nvidia-smi; python3 -c "import torch, transformers; print(torch.__version__, torch.version.cuda, \
 transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import matplotlib; print('matplotlib', matplotlib.__version__)"; } \
       > "$OUT/env.txt" 2>&1 ;;
-    tests) run 240 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu tests/engine tests/hf -m gpu ;;
+    tests) run 420 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu tests/engine tests/hf -m gpu ;;
     ttft) run 400 ttft.log python3 benchmarks/generate_ttft.py --json "$OUT/ttft.json" ;;
     check) run 200 gpu.log python3 -m vitcg check --all --device cuda ;;
     check-real) run 200 gpu.log python3 -m vitcg check --all --device cuda --size real ;;
@@ -27,6 +27,8 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     bench-quick) run 400 bench.log python3 -m vitcg bench qwen2_vl qwen2_5_vl --no-compile --device cuda --json "$OUT/bench_quick.json" ;;
     bench-rest) run 560 bench.log python3 -m vitcg bench qwen2_5_vl qwen3_vl qwen3_vl_moe internvl --no-compile --device cuda --json "$OUT/bench_rest.json" ;;
     profile) run 200 profile.log python3 benchmarks/host_profile.py qwen2_vl 1x224 8x224 ;;
+    check-real-new) run 240 check.log python3 -m vitcg check glm4v glm4v_moe mlcd cohere2_vision aya_vision molmo2 \
+      llava_next llava_onevision --device cuda --size real ;;
     check-real-all) run 300 check.log python3 -m vitcg check --all --device cuda --size real ;;
     bench-smoke) run 120 bench.log python3 -m vitcg bench hunyuan_vl siglip2 idefics3 --size tiny --no-compile --iters 2 \
       --device cuda --json "$OUT/bench_smoke.json" ;;

@@ -106,6 +106,20 @@ def test_calling_twice_restores_the_first_routing(model):
     assert "forward" not in vars(model.model.visual)
 
 
+def test_paused_runs_the_original_calls_then_the_graphs_again(model):
+    inputs = images((56, 84))
+    with vitcg.accelerate(model, max_num_batched_tokens=1024) as handle:
+        features(model, inputs)  # learns the layout
+        with handle.paused():
+            assert "forward" not in vars(model.model.visual) and not hasattr(model, "_vitcg")
+            features(model, inputs)
+        routed = handle.stats.routed
+        features(model, inputs)
+        assert handle.stats.routed == routed + 1 and model._vitcg is handle
+        assert handle.stats.calls == routed + 1 + 1  # the paused call never reached the router
+    assert not hasattr(model, "_vitcg")
+
+
 def test_a_dtype_change_captures_again(model):
     inputs = images((56, 84), (84, 56))
     want = features(model, inputs)

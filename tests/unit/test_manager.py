@@ -297,6 +297,36 @@ def test_packs_cheaper_eagerly_run_eagerly(toy, packing):
     assert manager.plan_packs(items)[1] == []
 
 
+def test_real_eager_calls_calibrate_the_eager_estimate(toy):
+    """The capture-time eager costs time the graph-less static forward; a real eager call that took half that
+    scales every estimate, so a compute-bound pack the estimate kept as a replay now goes eagerly."""
+    items = toy.get_encoder_cudagraph_item_specs(batch(20, 20))
+    manager = make(toy, max_num_batched_tokens=64)
+    manager.replay_costs = {4: 1.0, 8: 1.5, 16: 2.0, 32: 3.0, 64: 5.0}
+    manager.eager_costs = {4: 3.0, 8: 3.0, 16: 3.5, 32: 4.0, 64: 6.0}
+    assert manager.plan_packs(items)[1] == []  # estimated 4.0 eagerly against a 3.0 replay: the graph
+    manager.eager_samples = {64: (32, 2.0)}    # a real eager call of 32 tokens took 2.0 ms, not 4.0
+    assert manager.eager_cost(32) == pytest.approx(2.0) and manager.eager_cost(4) == pytest.approx(1.5)
+    assert sorted(manager.plan_packs(items)[1]) == [0, 1]
+
+
+def test_the_first_compute_bound_pack_of_a_budget_is_timed_eagerly_once(toy, monkeypatch):
+    from vitcg.runtime import manager as manager_module
+    from vitcg.runtime.manager import PackPlan
+
+    manager = make(toy, max_num_batched_tokens=64)
+    manager.replay_costs = {4: 1.0, 8: 1.5, 16: 2.0, 32: 9.0, 64: 20.0}
+    manager.eager_costs = {4: 3.0, 8: 3.0, 16: 3.5, 32: 10.0, 64: 25.0}
+    small, large = PackPlan(16, (0,), 10), PackPlan(64, (1, 2), 50)
+    assert manager._explore([small, large], []) == ([small, large], [], None)  # CPU: nothing is timed
+    manager.use_cuda_graphs = True  # the choice alone; nothing runs here
+    monkeypatch.setattr(manager_module, "EXPLORE_MS", 8.0)
+    assert manager._explore([small, large], []) == ([small], [1, 2], 64)
+    assert manager._explore([small, large], [3])[2] is None  # other items run eagerly: no clean timing
+    manager.eager_samples[64] = (50, 12.0)
+    assert manager._explore([small, large], []) == ([small, large], [], None)  # timed already
+
+
 def test_launch_bound_packs_keep_their_graphs(toy):
     items = toy.get_encoder_cudagraph_item_specs(batch(2, 5, 1))
     manager = make(toy, max_num_batched_tokens=64)

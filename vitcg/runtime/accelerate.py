@@ -12,6 +12,7 @@ back.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -19,7 +20,7 @@ import os
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,18 @@ class Accelerated:
         self._patches.clear()
         if getattr(self.model, "_vitcg", None) is self:
             del self.model._vitcg
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The model's original calls for the duration of the block, the graphs again after it (nothing is
+        captured again): for A/B measurements in one process, or a call that must not use graphs."""
+        active = self.active
+        self.restore()
+        try:
+            yield
+        finally:
+            if active:
+                self._install()
 
     def __enter__(self) -> Accelerated:
         return self

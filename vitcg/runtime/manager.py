@@ -70,6 +70,10 @@ these. Lean caps: this many items, and the frames of one longest video."""
 
 COST_RUNS = 3
 EAGER_MARGIN = 0.9
+EXPLORE_MS = 8.0
+"""A replay costing more than this (ms) is compute-bound enough that the model's own eager forward may beat it:
+the first pack of each such budget runs eagerly once, timed, to calibrate :meth:`eager_cost` (the capture-time
+estimate times the graph-less static forward, whose padding and launches an eager call does not have)."""
 """A pack runs eagerly only when that is estimated at least 10% cheaper than its replay: the estimate comes
 from the fixed-shape forward, which skips the eager call's own metadata work."""
 """Timed replays per budget graph when replay costs are measured at capture (after one untimed replay)."""
@@ -230,6 +234,9 @@ class EncoderCudaGraphManager:
         ``route_eager``: packs whose replay costs more than their tokens eagerly run eagerly. A caller may set
         its own (same unit as :attr:`replay_costs`)."""
         self.isolate_nonfinite = isolate_nonfinite
+        self.eager_samples: dict[int, tuple[int, float]] = {}
+        """Real eager calls timed to calibrate :meth:`eager_cost`, by the budget whose pack they replaced:
+        (output tokens, ms). Filled on CUDA when ``route_eager`` (see :data:`EXPLORE_MS`)."""
         self.stats = ManagerStats()
         self._forward_seconds = 0.0
         self._pool = None
@@ -287,8 +294,16 @@ class EncoderCudaGraphManager:
         return costs
 
     def eager_cost(self, tokens: int) -> float | None:
-        """Estimated cost of one eager forward of ``tokens`` output tokens, interpolated between the budgets'
-        measured costs (:attr:`eager_costs`); None when they are unknown."""
+        """Estimated cost of one eager forward of ``tokens`` output tokens: :attr:`eager_costs` interpolated,
+        scaled by what real eager calls took against that estimate (:attr:`eager_samples`, the sample nearest
+        in tokens); None when the costs are unknown."""
+        static = self._static_eager_cost(tokens)
+        if static is None or not self.eager_samples:
+            return static
+        sample_tokens, ms = min(self.eager_samples.values(), key=lambda sample: abs(sample[0] - tokens))
+        return static * ms / self._static_eager_cost(sample_tokens)
+
+    def _static_eager_cost(self, tokens: int) -> float | None:
         if not self.eager_costs:
             return None
         points = sorted(self.eager_costs.items())
@@ -465,6 +480,7 @@ class EncoderCudaGraphManager:
         # here, before packing and outside the forward that no_host_syncs guards: this sync is deliberate
         poisoned = self._nonfinite_items(mm_kwargs, len(items)) if self.isolate_nonfinite else []
         packs, eager = self._plan_except(items, frames, poisoned)
+        packs, eager, explored = self._explore(packs, eager)
         tokens = [item.output_tokens for item in items]
         dest: dict[int, torch.Tensor] = {}
         for pack in packs:
@@ -488,7 +504,13 @@ class EncoderCudaGraphManager:
             self.stats.used_tokens += pack.tokens
             self.stats.padded_tokens += pack.budget - pack.tokens
         if eager:
+            if explored is not None:
+                torch.cuda.synchronize(self.device)
+                tic = time.perf_counter()
             self._run_eager(mm_kwargs, eager, tokens, dest)
+            if explored is not None:
+                torch.cuda.synchronize(self.device)
+                self.eager_samples[explored] = (sum(tokens[i] for i in eager), (time.perf_counter() - tic) * 1e3)
             self.stats.routed_eager += sum(1 for i in eager if self._fit(tokens[i]) is not None
                                            and (frames is None or frames[i] <= self.plan.max_frames))
         for index in poisoned:
@@ -499,6 +521,18 @@ class EncoderCudaGraphManager:
         if missing:
             raise SpecRuntimeError(f"postprocess_encoder_output left items {missing} without output")
         return [dest[i] for i in range(len(items))]
+
+    def _explore(self, packs: list[PackPlan], eager: list[int]) -> tuple[list[PackPlan], list[int], int | None]:
+        """On CUDA with ``route_eager``, when nothing else runs eagerly: the largest pack whose replay costs over
+        :data:`EXPLORE_MS` and whose budget has no eager sample yet runs eagerly instead, once, to be timed.
+        Returns the packs, the eager items and that budget (None when nothing is explored)."""
+        if not (self.route_eager and self.use_cuda_graphs and self.eager_costs) or eager:
+            return packs, eager, None
+        candidates = [p for p in packs if p.budget not in self.eager_samples and self.replay_cost(p.budget) > EXPLORE_MS]
+        if not candidates:
+            return packs, eager, None
+        chosen = max(candidates, key=lambda p: p.budget)
+        return [p for p in packs if p is not chosen], list(chosen.indices), chosen.budget
 
     def _nonfinite_items(self, mm_kwargs: Mapping[str, Any], count: int) -> list[int]:
         """The items whose floating inputs hold NaN or inf. All inputs are checked at once first (one

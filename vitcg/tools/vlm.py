@@ -56,7 +56,8 @@ def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> torch.nn.Module
     tiny = thaw(spec.encoder.tiny_config)
     overrides = tiny if issubclass(import_object(spec.encoder.config_class), config_cls) else {"vision_config": tiny}
     config = config_cls(**_merge(overrides, spec.tests.vlm.config))
-    config._attn_implementation = "sdpa"
+    # sdpa where the class supports it (the usual serving choice), else its own eager attention
+    config._attn_implementation = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
     torch.manual_seed(seed)
     return cls(config).eval().to(device)
 
@@ -164,10 +165,15 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
     ids = _prompt(vlm, spec, rows if len(rows) == len(images) else [sum(rows)]).to(device)
     generate = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": NEW_TOKENS,
                 "do_sample": False, "min_new_tokens": NEW_TOKENS, **inputs}
+    if "mm_token_type_ids" in inspect.signature(vlm.forward).parameters:
+        # models that place image rows by token type (as their processors mark them): 1 on image placeholders
+        generate["mm_token_type_ids"] = (ids == getattr(vlm.config, spec.tests.vlm.token)).long()
     with torch.no_grad():
         tokens = vlm.generate(**generate)
     try:
-        handle = accelerate(vlm, spec=spec, progress=False, max_num_batched_tokens=4 * max(64, sum(rows)))
+        # at least 8192 tokens: a resampler after the encoder makes far fewer output rows than the encoder's
+        # own min budget
+        handle = accelerate(vlm, spec=spec, progress=False, max_num_batched_tokens=max(4 * sum(rows), 8192))
     except UsageError as exc:
         raise VitcgError(f"accelerate refused the VLM: {exc}") from None
     with handle:

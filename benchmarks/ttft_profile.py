@@ -1,0 +1,76 @@
+"""Where an accelerated encoder call spends its time in a full VLM (GPU): feature call eager vs routed, the
+manager alone, and a cProfile of one routed call. Usage: python benchmarks/ttft_profile.py [MODEL] [WORKLOAD]"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sys
+import time
+
+import torch
+
+sys.path[:0] = ["benchmarks", "."]
+import generate_ttft as g  # noqa: E402  (benchmarks/ on the path; run from the repository root)
+
+import vitcg  # noqa: E402
+
+
+def timed(fn, iters=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    name = sys.argv[1] if len(sys.argv) > 1 else "qwen2_vl"
+    workload = sys.argv[2] if len(sys.argv) > 2 else "1x224"
+    entry = g.MODELS[name]
+    config = entry["config"]()
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = entry["model"](config).to(torch.bfloat16).eval()
+    inputs = g.inputs_for(entry, config, g.WORKLOADS[workload])
+    feats = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+
+    def features():
+        with torch.no_grad():
+            model.model.get_image_features(**feats)
+
+    def generate():
+        with torch.no_grad():
+            model.generate(**inputs, max_new_tokens=1, do_sample=False)
+
+    eager_feat, eager_gen = timed(features), timed(generate, 10)
+    handle = vitcg.accelerate(model, progress=False)
+    features()
+    graph_feat, graph_gen = timed(features), timed(generate, 10)
+    mm = {k: v for k, v in feats.items()}
+    manager_ms = timed(lambda: handle.manager.execute(mm))
+    print(f"{name} {workload}: features eager {eager_feat:.2f} ms, routed {graph_feat:.2f} ms; manager.execute "
+          f"{manager_ms:.2f} ms; generate(1 token) eager {eager_gen:.2f} ms, routed {graph_gen:.2f} ms")
+    print("replay costs", {b: round(c, 2) for b, c in handle.manager.replay_costs.items()})
+    print("eager costs", {b: round(c, 2) for b, c in handle.manager.eager_costs.items()})
+    print("stats", handle.manager.stats.as_dict())
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(5):
+        features()
+    torch.cuda.synchronize()
+    profile.disable()
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(30)
+    print(out.getvalue()[:6000])
+
+
+if __name__ == "__main__":
+    main()
