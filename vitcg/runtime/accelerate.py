@@ -217,7 +217,13 @@ class Accelerated:
                 setattr(self.encoder, self.spec.encoder.method, router)
         self.manager = EncoderCudaGraphManager(self.adapter, device=self.adapter.device, dtype=self.adapter.dtype,
                                                progress=self.progress, **self.limits)
-        self.manager.capture()
+        try:
+            self.manager.capture()
+        except (RuntimeError, ValueError, TypeError) as exc:
+            # the encoder inside this model cannot be captured (a host sync, a CPU copy): say so by name; the
+            # model itself is untouched until _install
+            raise SpecRuntimeError(f"{self.spec.name}: capturing {type(self.encoder).__name__} failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
         self.stats.manager = self.manager.stats
 
     def _patch(self, owner: Any, name: str, replacement: Callable) -> None:

@@ -553,7 +553,9 @@ class EncoderCudaGraphManager:
                 [rest[j] for j in eager])
 
     def _run_eager(self, mm_kwargs: Mapping[str, Any], indices: list[int], tokens: list[int], dest: dict) -> None:
-        """One eager forward of the items at ``indices``, their outputs into ``dest``."""
+        """One eager forward of the items at ``indices``, their outputs into ``dest``. The items are selected
+        in ascending canonical order: a call holding images and videos lists its images first."""
+        indices = sorted(indices)
         selected, _ = self._select(mm_kwargs, indices)
         tic = time.perf_counter()
         with torch.inference_mode():
