@@ -387,3 +387,17 @@ def test_finite_inputs_take_the_usual_path(toy):
     for g, w in zip(got, reference(kwargs, toy), strict=True):
         torch.testing.assert_close(g, w)
     assert manager.stats.nonfinite_items == 0 and manager.stats.misses == 0 and manager.stats.replays == 1
+
+
+def test_the_first_real_replay_of_each_budget_is_timed_on_cuda_only(toy):
+    """Capture-time replay costs run padding segments; the first real replay per budget is timed (on CUDA) and
+    the larger cost kept, so long real segments are not under-priced against eager."""
+    manager = make(toy, max_num_batched_tokens=64)
+    manager.replay_costs = {b: 1.0 for b in manager.budgets}
+    assert not manager._observe_replay(64)  # CPU: the static path times nothing
+    manager.use_cuda_graphs = True  # the decision alone; nothing runs here
+    assert manager._observe_replay(64)
+    manager._observed_replays.add(64)
+    assert not manager._observe_replay(64) and manager._observe_replay(32)
+    manager.route_eager = False
+    assert not manager._observe_replay(32)

@@ -234,6 +234,8 @@ class EncoderCudaGraphManager:
         ``route_eager``: packs whose replay costs more than their tokens eagerly run eagerly. A caller may set
         its own (same unit as :attr:`replay_costs`)."""
         self.isolate_nonfinite = isolate_nonfinite
+        self._observed_replays: set[int] = set()
+        """Budgets whose first real replay was timed (see :meth:`_observe_replay`)."""
         self.eager_samples: dict[int, tuple[int, float]] = {}
         """Real eager calls timed to calibrate :meth:`eager_cost`, by the budget whose pack they replaced:
         (output tokens, ms). Filled on CUDA when ``route_eager`` (see :data:`EXPLORE_MS`)."""
@@ -495,7 +497,16 @@ class EncoderCudaGraphManager:
             else:
                 fresh = self.model.prepare_encoder_cudagraph_replay_buffers(
                     selected, self.plan.max_items, self.plan.max_frames, DEFAULT_PATH)
+                observe = self._observe_replay(pack.budget)
+                if observe:
+                    torch.cuda.synchronize(self.device)
+                    tic = time.perf_counter()
                 output = self._run(entry, fresh.values)[0]
+                if observe:
+                    torch.cuda.synchronize(self.device)
+                    self._observed_replays.add(pack.budget)
+                    observed = (time.perf_counter() - tic) * 1e3
+                    self.replay_costs[pack.budget] = max(self.replay_costs[pack.budget], observed)
                 self._postprocess(output, indices, tokens, dest, selected, exact=False,
                                   source=f"budget {pack.budget} graph")
             self.stats.replays += 1
@@ -521,6 +532,13 @@ class EncoderCudaGraphManager:
         if missing:
             raise SpecRuntimeError(f"postprocess_encoder_output left items {missing} without output")
         return [dest[i] for i in range(len(items))]
+
+    def _observe_replay(self, budget: int) -> bool:
+        """Whether to time this replay: the first real replay of each budget on CUDA with ``route_eager``. The
+        capture-time cost replays padding segments, which attend only to themselves; real images make long
+        segments whose attention costs more, so the cost used for routing is the larger of the two."""
+        return (self.route_eager and self.use_cuda_graphs and bool(self.replay_costs)
+                and budget not in self._observed_replays)
 
     def _explore(self, packs: list[PackPlan], eager: list[int]) -> tuple[list[PackPlan], list[int], int | None]:
         """On CUDA with ``route_eager``, when nothing else runs eagerly: the largest pack whose replay costs over
