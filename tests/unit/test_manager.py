@@ -397,7 +397,7 @@ def test_the_first_real_replay_of_each_budget_is_timed_on_cuda_only(toy):
     assert not manager._observe_replay(64)  # CPU: the static path times nothing
     manager.use_cuda_graphs = True  # the decision alone; nothing runs here
     assert manager._observe_replay(64)
-    manager._observed_replays.add(64)
+    manager._observed_replays[64] = [3.0, 2.0]  # two real replays timed: enough
     assert not manager._observe_replay(64) and manager._observe_replay(32)
     manager.route_eager = False
     assert not manager._observe_replay(32)
