@@ -365,12 +365,9 @@ def new(
 
 def _read_results(path: Path) -> list[dict]:
     """The ``specs`` list of a ``vitcg bench --json`` file. Raises UsageError naming ``path`` otherwise."""
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"--from-json {path}: cannot read it: {exc.strerror or exc}") from None
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
-        raise UsageError(f"--from-json {path}: not valid JSON: {exc}") from None
+    from .tools.files import read_json
+
+    document = read_json(path, f"--from-json {path}")
     specs = document.get("specs") if isinstance(document, dict) else None
     if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
         raise UsageError(f"--from-json {path}: not a results file of `vitcg bench --json` (no \"specs\" list "

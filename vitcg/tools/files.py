@@ -108,3 +108,16 @@ def make_folder(path: str | os.PathLike) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot make folder {path}: {_reason(exc)}") from None
+
+
+def read_json(path: str | os.PathLike, where: str) -> object:
+    """The JSON document in ``path``. Raises UsageError starting with ``where`` (the option that named the
+    file) when it cannot be read or is not JSON."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
+        raise UsageError(f"{where}: not valid JSON: {exc}") from None

@@ -33,6 +33,7 @@ from ..runtime.engine import engine_config
 from ..runtime.manager import EncoderCudaGraphManager
 from ..runtime.protocol import EncoderCudaGraphConfig, EncoderItemSpec
 from .compile_config import compile_config
+from .files import read_json
 from .sizes import WORKLOADS
 
 MANAGERS = {"vitcg": ("tight", True, True), "vllm": ("greedy", False, False)}
@@ -136,12 +137,7 @@ def costs_from_results(path: Path, spec: str) -> CostModel:
     """A cost model from a ``vitcg bench --json`` file: ``spec``'s measured replay_ms per budget
     (interpolated), pool_mib over its budgets, and a line through its workloads' eager times."""
     where = f"--costs {path}"
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"{where}: cannot read it: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise UsageError(f"{where}: not valid JSON: {exc}") from None
+    document = read_json(path, where)
     specs = document.get("specs") if isinstance(document, dict) else None
     if not isinstance(specs, list):
         raise UsageError(f"{where}: not a results file of `vitcg bench --json` (no \"specs\" list)")
@@ -209,12 +205,7 @@ def _check_numbers(where: str, numbers: Sequence[Any]) -> None:
 def read_requests(path: Path) -> list[Request]:
     """A JSON list of ``{"images": [[h, w], ...], "videos": [[frames, h, w], ...]}``. Raises UsageError."""
     where = f"--requests {path}"
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"{where}: cannot read it: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise UsageError(f"{where}: not valid JSON: {exc}") from None
+    document = read_json(path, where)
     if not isinstance(document, list) or not document:
         raise UsageError(f'{where}: expected a non-empty JSON list of {{"images": [[h, w], ...], "videos": '
                          f'[[frames, h, w], ...]}}, got {type(document).__name__}')
