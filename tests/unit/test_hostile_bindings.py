@@ -56,7 +56,7 @@ def test_corrupt_method_and_config_entries_are_recomputed(tmp_path: Path, key: s
 
 def test_valid_entries_are_used_as_they_are(tmp_path: Path):
     bindings = Bindings(cache_dir=tmp_path)
-    cached = {f"class:{CLASS}": {"ok": True, "bases": ["a.B"], "config_class": None},
+    cached = {f"class:{CLASS}": {"ok": True, "bases": ["a.B"], "config_class": None, "sub_configs": []},
               "config:x.Y:{}": {"ok": False, "unknown_keys": [["vision_config", "depthh", ["depth"]]]}}
     bindings.path.write_text(json.dumps(cached))
     assert bindings.check_class(CLASS) == cached[f"class:{CLASS}"]

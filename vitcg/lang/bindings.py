@@ -101,9 +101,15 @@ def _check_class(path: str) -> dict[str, Any]:
     if not isinstance(obj, type):
         return {"ok": False, "error": f"{path!r} is not a class"}
     configured_by = getattr(obj, "config_class", None)
-    return {"ok": True, "bases": [c.__module__ + "." + c.__name__ for c in obj.__mro__],
-            "config_class": (configured_by.__module__ + "." + configured_by.__name__
-                             if isinstance(configured_by, type) else None)}
+    if not isinstance(configured_by, type):
+        return {"ok": True, "bases": [_name(c) for c in obj.__mro__], "config_class": None, "sub_configs": []}
+    subs = getattr(configured_by, "sub_configs", None) or {}
+    return {"ok": True, "bases": [_name(c) for c in obj.__mro__], "config_class": _name(configured_by),
+            "sub_configs": sorted(_name(c) for c in subs.values() if isinstance(c, type))}
+
+
+def _name(cls: type) -> str:
+    return cls.__module__ + "." + cls.__name__
 
 
 def _has_method(path: str, method: str) -> bool:
@@ -149,7 +155,8 @@ def _valid_entry(key: str, entry: Any) -> bool:
         return isinstance(entry.get("error"), str)
     if kind == "class":
         configured_by = entry.get("config_class", 0)  # a missing key is an older cache format: recompute
-        return _strings(entry.get("bases")) and (configured_by is None or isinstance(configured_by, str))
+        return (_strings(entry.get("bases")) and (configured_by is None or isinstance(configured_by, str))
+                and _strings(entry.get("sub_configs")))
     if kind == "config":
         return isinstance(entry.get("snapshot"), dict)
     return False
