@@ -28,6 +28,11 @@ def test_check_one_spec_prints_a_table():
 @pytest.mark.parametrize("path", sorted(FAILS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_specs_that_do_not_describe_their_encoder_fail_clearly(path):
     """Each file in tests/specs/check_fails validates but fails vitcg check with the message beside it."""
+    from vitcg.lang import load_specs
+
+    (spec,) = load_specs([path], bindings=False).specs
+    if spec.unavailable:
+        pytest.skip(f"{path.stem}: {spec.unavailable}")
     assert vitcg("validate", str(path)).returncode == 0  # the spec is well-formed ...
     run = vitcg("check", str(path))
     assert run.returncode == 1  # ... but does not describe the encoder

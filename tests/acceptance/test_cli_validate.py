@@ -17,7 +17,8 @@ def test_validate_default_folder_is_all_valid():
     run = vitcg("validate")
     assert run.returncode == 0, run.stdout + run.stderr
     count = len(list((REPO / "specs").glob("*.yaml")))
-    assert run.stdout.strip().endswith(f"{count} spec files checked: all valid")
+    # specs needing a newer transformers than the installed one are noted, never errors
+    assert run.stdout.strip().splitlines()[-1].startswith(f"{count} spec files checked: all valid")
 
 
 @pytest.fixture(scope="module")

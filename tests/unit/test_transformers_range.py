@@ -8,7 +8,7 @@ import pytest
 
 from vitcg.errors import UsageError
 from vitcg.lang import load_specs
-from vitcg.lang.checks import _release, installed_transformers
+from vitcg.lang.checks import installed_transformers, release
 from vitcg.tools.cases import check_spec
 from vitcg.tools.report import check_text, text_report
 
@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 FUTURE = REPO / "tests" / "specs" / "valid" / "needs_future_transformers.yaml"
 
 
-def test_release_ordering():
-    assert _release("5.17.0") < _release("5.20") < _release("5.23.0rc1") <= _release("5.23") < _release("5.100")
+def testrelease_ordering():
+    assert release("5.17.0") < release("5.20") < release("5.23.0rc1") <= release("5.23") < release("5.100")
 
 
 def test_a_spec_needing_a_newer_transformers_is_valid_and_unavailable():
@@ -47,9 +47,9 @@ def test_accelerate_refuses_an_unavailable_spec():
         vitcg.accelerate(torch.nn.Linear(2, 2), spec=spec)
 
 
-def test_specs_in_the_repository_state_their_oldest_release_where_it_matters():
+def test_specs_in_the_repository_state_their_oldestrelease_where_it_matters():
     """Every ``transformers`` key parses, and the pin in pyproject covers the oldest one CI runs (5.17)."""
     pins = [s.transformers for s in load_specs([REPO / "specs"], bindings=False).specs if s.transformers]
-    assert all(_release(p) > _release("5.17") for p in pins)
+    assert all(release(p) > release("5.17") for p in pins)
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '"transformers>=5.17,<5.24"' in pyproject

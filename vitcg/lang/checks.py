@@ -66,7 +66,7 @@ def check(loaded: LoadedYaml, bindings: Bindings | None) -> tuple[Spec | None, l
     spec = _spec(loaded, found)
     if spec is not None and spec.transformers is not None:
         installed = installed_transformers()
-        if installed is not None and _release(installed) < _release(spec.transformers):
+        if installed is not None and release(installed) < release(spec.transformers):
             # its classes may be missing here: the bindings are not checked, and check skips the spec
             spec = replace(spec, unavailable=f"unavailable in transformers {installed} (the spec needs "
                                              f">= {spec.transformers})")
@@ -85,7 +85,7 @@ def installed_transformers() -> str | None:
         return None
 
 
-def _release(text: str) -> tuple[int, ...]:
+def release(text: str) -> tuple[int, ...]:
     """``5.23.0rc1`` -> (5, 23, 0): the numeric release, padded to three parts."""
     parts = []
     for part in text.split(".")[:3]:
@@ -253,7 +253,8 @@ def _vlm(entry: dict | None) -> VlmTest | None:
     return VlmTest(config=freeze(entry.get("config", {})), processor=freeze(entry.get("processor", {})),
                    token=placeholder["token"], before=tuple(placeholder.get("before", ())),
                    after=tuple(placeholder.get("after", ())), skip=entry.get("skip"),
-                   architecture=entry.get("architecture"), processor_class=entry.get("processor_class"))
+                   architecture=entry.get("architecture"), processor_class=entry.get("processor_class"),
+                   transformers=entry.get("transformers"))
 
 
 def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> None:

@@ -134,6 +134,8 @@ class VlmTest:
     """The VLM class to build; None: the first of the spec's architectures that transformers has."""
     processor_class: str | None = None
     """The image processor class; None: the one transformers maps to the spec's model types."""
+    transformers: str | None = None
+    """The oldest transformers release whose config classes take ``config`` (older: the stage is skipped)."""
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,9 @@ from .manager import EncoderCudaGraphManager, ManagerStats
 _MODALITY: contextvars.ContextVar[str | None] = contextvars.ContextVar("vitcg_modality", default=None)
 FEATURE_METHODS = {"get_image_features": "image", "get_video_features": "video"}
 """VLM methods whose calls say which modality the encoder is asked for."""
-IGNORED_ARGS = {"return_dict"}
-"""Arguments of the captured call that change nothing a graph computes (a structured output is returned)."""
+IGNORED_ARGS = {"return_dict", "use_cache"}
+"""Arguments of the captured call that change nothing a graph computes (a structured output is returned; a
+vision encoder keeps no cache, though older transformers pass ``generate``'s ``use_cache`` down to it)."""
 
 
 def default_specs_dir() -> Path:
@@ -312,7 +313,9 @@ class Accelerated:
             if arg in roles or arg in IGNORED_ARGS and value is not False:
                 continue
             if arg in call_kwargs:
-                if value != call_kwargs[arg]:
+                # None asks the model for its config's value (older transformers pass their defaults as None)
+                default = getattr(getattr(self.encoder, "config", None), arg, None) if value is None else value
+                if default != call_kwargs[arg]:
                     return None, f"{arg}={value!r} differs from the spec's call_kwargs ({call_kwargs[arg]!r})"
             elif value is not None and value is not False:
                 return None, f"argument {arg}={_short(value)} is not captured by the spec"

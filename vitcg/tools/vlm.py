@@ -21,6 +21,7 @@ import torch
 
 from ..errors import UsageError, VitcgError
 from ..lang.bindings import import_object
+from ..lang.checks import installed_transformers, release
 from ..lang.model import Spec, thaw
 from ..runtime.accelerate import accelerate
 from .workloads import relative_error
@@ -82,7 +83,10 @@ def build_processor(spec: Spec, vlm: torch.nn.Module):
     if not name or not hasattr(transformers, name):
         raise Unavailable(f"transformers {transformers.__version__} has no image processor "
                           f"{name or 'mapped to ' + ', '.join(spec.model_types)} (tests.vlm.processor_class)")
-    return getattr(transformers, name)(**thaw(spec.tests.vlm.processor))
+    try:
+        return getattr(transformers, name)(**thaw(spec.tests.vlm.processor))
+    except ImportError as exc:  # some releases need torchvision even for the PIL backend
+        raise Unavailable(f"{name} cannot be built here: {str(exc).strip().splitlines()[0]}") from None
 
 
 def _image_features(vlm: torch.nn.Module):
@@ -144,6 +148,10 @@ def check_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> tuple[int, floa
         raise Unavailable("the spec has no tests.vlm")
     if spec.tests.vlm.skip:
         raise Unavailable(spec.tests.vlm.skip)
+    needed = spec.tests.vlm.transformers
+    installed = installed_transformers()
+    if needed and installed and release(installed) < release(needed):
+        raise Unavailable(f"the stage's VLM config needs transformers >= {needed} (installed: {installed})")
     with _no_tf32():
         return _check(spec, device, seed)
 
