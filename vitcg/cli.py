@@ -99,7 +99,8 @@ def check(
     specs_dir: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
 ) -> None:
-    """Run fixed cases through the budget manager and through eager, per item; fail on any mismatch."""
+    """Run fixed cases through the budget manager and through eager, per item, then (tiny size) the end-to-end
+    stage against the full VLM and its own image processor; fail on any mismatch."""
     _check_device(device)
     import torch
 
