@@ -32,7 +32,7 @@ from ..errors import InputError, SpecRuntimeError, UsageError
 from ..lang import Registry, load_registry
 from ..lang.bindings import import_object
 from ..lang.model import Spec
-from .adapter import adapter_for
+from .adapter import adapter_for, output_entry
 from .manager import EncoderCudaGraphManager, ManagerStats
 
 _MODALITY: contextvars.ContextVar[str | None] = contextvars.ContextVar("vitcg_modality", default=None)
@@ -94,14 +94,7 @@ class _Layout:
         output lacks a field of the spec's ``encoder.outputs``."""
         entries = []
         for entry in spec.encoder.outputs:
-            name, _, index_text = entry.partition("[")
-            # ModelOutput is a Mapping whose [] raises KeyError for an unset field: .get covers both
-            value = output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
-            index, length = None, 0
-            if value is not None and index_text:
-                index = int(index_text.rstrip("]"))
-                inside = isinstance(value, (list, tuple)) and -len(value) <= index < len(value)
-                length, value = (len(value), value[index]) if inside else (0, None)
+            name, index, value, length = output_entry(output, entry)
             if value is None:
                 raise SpecRuntimeError(f"{spec.name}: the encoder call returned {type(output).__name__} without "
                                        f"{entry!r} (the spec's encoder.outputs)")

@@ -48,6 +48,20 @@ from .scope import Scope
 ITEM_CACHE_SIZE = 4096
 
 
+def output_entry(output: Any, entry: str) -> tuple[str, int | None, Any, int]:
+    """One ``encoder.outputs`` entry (``field`` or ``field[i]``) read from an encoder call's output:
+    ``(field, index or None, value or None when absent, length of the indexed field or 0)``."""
+    name, _, index_text = entry.partition("[")
+    # ModelOutput is a Mapping whose [] raises KeyError for a field left None: .get covers both
+    value = output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
+    if not index_text:
+        return name, None, value, 0
+    index = int(index_text.rstrip("]"))
+    if isinstance(value, (list, tuple)) and -len(value) <= index < len(value):
+        return name, index, value[index], len(value)
+    return name, index, None, 0
+
+
 def adapter_for(spec: Spec, module: nn.Module, **options: Any) -> SpecAdapter | ScopedSpecAdapter:
     """The adapter of ``spec`` over ``module``: :class:`ScopedSpecAdapter` for a graph-scoped spec, else
     :class:`SpecAdapter`. ``options`` as for :class:`SpecAdapter`."""
@@ -111,8 +125,7 @@ class _Adapter:
         """``image`` or ``video``; ``image+video`` when both are present (vitcg extension)."""
         inputs = self._inputs(mm_kwargs)
         if not inputs:
-            expected = "; ".join(f"{m.name}: {', '.join(m.inputs.values())}" for m in self.spec.modalities)
-            raise InputError(f"{self.spec.name}: no known input key in {sorted(mm_kwargs)}; expected {expected}")
+            raise self._reader.no_known_key(mm_kwargs)
         return MIXED if len(inputs) > 1 else inputs[0].modality.name
 
     def get_max_frames_per_video(self) -> int:
@@ -261,13 +274,7 @@ class _Adapter:
     def _combine(self, output: Any) -> torch.Tensor:
         parts = []
         for entry in self.spec.encoder.outputs:
-            field_name, _, index = entry.partition("[")
-            # ModelOutput is a Mapping whose [] raises KeyError for a field left None: .get covers both
-            value = output.get(field_name) if isinstance(output, Mapping) else getattr(output, field_name, None)
-            if value is not None and index:
-                position = int(index.rstrip("]"))
-                inside = isinstance(value, (list, tuple)) and -len(value) <= position < len(value)
-                value = value[position] if inside else None
+            value = output_entry(output, entry)[2]
             if value is None:
                 fields = [k for k, v in output.items() if v is not None] if isinstance(output, Mapping) else []
                 raise SpecRuntimeError(f"{self.spec.name}: the encoder output has no {entry!r} (encoder.outputs); "

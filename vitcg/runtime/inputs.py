@@ -102,11 +102,15 @@ class InputReader:
         hint = suggest(str(unknown[0]), self.known)
         hint = f"; {hint}" if hint else ""
         if all(k in unknown for k, v in mm_kwargs.items() if v is not None):
-            expected = "; ".join(f"{m.name}: {', '.join(m.inputs.values())}" for m in self.spec.modalities)
-            raise InputError(f"{self.spec.name}: no known input key in {sorted(map(str, unknown))}; expected "
-                             f"{expected}{hint}")
+            raise self.no_known_key(unknown, hint)
         raise InputError(f"{self.spec.name}: unknown input key {unknown[0]!r}; the spec's keys are "
                          f"{', '.join(self.known)}{hint}")
+
+    def no_known_key(self, keys: Any, hint: str = "") -> InputError:
+        """The error for a call holding none of the spec's input keys (only ``keys``)."""
+        expected = "; ".join(f"{m.name}: {', '.join(m.inputs.values())}" for m in self.spec.modalities)
+        return InputError(f"{self.spec.name}: no known input key in {sorted(map(str, keys))}; expected "
+                          f"{expected}{hint}")
 
     def _tensor(self, key: str, value: Any) -> torch.Tensor:
         if not isinstance(value, torch.Tensor):

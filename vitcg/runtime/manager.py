@@ -31,7 +31,7 @@ import dataclasses
 import itertools
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,16 +69,16 @@ tower, benchmarks/RESULTS.md), vLLM's caps made 8 images 1.4x and a mixed batch 
 these. Lean caps: this many items, and the frames of one longest video."""
 
 COST_RUNS = 3
+"""Timed replays per budget graph when replay costs are measured at capture (after one untimed replay)."""
 EAGER_MARGIN = 0.9
+"""A pack runs eagerly only when that is estimated at least 10% cheaper than its replay: the estimate comes
+from the fixed-shape forward, which skips the eager call's own metadata work."""
 OBSERVED_REPLAYS = 2
 """Real replays timed per budget before their cost replaces the capture-time one (the fastest counts)."""
 EXPLORE_MS = 8.0
 """A replay costing more than this (ms) is compute-bound enough that the model's own eager forward may beat it:
 the first pack of each such budget runs eagerly once, timed, to calibrate :meth:`eager_cost` (the capture-time
 estimate times the graph-less static forward, whose padding and launches an eager call does not have)."""
-"""A pack runs eagerly only when that is estimated at least 10% cheaper than its replay: the estimate comes
-from the fixed-shape forward, which skips the eager call's own metadata work."""
-"""Timed replays per budget graph when replay costs are measured at capture (after one untimed replay)."""
 
 
 @dataclass
@@ -499,17 +499,14 @@ class EncoderCudaGraphManager:
             else:
                 fresh = self.model.prepare_encoder_cudagraph_replay_buffers(
                     selected, self.plan.max_items, self.plan.max_frames, DEFAULT_PATH)
-                observe = self._observe_replay(pack.budget)
-                if observe:
-                    torch.cuda.synchronize(self.device)
-                    tic = time.perf_counter()
-                output = self._run(entry, fresh.values)[0]
-                if observe:
-                    torch.cuda.synchronize(self.device)
+                if self._observe_replay(pack.budget):
+                    output, ms = self._synced_ms(lambda e=entry, v=fresh.values: self._run(e, v)[0])
                     seen = self._observed_replays.setdefault(pack.budget, [])
-                    seen.append((time.perf_counter() - tic) * 1e3)
+                    seen.append(ms)
                     if len(seen) == OBSERVED_REPLAYS:  # the fastest of a few: one cold replay is no price
                         self.replay_costs[pack.budget] = max(self.replay_costs[pack.budget], min(seen))
+                else:
+                    output = self._run(entry, fresh.values)[0]
                 self._postprocess(output, indices, tokens, dest, selected, exact=False,
                                   source=f"budget {pack.budget} graph")
             self.stats.replays += 1
@@ -518,13 +515,11 @@ class EncoderCudaGraphManager:
             self.stats.used_tokens += pack.tokens
             self.stats.padded_tokens += pack.budget - pack.tokens
         if eager:
-            if explored is not None:
-                torch.cuda.synchronize(self.device)
-                tic = time.perf_counter()
-            self._run_eager(mm_kwargs, eager, tokens, dest)
-            if explored is not None:
-                torch.cuda.synchronize(self.device)
-                self.eager_samples[explored] = (sum(tokens[i] for i in eager), (time.perf_counter() - tic) * 1e3)
+            if explored is None:
+                self._run_eager(mm_kwargs, eager, tokens, dest)
+            else:
+                _, ms = self._synced_ms(lambda: self._run_eager(mm_kwargs, eager, tokens, dest))
+                self.eager_samples[explored] = (sum(tokens[i] for i in eager), ms)
             self.stats.routed_eager += sum(1 for i in eager if self._fit(tokens[i]) is not None
                                            and (frames is None or frames[i] <= self.plan.max_frames))
         for index in poisoned:
@@ -535,6 +530,14 @@ class EncoderCudaGraphManager:
         if missing:
             raise SpecRuntimeError(f"postprocess_encoder_output left items {missing} without output")
         return [dest[i] for i in range(len(items))]
+
+    def _synced_ms(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        """``fn()`` and its wall time in ms with the device synchronized on both sides (a one-off timing)."""
+        torch.cuda.synchronize(self.device)
+        tic = time.perf_counter()
+        result = fn()
+        torch.cuda.synchronize(self.device)
+        return result, (time.perf_counter() - tic) * 1e3
 
     def _observe_replay(self, budget: int) -> bool:
         """Whether to time this replay: the first real replays of each budget on CUDA with ``route_eager``. The
