@@ -8,7 +8,7 @@ import pytest
 
 from vitcg.errors import UsageError
 from vitcg.lang import load_specs
-from vitcg.lang.checks import installed_transformers, release
+from vitcg.lang.bindings import release, transformers_version
 from vitcg.tools.cases import check_spec
 from vitcg.tools.report import check_text, text_report
 
@@ -24,7 +24,7 @@ def test_a_spec_needing_a_newer_transformers_is_valid_and_unavailable():
     result = load_specs([FUTURE], use_cache=False)
     assert result.ok and [s.name for s in result.unavailable] == ["needs_future_transformers"]
     text = text_report(result)
-    assert f"{FUTURE}: note: unavailable in transformers {installed_transformers()} (the spec needs >= 99.0)" in text
+    assert f"{FUTURE}: note: unavailable in transformers {transformers_version()} (the spec needs >= 99.0)" in text
     assert text.rstrip().endswith("all valid (1 unavailable in this transformers)")
 
 

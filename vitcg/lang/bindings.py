@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import itertools
 import json
 import os
 import tempfile
@@ -22,11 +23,25 @@ ALLOWED_PREFIX = "transformers."
 """Specs may only name classes inside transformers: loading a spec never imports arbitrary modules."""
 
 
+MISSING = "missing"
+"""What :func:`transformers_version` says when transformers is not installed."""
+
+
 def transformers_version() -> str:
+    """The installed transformers version, read from its metadata (no import), or :data:`MISSING`."""
     try:
         return importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
-        return "missing"
+        return MISSING
+
+
+def release(text: str) -> tuple[int, ...]:
+    """``5.23.0rc1`` -> (5, 23, 0): the numeric release, padded to three parts."""
+    parts = []
+    for part in text.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        parts.append(int(digits or 0))
+    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def import_object(path: str) -> Any:

@@ -9,7 +9,6 @@ objects from the entries they looked at.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from types import MappingProxyType
@@ -17,7 +16,7 @@ from typing import TypeVar
 
 from ..errors import Diagnostic
 from . import catalogue as cat
-from .bindings import Bindings
+from .bindings import MISSING, Bindings, release, transformers_version
 from .formulas import Formula, parse
 from .loader import LoadedYaml, Path_
 from .model import Buffer, Docs, Encoder, ExampleInput, Modality, Spec, TestMeta, VlmTest, freeze
@@ -65,33 +64,14 @@ def check(loaded: LoadedYaml, bindings: Bindings | None) -> tuple[Spec | None, l
     found = _Found(loaded)
     spec = _spec(loaded, found)
     if spec is not None and spec.transformers is not None:
-        installed = installed_transformers()
-        if installed is not None and release(installed) < release(spec.transformers):
+        installed = transformers_version()
+        if installed != MISSING and release(installed) < release(spec.transformers):
             # its classes may be missing here: the bindings are not checked, and check skips the spec
             spec = replace(spec, unavailable=f"unavailable in transformers {installed} (the spec needs "
                                              f">= {spec.transformers})")
     if spec is not None and spec.unavailable is None and bindings is not None:
         _bind(loaded, found, spec, bindings)
     return (None if found.diagnostics else spec), sorted(found.diagnostics, key=lambda d: (d.line, d.col, d.path))
-
-
-def installed_transformers() -> str | None:
-    """The installed transformers version, read from its metadata (no import); None when it is not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("transformers")
-    except PackageNotFoundError:
-        return None
-
-
-def release(text: str) -> tuple[int, ...]:
-    """``5.23.0rc1`` -> (5, 23, 0): the numeric release, padded to three parts."""
-    parts = []
-    for part in text.split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        parts.append(int(digits or 0))
-    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError, VitcgError
-from ..lang.bindings import import_object
-from ..lang.checks import installed_transformers, release
+from ..lang.bindings import MISSING, import_object, release, transformers_version
 from ..lang.model import Spec, thaw
 from ..runtime.accelerate import accelerate
 from .workloads import relative_error
@@ -149,8 +148,8 @@ def check_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> tuple[int, floa
     if spec.tests.vlm.skip:
         raise Unavailable(spec.tests.vlm.skip)
     needed = spec.tests.vlm.transformers
-    installed = installed_transformers()
-    if needed and installed and release(installed) < release(needed):
+    installed = transformers_version()
+    if needed and installed != MISSING and release(installed) < release(needed):
         raise Unavailable(f"the stage's VLM config needs transformers >= {needed} (installed: {installed})")
     with _no_tf32():
         return _check(spec, device, seed)
