@@ -68,9 +68,7 @@ def repo() -> Path:
 @pytest.fixture
 def no_tf32():
     """float32 comparisons at 1e-5 on CUDA need full-precision convolutions and matmuls on both paths."""
-    import torch
+    from vitcg.tools.vlm import no_tf32 as full_precision
 
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+    with full_precision():
+        yield

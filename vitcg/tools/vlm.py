@@ -130,7 +130,7 @@ def _prompt(vlm: torch.nn.Module, spec: Spec, per_image: list[int]) -> torch.Ten
 
 
 @contextlib.contextmanager
-def _no_tf32() -> Iterator[None]:
+def no_tf32() -> Iterator[None]:
     """float32 kernels without TF32 on CUDA, so 1e-5 is a fair bound there too."""
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -151,7 +151,7 @@ def check_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> tuple[int, floa
     installed = transformers_version()
     if needed and installed != MISSING and release(installed) < release(needed):
         raise Unavailable(f"the stage's VLM config needs transformers >= {needed} (installed: {installed})")
-    with _no_tf32():
+    with no_tf32():
         return _check(spec, device, seed)
 
 
