@@ -323,8 +323,29 @@ def test_the_first_compute_bound_pack_of_a_budget_is_timed_eagerly_once(toy, mon
     monkeypatch.setattr(manager_module, "EXPLORE_MS", 8.0)
     assert manager._explore([small, large], []) == ([small], [1, 2], 64)
     assert manager._explore([small, large], [3])[2] is None  # other items run eagerly: no clean timing
-    manager.eager_samples[64] = (50, 12.0)
+    manager._eager_seen[64] = [(50, 12.0)]
+    assert manager._explore([small, large], [])[2] == 64  # one cold call is no price: timed twice
+    manager._eager_seen[64].append((50, 11.0))
     assert manager._explore([small, large], []) == ([small, large], [], None)  # timed already
+
+
+def test_measured_costs_route_without_margin(toy):
+    """Before both sides are measured, eager must be estimated 10% cheaper to win (the estimate is the static
+    forward's); once a budget's real replays and real eager calls are timed, the cheaper side wins outright (a pack
+    4% cheaper eagerly, as the H100's mixed batch, runs eagerly)."""
+    from vitcg.runtime.manager import OBSERVED_REPLAYS
+
+    items = toy.get_encoder_cudagraph_item_specs(batch(20, 20))
+    manager = make(toy, max_num_batched_tokens=64)
+    manager.replay_costs = {4: 1.0, 8: 1.5, 16: 2.0, 32: 6.0, 64: 10.0}
+    manager.eager_costs = {4: 3.0, 8: 3.0, 16: 3.5, 32: 9.0, 64: 9.8}
+    assert [p.budget for p in manager.plan_packs(items)[0]] == [64]
+    assert manager.plan_packs(items)[1] == []  # 9.2 eagerly against a 10.0 replay: within the margin
+    manager._observed_replays[64] = [10.0] * OBSERVED_REPLAYS
+    assert manager.plan_packs(items)[1] == []  # only one side measured
+    manager._eager_seen[64] = [(40, 9.6)] * OBSERVED_REPLAYS
+    manager.eager_samples[64] = (40, 9.6)
+    assert sorted(manager.plan_packs(items)[1]) == [0, 1]
 
 
 def test_launch_bound_packs_keep_their_graphs(toy):

@@ -71,14 +71,17 @@ these. Lean caps: this many items, and the frames of one longest video."""
 COST_RUNS = 3
 """Timed replays per budget graph when replay costs are measured at capture (after one untimed replay)."""
 EAGER_MARGIN = 0.9
-"""A pack runs eagerly only when that is estimated at least 10% cheaper than its replay: the estimate comes
-from the fixed-shape forward, which skips the eager call's own metadata work."""
+"""Before a budget's eager call has been timed, a pack runs eagerly only when that is estimated at least 10%
+cheaper than its replay: the estimate then comes from the fixed-shape forward, which skips the eager call's own
+metadata work. Once timed (:attr:`EncoderCudaGraphManager.eager_samples`), whichever is cheaper runs."""
 OBSERVED_REPLAYS = 2
-"""Real replays timed per budget before their cost replaces the capture-time one (the fastest counts)."""
-EXPLORE_MS = 8.0
-"""A replay costing more than this (ms) is compute-bound enough that the model's own eager forward may beat it:
-the first pack of each such budget runs eagerly once, timed, to calibrate :meth:`eager_cost` (the capture-time
-estimate times the graph-less static forward, whose padding and launches an eager call does not have)."""
+"""Real replays, and explored eager calls, timed per budget before their cost is trusted (the fastest counts:
+one cold call is no price)."""
+EXPLORE_MS = 1.0
+"""A replay costing more than this (ms) may lose to the model's own eager forward (a compute-bound pack, or a
+batched eager call with no padding): the first packs of each such budget run eagerly, timed, to calibrate
+:meth:`eager_cost` (the capture-time estimate times the graph-less static forward, whose padding and launches
+an eager call does not have). Exploring never costs more than eager: it is the eager call."""
 
 
 @dataclass
@@ -240,7 +243,10 @@ class EncoderCudaGraphManager:
         """Times (ms) of the first real replays per budget (see :meth:`_observe_replay`)."""
         self.eager_samples: dict[int, tuple[int, float]] = {}
         """Real eager calls timed to calibrate :meth:`eager_cost`, by the budget whose pack they replaced:
-        (output tokens, ms). Filled on CUDA when ``route_eager`` (see :data:`EXPLORE_MS`)."""
+        (output tokens, ms), the fastest per token of the first few. Filled on CUDA when ``route_eager`` (see
+        :data:`EXPLORE_MS`)."""
+        self._eager_seen: dict[int, list[tuple[int, float]]] = {}
+        """Every explored eager call per budget (output tokens, ms)."""
         self.stats = ManagerStats()
         self._forward_seconds = 0.0
         self._pool = None
@@ -334,12 +340,18 @@ class EncoderCudaGraphManager:
         kept = []
         for pack in sorted(packs, key=lambda p: -p.budget):
             moved = eager_part(eager_tokens + pack.tokens) - eager_part(eager_tokens)
-            if moved < self.replay_cost(pack.budget) * EAGER_MARGIN:
+            margin = 1.0 if self._calibrated(pack.budget) else EAGER_MARGIN
+            if moved < self.replay_cost(pack.budget) * margin:
                 eager = [*eager, *pack.indices]
                 eager_tokens += pack.tokens
             else:
                 kept.append(pack)
         return kept, eager
+
+    def _calibrated(self, budget: int) -> bool:
+        """Whether both sides of the choice at ``budget`` were measured on real calls (see :data:`EAGER_MARGIN`)."""
+        return (len(self._eager_seen.get(budget, ())) >= OBSERVED_REPLAYS
+                and len(self._observed_replays.get(budget, ())) >= OBSERVED_REPLAYS)
 
     def replay_cost(self, budget: int) -> float:
         """What one replay at ``budget`` costs for ``tight`` packing (:attr:`replay_costs`)."""
@@ -519,7 +531,9 @@ class EncoderCudaGraphManager:
                 self._run_eager(mm_kwargs, eager, tokens, dest)
             else:
                 _, ms = self._synced_ms(lambda: self._run_eager(mm_kwargs, eager, tokens, dest))
-                self.eager_samples[explored] = (sum(tokens[i] for i in eager), ms)
+                seen = self._eager_seen.setdefault(explored, [])
+                seen.append((sum(tokens[i] for i in eager), ms))
+                self.eager_samples[explored] = min(seen, key=lambda sample: sample[1] / max(sample[0], 1))
             self.stats.routed_eager += sum(1 for i in eager if self._fit(tokens[i]) is not None
                                            and (frames is None or frames[i] <= self.plan.max_frames))
         for index in poisoned:
@@ -548,11 +562,13 @@ class EncoderCudaGraphManager:
 
     def _explore(self, packs: list[PackPlan], eager: list[int]) -> tuple[list[PackPlan], list[int], int | None]:
         """On CUDA with ``route_eager``, when nothing else runs eagerly: the largest pack whose replay costs over
-        :data:`EXPLORE_MS` and whose budget has no eager sample yet runs eagerly instead, once, to be timed.
+        :data:`EXPLORE_MS` and whose budget has fewer than :data:`OBSERVED_REPLAYS` eager samples runs eagerly
+        instead, to be timed.
         Returns the packs, the eager items and that budget (None when nothing is explored)."""
         if not (self.route_eager and self.use_cuda_graphs and self.eager_costs) or eager:
             return packs, eager, None
-        candidates = [p for p in packs if p.budget not in self.eager_samples and self.replay_cost(p.budget) > EXPLORE_MS]
+        candidates = [p for p in packs if len(self._eager_seen.get(p.budget, ())) < OBSERVED_REPLAYS
+                      and self.replay_cost(p.budget) > EXPLORE_MS]
         if not candidates:
             return packs, eager, None
         chosen = max(candidates, key=lambda p: p.budget)
