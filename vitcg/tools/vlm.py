@@ -58,6 +58,10 @@ def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> torch.nn.Module
     config = config_cls(**_merge(overrides, spec.tests.vlm.config))
     # sdpa where the class supports it (the usual serving choice), else its own eager attention
     config._attn_implementation = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+    if torch.device(device).type == "cuda":
+        # MoE experts (dots3_note's tower): transformers' default grouped_mm runs float32 as a host loop over
+        # offs.tolist(), which no capture holds; batched_mm computes the same rows on the device
+        config._experts_implementation = "batched_mm"
     torch.manual_seed(seed)
     return cls(config).eval().to(device)
 
