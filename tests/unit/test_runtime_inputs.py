@@ -124,3 +124,22 @@ def test_none_values_and_empty_selections_stay_valid(adapters):
     assert EncoderCudaGraphManager(qwen2, max_num_batched_tokens=256).execute(empty) == []
     int32 = {"pixel_values": pixels(16).double(), "image_grid_thw": grid([1, 4, 4], dtype=torch.int32)}
     assert len(qwen2.get_encoder_cudagraph_item_specs(int32)) == 1  # any integer grid, any floating pixels
+
+
+def test_reads_are_reused_only_while_the_inputs_are_unchanged(adapters):
+    """The manager reads one call's kwargs several times; the second read of the very same objects is the first's
+    answer, but a grid changed in place (or a new object) is read, and checked, again."""
+    qwen2 = adapters["qwen2_vl"]
+    reader = qwen2._reader
+    kwargs = {"pixel_values": pixels(16), "image_grid_thw": grid([1, 4, 4])}
+    first = reader.read(kwargs)
+    assert reader.read(kwargs) == first and reader.read(kwargs)[0].pixels is kwargs["pixel_values"]
+    kwargs["image_grid_thw"][0, 1] = 3  # in place: 3 rows is no multiple of the merge size
+    _raises(lambda: reader.read(kwargs), ["'image_grid_thw'", "multiples of spatial_merge_size"])
+    kwargs["image_grid_thw"] = grid([1, 2, 8])  # a new object with the same row count
+    assert reader.read(kwargs)[0].counts_cpu.tolist() == [[1, 2, 8]]
+    with torch.inference_mode():  # inference tensors keep no version counter: never reused
+        frozen = {"pixel_values": pixels(16), "image_grid_thw": grid([1, 4, 4])}
+        reader.read(frozen)
+        frozen["image_grid_thw"][0, 2] = 0
+        _raises(lambda: reader.read(frozen), ["'image_grid_thw'", "expected positive"])
