@@ -177,15 +177,19 @@ def _valid_entry(key: str, entry: Any) -> bool:
     return False
 
 
+def cache_root() -> Path:
+    """vitcg's cache folder: ``VITCG_CACHE_DIR``, else ``$XDG_CACHE_HOME/vitcg`` (``~/.cache/vitcg``)."""
+    return Path(os.environ.get("VITCG_CACHE_DIR") or
+                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitcg")
+
+
 class Bindings:
     """Resolves classes and config snapshots, remembering the answers per transformers version."""
 
     def __init__(self, use_cache: bool = True, cache_dir: str | os.PathLike | None = None):
         self.version = transformers_version()
         self.use_cache = use_cache
-        root = cache_dir or os.environ.get("VITCG_CACHE_DIR") or Path(
-            os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vitcg"
-        self.path = Path(root) / f"bindings-transformers-{self.version}.json"
+        self.path = Path(cache_dir or cache_root()) / f"bindings-transformers-{self.version}.json"
         self._entries: dict[str, Any] | None = None
         self._dirty = False
 

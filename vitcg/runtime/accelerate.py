@@ -33,6 +33,7 @@ from ..lang import Registry, load_registry
 from ..lang.bindings import import_object
 from ..lang.model import Spec
 from .adapter import adapter_for, output_entry
+from .compile_cache import CompileCacheUse, capture_compiled
 from .manager import EncoderCudaGraphManager, ManagerStats
 
 _MODALITY: contextvars.ContextVar[str | None] = contextvars.ContextVar("vitcg_modality", default=None)
@@ -184,10 +185,13 @@ class Accelerated:
     """The handle :func:`accelerate` returns: statistics, :meth:`restore` (also on leaving a ``with``)."""
 
     def __init__(self, model: nn.Module, spec: Spec, owners: list[Any], encoder: nn.Module,
-                 limits: Mapping[str, Any], progress: bool):
+                 limits: Mapping[str, Any], progress: bool, compile_forward: bool = False):
         self.model, self.spec, self.encoder = model, spec, encoder
         self.limits = dict(limits)
         self.progress = progress
+        self.compile_forward = compile_forward
+        self.compile_cache: CompileCacheUse | None = None
+        """How the last capture used the persistent compile cache (``compile=True`` only)."""
         self.stats = AccelerateStats()
         self.adapter: Any = None
         self.manager: EncoderCudaGraphManager | None = None
@@ -205,14 +209,17 @@ class Accelerated:
         """Adapter and manager on the encoder as it is now (its device and dtype), graphs captured."""
         router = vars(self.encoder).pop(self.spec.encoder.method, None)  # the adapter must bind the original call
         try:
-            self.adapter = adapter_for(self.spec, self.encoder)
+            self.adapter = adapter_for(self.spec, self.encoder, compile_forward=self.compile_forward)
         finally:
             if router is not None:
                 setattr(self.encoder, self.spec.encoder.method, router)
         self.manager = EncoderCudaGraphManager(self.adapter, device=self.adapter.device, dtype=self.adapter.dtype,
                                                progress=self.progress, **self.limits)
         try:
-            self.manager.capture()
+            if self.compile_forward:
+                _, self.compile_cache = capture_compiled(self.manager, self.spec)
+            else:
+                self.manager.capture()
         except (RuntimeError, ValueError, TypeError) as exc:
             # the encoder inside this model cannot be captured (a host sync, a CPU copy): say so by name; the
             # model itself is untouched until _install
@@ -380,7 +387,7 @@ def _with_modality(method: Callable, modality: str) -> Callable:
 
 
 def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Registry | str | Path | None = None,
-               progress: bool | None = None, **engine_limits: Any) -> Accelerated:
+               progress: bool | None = None, compile: bool = False, **engine_limits: Any) -> Accelerated:
     """Route ``model``'s vision encoder through budget CUDA graphs (on CUDA; the static path elsewhere).
 
     ``model``: a loaded transformers VLM (a class in a spec's ``architectures``, or its inner model).
@@ -388,6 +395,9 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Regis
     from ``specs`` (a folder or :class:`~vitcg.lang.Registry`; default :func:`default_specs_dir`).
     ``engine_limits``: the manager's engine options (``max_num_batched_tokens``, ``token_budgets``,
     ``max_items_per_batch``...). ``progress``: a capture progress bar (default: when stderr is a terminal).
+    ``compile``: compile the captured forward with inductor first (faster replays; the first capture takes
+    minutes, later processes load the kernels from vitcg's persistent compile cache, see
+    :mod:`vitcg.runtime.compile_cache`).
 
     Build it after moving the model to its device and dtype; if the encoder moves later, the next call
     captures again. Calling it again on the same model restores the first routing and starts over.
@@ -407,4 +417,4 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Regis
                          f"{type(encoder).__name__}, not the spec's {expected.__name__}")
     if progress is None:
         progress = sys.stderr.isatty()
-    return Accelerated(model, chosen, [*owners, encoder], encoder, engine_limits, progress)
+    return Accelerated(model, chosen, [*owners, encoder], encoder, engine_limits, progress, compile)
