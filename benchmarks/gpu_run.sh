@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, ttft, check, check-real, check-real-new, check-real-all, profile, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, tests-gpu, ttft, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, profile, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -26,6 +26,12 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     bench-qwen2) run 400 bench.log python3 -m vitcg bench qwen2_vl --device cuda --json "$OUT/bench_qwen2_vl.json" ;;
     bench-quick) run 400 bench.log python3 -m vitcg bench qwen2_vl qwen2_5_vl --no-compile --device cuda --json "$OUT/bench_quick.json" ;;
     bench-rest) run 560 bench.log python3 -m vitcg bench qwen2_5_vl qwen3_vl qwen3_vl_moe internvl --no-compile --device cuda --json "$OUT/bench_rest.json" ;;
+    tests-gpu) run 300 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu tests/engine tests/hf -m gpu ;;
+    ttft-focus) run 280 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl internvl gemma3 --json "$OUT/ttft.json" ;;
+    compile-start) run 280 compile.log python3 benchmarks/compile_start.py qwen2_vl --cache-dir "$VITCG_CACHE_DIR" \
+      --json "$OUT/compile_start.json" ;;
+    bench-roofline) run 300 bench.log python3 -m vitcg bench qwen2_vl --device cuda --roofline \
+      --json "$OUT/bench_roofline.json" --plot "$OUT/roofline-qwen2_vl.png" ;;
     profile) run 200 profile.log python3 benchmarks/host_profile.py qwen2_vl 1x224 8x224 ;;
     check-real-new) run 240 check.log python3 -m vitcg check glm4v glm4v_moe mlcd cohere2_vision aya_vision molmo2 \
       llava_next llava_onevision --device cuda --size real ;;

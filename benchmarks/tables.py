@@ -33,15 +33,22 @@ def merge(documents: list[dict]) -> dict:
 
 def spec_table(spec: dict) -> str:
     methods = [(k, label) for k, label in METHODS if any(k in w["ms"] for w in spec["workloads"])]
-    head = ["workload", "tokens"] + [f"{label} (ms)" for _, label in methods] + [
-        "vitcg / exact", "eager / vitcg", "budgets (vitcg)", "padding", "host ms / replay"]
+    roofline = any(w.get("floor_ms") for w in spec["workloads"])
+    head = ["workload", "tokens"] + (["floor (ms)"] if roofline else []) + [f"{label} (ms)" for _, label in methods] + [
+        "vitcg / exact", "eager / vitcg"] + (["vitcg / floor", "best / floor"] if roofline else []) + [
+        "budgets (vitcg)", "padding", "host ms / replay"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for w in spec["workloads"]:
         tight = w["packing"]["tight"]
-        cells = [w["workload"], str(w["tokens"])] + [f"{w['ms'][k]:.2f}" if k in w["ms"] else "-" for k, _ in methods]
+        floor = w.get("floor_ms")
+        cells = [w["workload"], str(w["tokens"])] + ([f"{floor:.2f}" if floor else "-"] if roofline else [])
+        cells += [f"{w['ms'][k]:.2f}" if k in w["ms"] else "-" for k, _ in methods]
         cells += [f"{w['ms']['vitcg_tight'] / w['ms']['exact']:.2f}x" if "exact" in w["ms"] else "-",
-                  f"{w['ms']['eager'] / w['ms']['vitcg_tight']:.1f}x",
-                  "+".join(map(str, tight["budgets"])) or "eager", f"{tight['padding_waste']:.0%}",
+                  f"{w['ms']['eager'] / w['ms']['vitcg_tight']:.1f}x"]
+        if roofline:
+            best = min(w["ms"].get(k, float("inf")) for k in ("vitcg_tight", "vitcg_inductor"))
+            cells += [f"{w['ms']['vitcg_tight'] / floor:.1f}x" if floor else "-", f"{best / floor:.1f}x" if floor else "-"]
+        cells += ["+".join(map(str, tight["budgets"])) or "eager", f"{tight['padding_waste']:.0%}",
                   f"{tight['host_ms_per_replay']:.2f}"]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

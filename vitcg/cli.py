@@ -231,6 +231,9 @@ def bench(
     no_compile: Annotated[bool, typer.Option("--no-compile", help="Skip torch.compile (its first call per "
                                              "shape takes seconds).")] = False,
     max_num_batched_tokens: Annotated[int, typer.Option(help="Engine limit: largest budget.")] = 8192,
+    roofline: Annotated[bool, typer.Option("--roofline", help="Measure the device's matmul rate and copy "
+                                           "bandwidth first and give each workload its floor (FLOPs counted on "
+                                           "the eager forward, weights read once).")] = False,
     specs_dir: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
     json_out: Annotated[Path | None, typer.Option("--json", help="Write all results to this JSON file.")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a latency plot (PNG; needs matplotlib).")] = None,
@@ -270,7 +273,8 @@ def bench(
     chosen = _select_specs(specs, all_specs, specs_dir)
     run = run_bench(chosen, workloads=workload or list(WORKLOADS), device=device, size=size, dtype=dtypes[dtype],
                     iters=iters, warmup=warmup, compile_eager=not no_compile,
-                    max_num_batched_tokens=max_num_batched_tokens, command="vitcg " + " ".join(sys.argv[1:]),
+                    max_num_batched_tokens=max_num_batched_tokens, roofline=roofline,
+                    command="vitcg " + " ".join(sys.argv[1:]),
                     json_out=json_out, log=typer.echo, warn=lambda line: typer.echo(line, err=True))
     if plot_out is not None:
         _plot(run.document["specs"], plot_out)

@@ -29,11 +29,13 @@ from ..errors import InputError, VitcgError
 from ..lang.catalogue import buffer_names
 from ..lang.model import Spec
 from ..runtime.adapter import SpecAdapter, adapter_for
+from ..runtime.compile_cache import capture_compiled
 from ..runtime.graphs import capture_graph
 from ..runtime.manager import EncoderCudaGraphManager
 from ..runtime.timing import timed
 from .encoders import build_encoder, release
 from .files import write_bytes_atomic, write_text_atomic
+from .roofline import Ceilings, forward_flops, measure_ceilings, weight_bytes
 from .workloads import WORKLOADS, make_inputs, on_device, relative_error
 
 
@@ -91,6 +93,11 @@ class WorkloadResult:
     packing: dict[str, dict] = field(default_factory=dict)
     """Packing policy -> replays, budgets, eager items, padding waste, host ms per replay."""
     max_rel_error: float = 0.0
+    floor_ms: float | None = None
+    """The roofline floor of this workload's forward (``--roofline``): its weights read once or its FLOPs at the
+    measured matmul rate, whichever takes longer."""
+    gflops: float | None = None
+    """FLOPs of the eager forward (``--roofline``), in GFLOP."""
 
 
 @dataclass
@@ -108,6 +115,8 @@ class SpecBench:
     inductor_capture_s: float | None = None
     """Compile plus capture time of the inductor-compiled variant (``vitcg_inductor``), when measured."""
     inductor_error: str | None = None
+    inductor_cache_hit: bool | None = None
+    """Whether the inductor variant's kernels came from vitcg's persistent compile cache."""
     workloads: list[WorkloadResult] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -115,8 +124,9 @@ class SpecBench:
 def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: str = "real",
                dtype: torch.dtype = torch.bfloat16, iters: int = 20, warmup: int = 3,
                compile_eager: bool = True, max_num_batched_tokens: int = 8192, max_model_len: int = 32768,
-               log: Callable[[str], None] = print) -> SpecBench:
-    """Measure every method on every workload for one spec. Raises on a correctness failure."""
+               ceilings: Ceilings | None = None, log: Callable[[str], None] = print) -> SpecBench:
+    """Measure every method on every workload for one spec. Raises on a correctness failure. With ``ceilings``,
+    each workload also gets its roofline floor."""
     torch_device = torch.device(device)
     cuda = torch_device.type == "cuda"
     module = build_encoder(spec, size, device=device, dtype=dtype)
@@ -138,10 +148,11 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
             inductor = EncoderCudaGraphManager(adapter_for(spec, module, compile_forward=True),
                                                max_num_batched_tokens=max_num_batched_tokens,
                                                max_model_len=max_model_len, device=device, dtype=dtype)
-            inductor.capture()
+            _, cache = capture_compiled(inductor, spec)
             result.inductor_capture_s = round(time.perf_counter() - tic, 1)
+            result.inductor_cache_hit = cache.loaded
             log(f"  inductor-compiled forward: {len(inductor.budgets)} budgets compiled and captured in "
-                f"{result.inductor_capture_s:.0f} s")
+                f"{result.inductor_capture_s:.0f} s ({'from' if cache.loaded else 'stored in'} {cache.path})")
         except Exception as exc:  # a compiler failure is a result to report, not a reason to stop
             inductor = None
             result.inductor_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -160,6 +171,10 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
         items = adapter.get_encoder_cudagraph_item_specs(inputs)
         row = WorkloadResult(name, workload.description, len(items), sum(i.output_tokens for i in items))
         eager_out = adapter.encoder_eager_forward(inputs)
+        if ceilings is not None:
+            flops = forward_flops(lambda inputs=inputs: adapter.encoder_eager_forward(inputs))
+            row.gflops = round(flops / 1e9, 2)
+            row.floor_ms = round(ceilings.floor_ms(flops, weight_bytes(module)), 3)
         got = torch.cat(manager.execute(inputs))
         if got.shape != eager_out.shape:
             raise InputError(f"{spec.name}, workload {name}: manager output {tuple(got.shape)} but eager output "
@@ -203,7 +218,7 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
         log(f"  {name:<12} {row.tokens:>6} tokens  " + "  ".join(f"{k} {v:.2f}" for k, v in row.ms.items())
             + " ms  " + "  ".join(f"{p}: {d['budgets']} waste {d['padding_waste']:.0%} host/replay "
                                   f"{d['host_ms_per_replay']:.3f} ms" for p, d in row.packing.items())
-            + f"  err {row.max_rel_error:.1e}")
+            + f"  err {row.max_rel_error:.1e}" + (f"  floor {row.floor_ms:.2f} ms" if row.floor_ms else ""))
         result.workloads.append(row)
     return result
 
@@ -282,9 +297,14 @@ def run_bench(specs: Sequence[Spec], *, workloads: Sequence[str], device: str, c
     result: the others still run and the document says what broke. With ``json_out`` the document is
     written after every spec, so a run cut short keeps what it measured."""
     results: list[dict] = []
+    if options.pop("roofline", False):
+        options["ceilings"] = measure_ceilings(device)
+        log(f"ceilings: matmul {options['ceilings'].matmul_tflops:.1f} TFLOP/s, copy {options['ceilings'].copy_tb_s:.2f} TB/s")
     run = BenchRun({"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "command": command,
                     "environment": environment(device),
                     "workloads": {k: dataclasses.asdict(v) for k, v in WORKLOADS.items()}, "specs": results})
+    if options.get("ceilings") is not None:
+        run.document["ceilings"] = dataclasses.asdict(options["ceilings"])
     for number, spec in enumerate(specs, 1):
         log(f"[{number}/{len(specs)}] {spec.name}")
         try:
@@ -324,6 +344,9 @@ def plot(results: list[dict], path: str) -> None:
             points = [(r["tokens"], r["ms"][method]) for r in rows if method in r["ms"]]
             if points:
                 ax.plot(*zip(*points), style, color=color, label=method)
+        floors = [(r["tokens"], r["floor_ms"]) for r in rows if r.get("floor_ms")]
+        if floors:
+            ax.plot(*zip(*floors), "k--", label="roofline floor")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(f"{spec['spec']} ({spec['size']}, {spec['dtype']})")
