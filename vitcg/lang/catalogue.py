@@ -224,7 +224,8 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
     Provider("max_seqlen", "host", SEGMENTED, ("fixed",), "int64",
              "worst-case segment length for the budget, fixed at capture"),
     Provider("position_ids", "tensor", SEGMENTED, ("zeros",), "int64",
-             "rotary (h, w) or (t, h, w) position ids in merge-block order (`get_vision_position_ids`)",
+             "rotary (h, w) or (t, h, w) position ids in merge-block order (`get_vision_position_ids`; "
+             "`spatial_merge_size: 1` gives raster order)",
              ("spatial_merge_size",), {"include_temporal": {"type": "boolean"}, "spatial_merge_size": _MERGE}),
     Provider("window_index", "tensor", frozenset({"windowed"}), ("identity",), "int64",
              "window order of merged units (`get_vision_window_index`); padding units map to themselves",
