@@ -203,6 +203,8 @@ def _paddle(spec_path: str, name: str):
     from vitcg.tools.vlm import build_processor, build_vlm
 
     spec = load_registry([spec_path], bindings=False)[name]
+    if spec.unavailable:
+        pytest.skip(f"{name}: {spec.unavailable}")
     vlm = build_vlm(spec)
     rng = np.random.default_rng(0)
     made = build_processor(spec, vlm)(images=[rng.integers(0, 255, (h, w, 3), dtype=np.uint8)

@@ -188,6 +188,8 @@ def test_output_field_missing_is_clear(qwen2):
 
 @pytest.fixture(scope="module")
 def paddle():
+    if SPECS["paddleocr_vl"].unavailable:
+        pytest.skip(SPECS["paddleocr_vl"].unavailable)
     return SpecAdapter(SPECS["paddleocr_vl"], build_encoder(SPECS["paddleocr_vl"]))
 
 
