@@ -45,6 +45,7 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "mllama",
     "molmo2",
     "ovis2",
+    "paddleocr_vl",
     "paligemma",
     "phi4_multimodal",
     "pix2struct",

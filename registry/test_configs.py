@@ -474,6 +474,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=["core_model"],
     ),
+    "paddleocr_vl": VitCudagraphTestConfig(
+        model="PaddlePaddle/PaddleOCR-VL",
+        modalities=["image"],
+        image_prompt="<|begin_of_sentence|>User: <|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>What is in this image?\nAssistant: ",
+        video_prompt=None,
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "phi4_multimodal": VitCudagraphTestConfig(
         model="microsoft/Phi-4-multimodal-instruct",
         modalities=["image"],

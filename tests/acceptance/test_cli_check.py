@@ -66,3 +66,13 @@ def test_demo_accelerates_a_tiny_vlm_and_keeps_its_tokens():
     assert "generate: the same greedy tokens (encoder: 2 replays, 0 eager)" in run.stdout
     refused = vitcg("demo", "tests/specs/check_fails/wrong_width.yaml")
     assert refused.returncode == 1 and "out_hidden_size=96" in refused.stderr, refused.stderr
+
+
+def test_check_passes_a_spec_with_per_item_outputs():
+    """tests/specs/valid/per_item_outputs.yaml captures PaddleOCR-VL's get_image_features, whose pooler_output is
+    one tensor per image (``pooler_output[*]``): every case and the end-to-end stage pass."""
+    run = vitcg("check", "tests/specs/valid/per_item_outputs.yaml")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (vlm,) = [line for line in run.stdout.splitlines() if line.startswith("  vlm ")]
+    assert vlm.rstrip().endswith("ok"), vlm
+    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed"

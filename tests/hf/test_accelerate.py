@@ -195,3 +195,52 @@ def test_internvl_generate_routes_its_get_image_features():
             got = vlm.generate(input_ids=ids, max_new_tokens=8, do_sample=False, **inputs)
             assert handle.stats.routed == 1 and handle.stats.manager.hits == tiles
     assert torch.equal(got, want)
+
+
+def _paddle(spec_path: str, name: str):
+    """The tiny PaddleOCR-VL of a spec's tests.vlm, its processor's inputs for three images, and the spec."""
+    from vitcg.lang import load_registry
+    from vitcg.tools.vlm import build_processor, build_vlm
+
+    spec = load_registry([spec_path], bindings=False)[name]
+    if spec.unavailable:
+        pytest.skip(f"{name}: {spec.unavailable}")
+    vlm = build_vlm(spec)
+    rng = np.random.default_rng(0)
+    made = build_processor(spec, vlm)(images=[rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+                                              for h, w in ((56, 84), (112, 56), (84, 84))], return_tensors="pt")
+    return vlm, {k: made[k] for k in ("pixel_values", "image_grid_thw")}, spec
+
+
+def test_paddle_tower_takes_rows_on_dim_1():
+    """specs/paddleocr_vl.yaml captures the tower, which the VLM calls with (1, rows, C, p, p) pixels: the router
+    strips the leading 1 (the graphs hold rows first); a leading dim that is not 1 runs the original, saying why."""
+    vlm, inputs, spec = _paddle("specs/paddleocr_vl.yaml", "paddleocr_vl")
+    with torch.no_grad():
+        want = vlm.model.get_image_features(**inputs).pooler_output
+        with vitcg.accelerate(vlm, spec=spec, max_num_batched_tokens=1024) as handle:
+            vlm.model.get_image_features(**inputs)  # learns the layout
+            got = vlm.model.get_image_features(**inputs).pooler_output
+            assert handle.stats.routed == 1 and handle.stats.manager.hits == 3
+            two = inputs["pixel_values"][:24].reshape(2, 12, 3, 14, 14)
+            with pytest.raises(RuntimeError):  # the original tower fails on a batch of 2 in its own way
+                vlm.model.visual(pixel_values=two, grid_thw=torch.tensor([[1, 2, 6]]))
+            assert any("rows on dim 1" in reason for reason in handle.stats.reasons)
+    for g, w in zip(got, want, strict=True):
+        assert relative_error(g, w) <= 1e-5
+
+
+def test_per_item_output_layout_rebuilds_a_tuple_per_image():
+    """A spec whose captured call returns pooler_output as one tensor per image (``pooler_output[*]``) gets such a
+    tuple back from the router, each image's rows in its own tensor."""
+    vlm, inputs, spec = _paddle("tests/specs/valid/per_item_outputs.yaml", "per_item_outputs")
+    with torch.no_grad():
+        want = vlm.model.get_image_features(**inputs).pooler_output
+        with vitcg.accelerate(vlm, spec=spec, max_num_batched_tokens=1024) as handle:
+            vlm.model.get_image_features(**inputs)  # learns the layout
+            got = vlm.model.get_image_features(**inputs).pooler_output
+            assert handle.stats.routed == 1
+    assert isinstance(got, tuple) and [g.shape for g in got] == [w.shape for w in want]
+    assert len({g.shape for g in got}) > 1  # three images of different sizes
+    for g, w in zip(got, want, strict=True):
+        assert relative_error(g, w) <= 1e-5

@@ -184,3 +184,59 @@ def test_output_field_missing_is_clear(qwen2):
 
     with pytest.raises(SpecRuntimeError, match="has no 'pooler_output'"):
         qwen2._combine(NoPooler())
+
+
+@pytest.fixture(scope="module")
+def paddle():
+    if SPECS["paddleocr_vl"].unavailable:
+        pytest.skip(SPECS["paddleocr_vl"].unavailable)
+    return SpecAdapter(SPECS["paddleocr_vl"], build_encoder(SPECS["paddleocr_vl"]))
+
+
+def paddle_images(*grids, seed=0):
+    g = torch.tensor(grids, dtype=torch.int64)
+    rows = int(g.prod(-1).sum())
+    return {"pixel_values": torch.randn(rows, 3, 14, 14, generator=torch.Generator().manual_seed(seed)),
+            "image_grid_thw": g}
+
+
+def test_pixels_rows_dim_stores_rows_first_and_calls_with_leading_ones(paddle):
+    """PaddleOCR-VL's tower takes (1, rows, C, p, p): the buffer holds (budget, C, p, p), as the inputs come."""
+    values = paddle.prepare_encoder_cudagraph_capture_inputs(256, 2, 2).values
+    assert values["pixel_values"].shape == (256, 3, 14, 14)
+    (call,) = paddle.eager_calls(paddle_images([1, 4, 6]))
+    assert call["pixel_values"].shape == (1, 24, 3, 14, 14)
+    with pytest.raises(InputError, match=r"expected shape \(rows, 3, 14, 14\), got \(1, 24, 3, 14, 14\)"):
+        paddle.get_encoder_cudagraph_item_specs({**paddle_images([1, 4, 6]),
+                                                  "pixel_values": torch.zeros(1, 24, 3, 14, 14)})
+
+
+def test_pixels_rows_dim_graph_path_matches_eager(paddle):
+    manager = EncoderCudaGraphManager(paddle, max_num_batched_tokens=256, max_model_len=256, device="cpu",
+                                      dtype=torch.float32)
+    manager.capture()
+    mm = paddle_images([1, 4, 6], [1, 2, 2])
+    got = torch.cat(manager.execute(mm))
+    want = paddle.encoder_eager_forward(mm)
+    assert got.shape == want.shape == (28, 64)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+class _Features:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def test_per_item_outputs_join_on_the_rows(paddle):
+    """``field[*]``: a tuple of per-item tensors (get_image_features' pooler_output) is one tensor of rows."""
+    from dataclasses import replace
+
+    adapter = SpecAdapter.__new__(SpecAdapter)
+    adapter.__dict__.update(paddle.__dict__)
+    adapter.spec = replace(paddle.spec, encoder=replace(paddle.spec.encoder, outputs=("pooler_output[*]",)))
+    parts = (torch.ones(4, 64), torch.zeros(2, 64))
+    assert torch.equal(adapter._combine(_Features(pooler_output=parts)), torch.cat(parts))
+    with pytest.raises(SpecRuntimeError, match=r"expected a tuple or list of per-item tensors, got Tensor"):
+        adapter._combine(_Features(pooler_output=torch.ones(4, 64)))
+    with pytest.raises(SpecRuntimeError, match="do not share a last dimension"):
+        adapter._combine(_Features(pooler_output=(torch.ones(4, 64), torch.ones(2, 32))))

@@ -75,3 +75,24 @@ def test_row_cache_is_bounded_by_bytes():
     assert cache._bytes <= 100
     cache.get(("k", 4), lambda: calls.append("again") or torch.zeros(8), on_device=True)
     assert "again" not in calls  # the newest entry survived the last clear
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=ROWS, merge=st.sampled_from([1, 2]))
+def test_a_provider_merge_size_overrides_the_geometry(rows, merge):
+    """``params.spatial_merge_size`` orders rows by its own block size (PaddleOCR-VL's tower: raster, 1) while
+    the geometry keeps the model's merge (2, which its projector applies)."""
+    pack = pack_of(rows)
+    want = vision_utils.get_vision_position_ids(pack.counts, merge)
+    assert torch.equal(compute(buffer("position_ids", spatial_merge_size=merge), pack), want)
+    indices, weights = vision_utils.get_vision_interpolation_indices_and_weights(pack.counts, 8,
+                                                                                 spatial_merge_size=merge)
+    assert torch.equal(compute(buffer("interp_indices", spatial_merge_size=merge), pack), indices)
+    assert torch.equal(compute(buffer("interp_weights", spatial_merge_size=merge), pack), weights)
+
+
+def test_raster_and_merged_orders_differ():
+    pack = pack_of([(1, 2, 2)])  # a 4x4 grid: merge-block order is not raster order
+    raster = compute(buffer("position_ids", spatial_merge_size=1), pack)
+    assert not torch.equal(raster, compute(buffer("position_ids"), pack))
+    assert raster[:5].tolist() == [[0, 0], [0, 1], [0, 2], [0, 3], [1, 0]]

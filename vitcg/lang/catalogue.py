@@ -203,13 +203,20 @@ class Provider:
 
 ALL = frozenset(STYLES)
 SEGMENTED = frozenset(s.name for s in STYLES.values() if s.segmented)
+_MERGE = {"type": "integer", "minimum": 1, "maximum": 16,
+          "description": "the merge block size this provider orders rows by, where the encoder's helpers use "
+                         "another than geometry spatial_merge_size (default: that geometry)"}
 _INTERP = {"mode": {"enum": ["bilinear", "bicubic"]}, "align_corners": {"type": "boolean"},
-           "padding": {"enum": ["border", "zeros"]}}
+           "padding": {"enum": ["border", "zeros"]}, "spatial_merge_size": _MERGE}
 _DTYPE = {"enum": list(DTYPES), "description": "the buffer's dtype (default model)"}
+_ROWS_DIM = {"type": "integer", "minimum": 0, "maximum": 3,
+             "description": "the dimension of the call's argument holding the rows (default 0); the buffer is "
+                            "stored rows-first"}
 
 PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
     Provider("pixels", "tensor", ALL, ("zeros",), "model",
-             "pixel rows (packed) or tiles (dim 0) of the pack, zero rows after them"),
+             "pixel rows (packed) or tiles (dim 0) of the pack, zero rows after them; `rows_dim: k` passes them "
+             "to the encoder after k leading dimensions of size 1", (), {"rows_dim": _ROWS_DIM}),
     Provider("grid", "tensor", SEGMENTED, ("zeros", "ones"), "int64",
              "the items' t/h/w rows (`ones` padding when the encoder divides by them)"),
     Provider("cu_seqlens", "tensor", SEGMENTED, ("trailing_segment",), "int32",
@@ -217,8 +224,9 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
     Provider("max_seqlen", "host", SEGMENTED, ("fixed",), "int64",
              "worst-case segment length for the budget, fixed at capture"),
     Provider("position_ids", "tensor", SEGMENTED, ("zeros",), "int64",
-             "rotary (h, w) or (t, h, w) position ids in merge-block order (`get_vision_position_ids`)",
-             ("spatial_merge_size",), {"include_temporal": {"type": "boolean"}}),
+             "rotary (h, w) or (t, h, w) position ids in merge-block order (`get_vision_position_ids`; "
+             "`spatial_merge_size: 1` gives raster order)",
+             ("spatial_merge_size",), {"include_temporal": {"type": "boolean"}, "spatial_merge_size": _MERGE}),
     Provider("window_index", "tensor", frozenset({"windowed"}), ("identity",), "int64",
              "window order of merged units (`get_vision_window_index`); padding units map to themselves",
              ("spatial_merge_size", "window_size", "patch_size")),
@@ -241,9 +249,7 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
     Provider("scope_arg", "either", ALL, tuple(PADDINGS), "param",
              "an argument of the graph-scoped submodule call, taken from the model's own eager prologue at "
              "replay; host integers (`value`) are fixed at capture", (),
-             {"dtype": _DTYPE, "rows_dim": {"type": "integer", "minimum": 0, "maximum": 3,
-                                            "description": "the dimension holding the call's rows (default 0); "
-                                                           "the buffer is stored rows-first"}},
+             {"dtype": _DTYPE, "rows_dim": _ROWS_DIM},
              scoped=True),
 )})
 

@@ -170,6 +170,7 @@ def _buffers(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, geome
             continue
         found.add(buf.padding_allowed(loaded, i, entry))
         found.add(buf.rows_dim_in_range(loaded, i, entry))
+        found.add(buf.pixels_leading_dims(loaded, i, entry))
         found.add(buf.host_or_tensor(loaded, i, entry))
         found.add(buf.aligned_role_exists(loaded, i, entry, modalities))
         found.add(buf.params_allowed(loaded, i, entry))

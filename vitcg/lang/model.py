@@ -69,7 +69,8 @@ class Encoder:
     call_kwargs: Mapping[str, Any]
     """Constant keyword arguments passed on both paths."""
     outputs: tuple[str, ...]
-    """Output fields holding merged tokens, concatenated on the last dimension."""
+    """Output fields holding merged tokens, concatenated on the last dimension: ``field``, ``field[i]`` (element
+    ``i`` of a tuple field) or ``field[*]`` (a tuple of per-item tensors, joined on the rows)."""
     tiny_config: Mapping[str, Any]
     """Config overrides for tiny CPU checks."""
     real_config: Mapping[str, Any]
@@ -96,6 +97,12 @@ class Buffer:
     @property
     def is_host(self) -> bool:
         return self.value is not None
+
+    @property
+    def rows_dim(self) -> int:
+        """The dimension of the call's argument that holds the rows (``params.rows_dim``, default 0); the
+        buffer itself is stored rows-first."""
+        return int(self.params.get("rows_dim", 0))
 
 
 @dataclass(frozen=True)
@@ -214,6 +221,13 @@ class Spec:
 
     def providers(self) -> dict[str, Buffer]:
         return {b.provider: b for b in self.buffers}
+
+    @property
+    def pixels_rows_dim(self) -> int:
+        """How many leading dimensions of size 1 the encoder's pixel argument has before its rows (the pixel
+        buffer's ``rows_dim``; 0 without one): PaddleOCR-VL's tower takes ``(1, rows, C, p, p)``."""
+        buffer = self.providers().get("pixels")
+        return buffer.rows_dim if buffer is not None else 0
 
     def resolve_geometry(self, config: Mapping[str, Any]) -> dict[str, int]:
         """Evaluate every geometry formula against ``config`` (a ``to_dict()`` snapshot). Raises FormulaError."""

@@ -32,7 +32,7 @@ from ..errors import InputError, SpecRuntimeError, UsageError
 from ..lang import Registry, load_registry
 from ..lang.bindings import import_object
 from ..lang.model import Spec
-from .adapter import adapter_for, output_entry
+from .adapter import adapter_for, output_entry, per_item
 from .compile_cache import CompileCacheUse, capture_compiled
 from .manager import EncoderCudaGraphManager, ManagerStats
 
@@ -82,23 +82,35 @@ class _Layout:
     """How one output of the captured call is rebuilt from the manager's combined rows: the output type and,
     per ``encoder.outputs`` entry, the shapes of its tensors. Learned from the first original call."""
 
-    def __init__(self, kind: type, entries: list[tuple[str, int | None, int, bool, list[tuple[int, ...]], list[int]]]):
+    def __init__(self, kind: type, entries: list[tuple[str, int | None, int, bool, list[tuple[int, ...]], list[int]]],
+                 items: Mapping[str, type] | None = None):
         self.kind = kind
         self.entries = entries
         """(field, index inside the field or None, the field's length when indexed, is a list, shapes, dim that
-        scales with the rows per tensor)."""
+        scales with the rows per tensor). A ``field[*]`` entry has one shape, of its first item's tensor."""
+        self.items = dict(items or {})
+        """``field[*]`` entries: field -> the container of its per-item tensors (tuple or list)."""
 
     @classmethod
     def learn(cls, spec: Spec, output: Any, rows: int) -> _Layout | None:
         """The layout of ``output`` (a call that produced ``rows`` rows); None while it is ambiguous (one row
         of a packed encoder could scale along any dimension of size 1). Raises SpecRuntimeError when the
         output lacks a field of the spec's ``encoder.outputs``."""
-        entries = []
+        entries, items = [], {}
         for entry in spec.encoder.outputs:
             name, index, value, length = output_entry(output, entry)
             if value is None:
                 raise SpecRuntimeError(f"{spec.name}: the encoder call returned {type(output).__name__} without "
                                        f"{entry!r} (the spec's encoder.outputs)")
+            if per_item(entry):
+                if not isinstance(value, (list, tuple)) or not value or not all(
+                        isinstance(t, torch.Tensor) and t.dim() >= 2 for t in value):
+                    raise SpecRuntimeError(f"{spec.name}: {entry!r} of the encoder call is not a tuple or list of "
+                                           "per-item tensors of rows (the spec's encoder.outputs)")
+                items[name] = type(value)
+                # each item's rows lie on its second-to-last dimension
+                entries.append((name, None, 0, False, [tuple(value[0].shape)], [value[0].dim() - 2]))
+                continue
             tensors = list(value) if isinstance(value, (list, tuple)) else [value]
             if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in tensors):
                 return None
@@ -114,16 +126,24 @@ class _Layout:
                 dims.append(matching[0])
             entries.append((name, index, length, isinstance(value, (list, tuple)), [tuple(t.shape) for t in tensors],
                             dims))
-        return cls(type(output), entries)
+        return cls(type(output), entries, items)
 
-    def build(self, combined: torch.Tensor) -> Any:
-        """The output object for ``combined`` rows (the spec's output fields concatenated on the last dim). An
-        indexed field (``hidden_states[-2]``) comes back as a tuple of its learned length holding the graph's
-        rows at that index and None elsewhere: the graphs compute nothing else. Raises InputError when the
-        rows do not fit the learned shapes."""
+    def build(self, combined: torch.Tensor, parts: list[torch.Tensor] | None = None) -> Any:
+        """The output object for ``combined`` rows (the spec's output fields concatenated on the last dim), whose
+        item ``i`` owns ``parts[i]`` (needed for ``field[*]`` entries: one tensor per item). An indexed field
+        (``hidden_states[-2]``) comes back as a tuple of its learned length holding the graph's rows at that
+        index and None elsewhere: the graphs compute nothing else. Raises InputError when the rows do not fit
+        the learned shapes."""
         fields: dict[str, Any] = {}
         offset, rows = 0, combined.shape[0]
         for name, index, length, is_list, shapes, dims in self.entries:
+            if name in self.items:
+                shape, width = shapes[0], shapes[0][-1]
+                fields[name] = self.items[name](
+                    part[:, offset:offset + width].reshape(*shape[:-2], part.shape[0], width)
+                    for part in (parts if parts is not None else [combined]))
+                offset += width
+                continue
             parts = []
             for shape, dim in zip(shapes, dims):
                 width = shape[-1]
@@ -322,6 +342,12 @@ class Accelerated:
         pixels = mm.get(modality.pixels_key)
         if not isinstance(pixels, torch.Tensor):
             return None, "no pixel tensor"
+        lead = self.spec.pixels_rows_dim
+        if lead:  # the call takes its rows after leading dims of 1: the graphs take rows first
+            if pixels.dim() <= lead or any(d != 1 for d in pixels.shape[:lead]):
+                return None, (f"pixels of shape {tuple(pixels.shape)}: the spec's pixel buffer expects rows on dim "
+                              f"{lead} after dimensions of size 1 (rows_dim)")
+            pixels = mm[modality.pixels_key] = pixels.reshape(pixels.shape[lead:])
         if pixels.shape[0] == 0:
             return None, "empty batch"
         style = self.spec.attention_style
@@ -365,7 +391,7 @@ class Accelerated:
         self.stats.routed += 1
         parts = self.manager.execute(mm)
         combined = torch.cat(parts) if parts else torch.zeros(0, self.adapter.geometry["out_hidden_size"])
-        return self._layout.build(combined)
+        return self._layout.build(combined, parts)
 
 
 def _short(value: Any) -> str:

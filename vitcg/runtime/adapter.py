@@ -48,13 +48,24 @@ from .scope import Scope
 ITEM_CACHE_SIZE = 4096
 
 
+PER_ITEM = "[*]"
+"""The suffix of an ``encoder.outputs`` entry whose field is a tuple of per-item tensors (``pooler_output[*]``,
+as ``get_image_features`` splits its rows per image): joined on the rows, in item order."""
+
+
+def per_item(entry: str) -> bool:
+    """Whether the ``encoder.outputs`` entry holds one tensor per item (``field[*]``)."""
+    return entry.endswith(PER_ITEM)
+
+
 def output_entry(output: Any, entry: str) -> tuple[str, int | None, Any, int]:
-    """One ``encoder.outputs`` entry (``field`` or ``field[i]``) read from an encoder call's output:
-    ``(field, index or None, value or None when absent, length of the indexed field or 0)``."""
+    """One ``encoder.outputs`` entry (``field``, ``field[i]`` or ``field[*]``) read from an encoder call's output:
+    ``(field, index or None, value or None when absent, length of the indexed field or 0)``; ``field[*]`` reads
+    the whole field."""
     name, _, index_text = entry.partition("[")
     # ModelOutput is a Mapping whose [] raises KeyError for a field left None: .get covers both
     value = output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
-    if not index_text:
+    if not index_text or per_item(entry):
         return name, None, value, 0
     index = int(index_text.rstrip("]"))
     if isinstance(value, (list, tuple)) and -len(value) <= index < len(value):
@@ -234,6 +245,8 @@ class _Adapter:
             if kind == "param":
                 kind = buffer.params.get("dtype", "model")
             shape = tuple(f.evaluate(names) for f in buffer.shape)
+            if buffer.provider == "pixels":  # stored as the inputs come: without the call's leading dims of 1
+                shape = shape[buffer.rows_dim:]
             if self._is_segment_buffer(buffer):  # the leading zero, the segments, one padding segment
                 shape = (max(shape[0], segments + 2), *shape[1:])
             elif buffer.provider == "grid":  # a row per item
@@ -280,6 +293,9 @@ class _Adapter:
                 raise SpecRuntimeError(f"{self.spec.name}: the encoder output has no {entry!r} (encoder.outputs); "
                                        f"it returned {type(output).__name__}"
                                        + (f" with {', '.join(fields)}" if fields else ""))
+            if per_item(entry):
+                parts.append(self._join_items(entry, value))
+                continue
             tensors = list(value) if isinstance(value, (list, tuple)) else [value]
             if not all(isinstance(t, torch.Tensor) for t in tensors):
                 raise SpecRuntimeError(f"{self.spec.name}: output {entry!r} holds "
@@ -292,6 +308,27 @@ class _Adapter:
                                    f"different row counts {sorted(rows)}; they cannot be concatenated")
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
+    def _join_items(self, entry: str, value: Any) -> torch.Tensor:
+        """A ``field[*]`` output (one tensor per item) as one tensor of rows, in item order."""
+        if not isinstance(value, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in value):
+            held = type(value).__name__ if not isinstance(value, (list, tuple)) else \
+                f"{type(value).__name__} of {sorted({type(t).__name__ for t in value})}"
+            raise SpecRuntimeError(f"{self.spec.name}: output {entry!r}: expected a tuple or list of per-item "
+                                   f"tensors, got {held}; name the field without [*]")
+        if not value:
+            return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
+        widths = {t.shape[-1] if t.dim() else None for t in value}
+        if len(widths) != 1 or None in widths:
+            raise SpecRuntimeError(f"{self.spec.name}: output {entry!r}: per-item tensors of shapes "
+                                   f"{[tuple(t.shape) for t in value]} do not share a last dimension")
+        return torch.cat([t.reshape(-1, t.shape[-1]) for t in value])
+
+    def _call_view(self, buffer, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (stored rows-first) as the call takes it: pixels after ``rows_dim`` leading dims of 1."""
+        if buffer.provider == "pixels" and buffer.rows_dim:
+            return tensor.reshape(*(1,) * buffer.rows_dim, *tensor.shape)
+        return tensor
+
     def encoder_cudagraph_forward(self, inputs: Mapping[str, torch.Tensor | int], path: str = DEFAULT_PATH) -> Any:
         """The fixed-shape forward: the combined output tensor, or with ``graph_scope`` the scoped
         submodule's own output structure."""
@@ -301,7 +338,7 @@ class _Adapter:
         with use_attention(self._configs, ATTENTION_NAME), torch.no_grad(), torch.device(self.device):
             if self._scope is not None:
                 return self._graph_call(inputs)
-            kwargs = {b.arg: inputs[b.name] for b in self.spec.buffers}
+            kwargs = {b.arg: self._call_view(b, inputs[b.name]) for b in self.spec.buffers}
             return self._combine(self._graph_call(**kwargs, **self._call_kwargs))
 
     def eager_calls(self, mm_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -310,7 +347,9 @@ class _Adapter:
         calls = []
         for inp in self._inputs(mm_kwargs):
             counts = inp.counts.to(self.device) if inp.counts is not None else None
-            by_role = {"pixels": inp.pixels.to(self.device, self.dtype), self.spec.attention_style.count_role: counts,
+            pixels = inp.pixels.to(self.device, self.dtype)
+            pixels = pixels.reshape(*(1,) * self.spec.pixels_rows_dim, *pixels.shape)
+            by_role = {"pixels": pixels, self.spec.attention_style.count_role: counts,
                        **{role: value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
                           for role, value in inp.extras.items()}}
             calls.append({**{arg: by_role[role] for arg, role in self.spec.encoder.args.items()},

@@ -39,7 +39,8 @@ def pixel_row(spec: Spec, geometry: Mapping[str, int]) -> tuple[int | None, ...]
     if buffer is None or buffer.shape is None:
         return None
     names = {**buffer_names(1, 1, 1), **geometry}
-    return tuple(None if f.names & set(BUFFER_NAMES) else f.evaluate(names) for f in buffer.shape[1:])
+    return tuple(None if f.names & set(BUFFER_NAMES) else f.evaluate(names)
+                 for f in buffer.shape[buffer.rows_dim + 1:])
 
 
 def _version(value: Any) -> Any:

@@ -86,8 +86,11 @@ def _per_row(pack: Pack, name: str, params: Mapping[str, Any], row: list, fn: Ca
     return pack.cache.get(key, lambda: fn(torch.tensor([row], dtype=torch.int64)), on_device)
 
 
-def _merge(pack: Pack) -> int:
-    return pack.geometry["spatial_merge_size"]  # the providers that call this declare it
+def _merge(pack: Pack, params: Mapping[str, Any]) -> int:
+    """The merge block size rows are ordered by: ``params.spatial_merge_size`` where the encoder's helpers use
+    their own (PaddleOCR-VL's tower: 1, its projector merges by 2), else the geometry's (the providers that call
+    this declare it)."""
+    return params.get("spatial_merge_size", pack.geometry["spatial_merge_size"])
 
 
 def _cat(parts: list[torch.Tensor], empty_shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -108,7 +111,7 @@ def _cu_seqlens(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
 def _position_ids(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
     temporal = params.get("include_temporal", False)
     parts = [_per_row(pack, "position_ids", params, row, lambda g: vision_utils.get_vision_position_ids(
-        g, _merge(pack), include_temporal=temporal)) for row in pack.rows]
+        g, _merge(pack, params), include_temporal=temporal)) for row in pack.rows]
     return _cat(parts, (0, 3 if temporal else 2), torch.int64, pack.cache.device)
 
 
@@ -135,7 +138,7 @@ def _interp(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.
     def one(grid: torch.Tensor):
         return vision_utils.get_vision_interpolation_indices_and_weights(
             grid, pack.geometry["num_grid_per_side"], mode=params.get("mode", "bilinear"),
-            align_corners=params.get("align_corners", False), spatial_merge_size=_merge(pack),
+            align_corners=params.get("align_corners", False), spatial_merge_size=_merge(pack, params),
             padding=params.get("padding", "border"))
 
     parts = [_per_row(pack, "interp", params, row, one) for row in pack.rows]

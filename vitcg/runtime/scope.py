@@ -43,10 +43,6 @@ def submodule(module: nn.Module, path: str) -> nn.Module:
                          + (f"; {hint}" if hint else "")) from None
 
 
-def _rows_dim(buffer: Buffer) -> int:
-    return int(buffer.params.get("rows_dim", 0))
-
-
 class Scope:
     """The captured part of a graph-scoped spec, and the interception of its calls."""
 
@@ -65,7 +61,7 @@ class Scope:
 
     def storage_shape(self, buffer: Buffer, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The call's shape of ``buffer`` with its rows moved first (how the buffer is stored)."""
-        d = _rows_dim(buffer)
+        d = buffer.rows_dim
         return (shape[d], *shape[:d], *shape[d + 1:]) if d else shape
 
     def call_kwargs(self, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,8 +70,8 @@ class Scope:
         tuples: dict[str, dict[int, Any]] = {}
         for buffer in self.spec.buffers:
             value = values[buffer.name]
-            if isinstance(value, torch.Tensor) and _rows_dim(buffer):
-                value = value.movedim(0, _rows_dim(buffer))
+            if isinstance(value, torch.Tensor) and buffer.rows_dim:
+                value = value.movedim(0, buffer.rows_dim)
             name, _, index = buffer.arg.partition(".")
             if index:
                 tuples.setdefault(name, {})[int(index)] = value
@@ -141,14 +137,14 @@ class Scope:
                                      "captured with one; only a mask (padding: ones) may be absent")
                 values[buffer.name] = EMPTY  # no mask: attend to everything
             else:
-                values[buffer.name] = value.movedim(_rows_dim(buffer), 0) if _rows_dim(buffer) else value
+                values[buffer.name] = value.movedim(buffer.rows_dim, 0) if buffer.rows_dim else value
         return values
 
     def run(self, forward: Callable[[], Any], replay: Replay) -> Any:
         """``forward()`` with every call of the scope answered by ``replay``. Raises SpecRuntimeError when the scope
         is never called, or a stack's layers are not chained with the same arguments."""
         state: dict[str, Any] = {"calls": 0, "first": None, "last": None, "next": 0}
-        rows_dim = _rows_dim(self.rows)
+        rows_dim = self.rows.rows_dim
 
         def answer(args, kwargs):
             if state["calls"] and state["next"] != len(self.layers):

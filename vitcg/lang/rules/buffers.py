@@ -97,6 +97,20 @@ def rows_dim_in_range(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[
                     f"rows_dim {rows_dim} is beyond the buffer's {len(entry['shape'])} dimensions")
 
 
+def pixels_leading_dims(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
+    """A pixels buffer with ``rows_dim`` k has k leading dimensions of size 1: the graphs store the rows first
+    (as the inputs come) and the call gets them after those dimensions."""
+    rows_dim = entry.get("params", {}).get("rows_dim", 0)
+    if entry["provider"] != "pixels" or not rows_dim or rows_dim >= len(entry.get("shape", ())):
+        return
+    for j, dim in enumerate(entry["shape"][:rows_dim]):
+        if dim not in (1, "1"):
+            yield error(loaded, ("buffers", index, "shape", j),
+                        f"dimension {j} is {dim!r}, but a pixels buffer's dimensions before rows_dim "
+                        f"{rows_dim} must be 1 (the call gets the rows after leading dimensions of size 1)",
+                        hint=f"shape: [{', '.join(['1'] * rows_dim)}, <rows>, ...]")
+
+
 def host_or_tensor(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
     """Host providers get 'value', tensor providers 'shape'; for scope_arg, 'fixed' padding goes with 'value'."""
     provider = entry["provider"]
