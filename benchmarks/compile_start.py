@@ -47,7 +47,7 @@ def child(spec_name: str, device: str, size: str) -> dict:
     built = time.perf_counter()
     adapter = adapter_for(spec, module, compile_forward=True)
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
-    _, cache = capture_compiled(manager, spec)
+    report, cache = capture_compiled(manager, spec)
     sync()
     ready = time.perf_counter()
     inputs = on_device(adapter, make_inputs(adapter, WORKLOADS["mixed"], torch.Generator().manual_seed(0)),
@@ -58,6 +58,8 @@ def child(spec_name: str, device: str, size: str) -> dict:
             "compile_capture_s": round(ready - built, 2), "process_to_ready_s": round(ready - START, 2),
             "budgets": list(manager.budgets), "cache_loaded": cache.loaded, "cache_bytes": cache.saved_bytes,
             "cache_file": str(cache.path), "dynamo_unique_graphs": counters["stats"]["unique_graphs"],
+            "per_budget_s": {b: round(t, 2) for b, t in report.per_budget.items()},
+            "replay_ms": {b: round(t, 3) for b, t in report.replay_ms.items()},
             "mixed_rel_error_vs_eager": round(error, 5)}
 
 
@@ -97,8 +99,8 @@ def main() -> None:
         print(f"{label:<17} process {result['process_to_ready_s']:7.1f} s (imports {result['imports_s']:.1f}, "
               f"build {result['build_s']:.1f}, compile+capture {result['compile_capture_s']:.1f}); cache "
               f"{'loaded' if result['cache_loaded'] else 'stored ' + str(result['cache_bytes']) + ' bytes'}; "
-              f"{result['dynamo_unique_graphs']} dynamo graphs; mixed vs eager {result['mixed_rel_error_vs_eager']}",
-              flush=True)
+              f"{result['dynamo_unique_graphs']} dynamo graphs; mixed vs eager {result['mixed_rel_error_vs_eager']}; "
+              f"seconds per budget {result['per_budget_s']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"spec": args.spec, "runs": results}, f, indent=1)

@@ -67,3 +67,21 @@ def test_without_isolation_packed_attention_spreads_the_poison(adapters):
     manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=1024, isolate_nonfinite=False)
     got = manager.execute(poisoned_images(adapter, float("nan")))
     assert manager.stats.replays == 1 and not torch.isfinite(got[0]).all()
+
+
+def test_the_quick_check_misses_no_poison_and_flags_no_finite_item(adapters):
+    """One float32 sum per tensor answers the common case with one sync; inf and -inf together still sum to NaN;
+    huge finite values that overflow the sum are cleared by the exact per-item check, not isolated."""
+    from vitcg.runtime.manager import _finite
+
+    values = torch.zeros(6, 4)
+    values[1, 0], values[4, 2] = float("inf"), float("-inf")
+    assert not _finite({"x": values}) and not _finite({"x": values}, exact=True)
+    huge = torch.full((6, 4), 3e38)
+    assert not _finite({"x": huge}) and _finite({"x": huge}, exact=True)
+    assert _finite({"grid": torch.ones(2, 3, dtype=torch.int64)})  # integer inputs hold no NaN
+    adapter = adapters["qwen2_vl"]
+    kwargs = poisoned_images(adapter, 3e38)
+    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=256)
+    manager.execute(kwargs)
+    assert manager.stats.nonfinite_items == 0 and manager.stats.hits == 3

@@ -94,6 +94,9 @@ def _merge(pack: Pack, params: Mapping[str, Any]) -> int:
 
 
 def _cat(parts: list[torch.Tensor], empty_shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The parts joined on dim 0; one part is returned as it is (no copy kernel: buffers copy from it anyway)."""
+    if len(parts) == 1:
+        return parts[0]
     return torch.cat(parts) if parts else torch.zeros(empty_shape, dtype=dtype, device=device)
 
 
