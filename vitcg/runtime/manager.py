@@ -20,9 +20,10 @@ raise (:mod:`vitcg.runtime.syncs`), as a capture would.
 
 A poisoned item never changes another item's output: packed attention multiplies the zero weights between
 segments by the other segments' values, and 0 * NaN is NaN, so one item with NaN or inf inputs would turn
-its whole pack into NaN. With ``isolate_nonfinite`` (default) the floating inputs are checked before packing
-(one device-to-host sync for all of them, outside the forward); items found non-finite run eagerly, each
-alone, and get exactly what eager gives them.
+its whole pack into NaN. With ``isolate_nonfinite`` (default) the floating inputs of a call that replays any
+pack are checked (one device-to-host sync for all of them, outside the forward; a call served wholly by the
+eager forward is what eager gives anyway and is not checked); items found non-finite run eagerly, each alone,
+and get exactly what eager gives them.
 """
 
 from __future__ import annotations
@@ -165,8 +166,8 @@ class EncoderCudaGraphManager:
     vLLM's larger values (budgets are vLLM's either way). ``route_eager``: on CUDA, measure at capture
     what the forward costs without a graph and send packs that are cheaper eagerly to the eager call (so a
     compute-bound batch padded to a large budget is never slower than eager). ``isolate_nonfinite``: check the
-    floating inputs for NaN and inf before packing (one device-to-host sync per call) and run the items that
-    hold any eagerly, each alone, so that they cannot poison the other items of a pack."""
+    floating inputs for NaN and inf before replaying (one device-to-host sync per call that replays) and run the
+    items that hold any eagerly, each alone, so that they cannot poison the other items of a pack."""
 
     def __init__(
         self,
@@ -493,9 +494,14 @@ class EncoderCudaGraphManager:
         if not self.graphs:
             self.capture()
         frames = self.extension.get_encoder_cudagraph_item_frames(mm_kwargs) if self.extension else None
-        # here, before packing and outside the forward that no_host_syncs guards: this sync is deliberate
-        poisoned = self._nonfinite_items(mm_kwargs, len(items)) if self.isolate_nonfinite else []
-        packs, eager = self._plan_except(items, frames, poisoned)
+        packs, eager = self.plan_packs(items, frames)
+        poisoned: list[int] = []
+        if packs and self.isolate_nonfinite:
+            # only a replay packs items together: a call that runs wholly eagerly needs no check (and no sync,
+            # which would stall the host until the device catches up). Outside the forward: deliberate.
+            poisoned = self._nonfinite_items(mm_kwargs, len(items))
+            if poisoned:
+                packs, eager = self._plan_except(items, frames, poisoned)
         packs, eager, explored = self._explore(packs, eager)
         tokens = [item.output_tokens for item in items]
         dest: dict[int, torch.Tensor] = {}
