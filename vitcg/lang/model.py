@@ -141,6 +141,20 @@ class ExampleInput:
 
 
 @dataclass(frozen=True)
+class Placeholder:
+    """How ``input_ids`` hold one image or video in the end-to-end stage: VLM config fields of token ids."""
+
+    token: str
+    """The field of the placeholder token id (one per output row)."""
+    before: tuple[str, ...] = ()
+    """Fields of the token ids that open each group."""
+    after: tuple[str, ...] = ()
+    """Fields of the token ids that close each group."""
+    per_frame: bool = False
+    """One group per frame (grid t) instead of one per item (videos only)."""
+
+
+@dataclass(frozen=True)
 class VlmTest:
     """The end-to-end stage of ``vitcg check`` (``tests.vlm``): how to build the tiny full VLM and its inputs."""
 
@@ -162,6 +176,13 @@ class VlmTest:
     """The image processor class; None: the one transformers maps to the spec's model types."""
     transformers: str | None = None
     """The oldest transformers release whose config classes take ``config`` (older: the stage is skipped)."""
+    video: Placeholder | None = None
+    """How ``input_ids`` hold a video (``tests.vlm.video_placeholder``); None: the stage feeds images only."""
+
+    @property
+    def image(self) -> Placeholder:
+        """How ``input_ids`` hold an image (``tests.vlm.placeholder``)."""
+        return Placeholder(self.token, self.before, self.after)
 
 
 @dataclass(frozen=True)
