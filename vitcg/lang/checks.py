@@ -190,6 +190,7 @@ def _buffers(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, geome
     found.add(buf.row_wise_buffer(loaded, out))
     found.add(buf.required_providers(loaded, entries, style, scoped))
     found.add(buf.eager_args_agree(loaded, entries, out, encoder.args, style))
+    found.add(buf.grid_buffer_width(loaded, entries, out, modalities))
     return out
 
 

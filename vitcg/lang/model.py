@@ -316,7 +316,8 @@ class Spec:
             "graph_scope": self.graph_scope,
             "modalities": {
                 m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video,
-                         "grid_columns": list(m.grid_columns), "split": m.split}
+                         **({"grid_columns": list(m.grid_columns)} if m.grid_columns != GRID_COLUMNS else {}),
+                         **({"split": m.split} if m.split else {})}
                 for m in self.modalities
             },
             "items": {
