@@ -6,8 +6,8 @@ defaults and ``tests.vlm.processor``, makes the inputs from random images of sev
 (and, where ``tests.vlm.video_placeholder`` says how a prompt holds a video, random videos composed from its
 frames); :func:`vitcg.accelerate` routes its encoder call. Per image (video), the VLM's ``get_image_features``
 (``get_video_features``) must give the same rows with vitcg as without it (float32, relative error <= 1e-5),
-and greedy ``generate`` on a prompt of the images (videos) the same 8 tokens. A wrong output field, width, feature layer or pixel layout fails here even when the spec agrees with
-itself.
+and greedy ``generate`` on a prompt of the images (videos) the same 8 tokens. A wrong output field, width,
+feature layer or pixel layout fails here even when the spec agrees with itself.
 """
 
 from __future__ import annotations
