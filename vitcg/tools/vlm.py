@@ -234,8 +234,8 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
             want[modality] = _features(vlm, given, modality)
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
             # the spec's tiny config does not describe what the processor makes (patch, frames, channels...)
-            raise VitcgError(f"the VLM built from the spec's tiny config fails on its own processor's {modality} "
-                             f"inputs ({', '.join(f'{k} {tuple(v.shape)}' for k, v in given.items())}): "
+            raise VitcgError(f"the VLM built from the spec's tiny config fails on its own processor's inputs "
+                             f"({modality}: {', '.join(f'{k} {tuple(v.shape)}' for k, v in given.items())}): "
                              f"{type(exc).__name__}: {exc}") from None
     rows = {m: [t.numel() // t.shape[-1] for t in found] for m, found in want.items()}
     # one prompt per modality: some VLMs (GLM-4.1V) mark image and video rows with the same token, so a prompt
