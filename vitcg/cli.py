@@ -144,12 +144,13 @@ def demo(
         raise UsageError("--device cuda: no CUDA device is available here")
     chosen = _select_specs([spec], False, specs_dir)[0]
     try:
-        images, error, route = check_vlm(chosen, device)
+        items, error, route = check_vlm(chosen, device)
     except Unavailable as exc:
         raise UsageError(f"{chosen.name}: the demo cannot run: {exc}") from None
-    typer.echo(f"{chosen.name}: tiny {chosen.architectures[0]} with random weights (float32, {device}), {images} "
-               "images from its own image processor, vitcg.accelerate(model):\n"
-               f"  get_image_features per image: max relative error {error:.1e} against the model without vitcg\n"
+    fed = "images and videos" if chosen.tests.vlm and chosen.tests.vlm.video else "images"
+    typer.echo(f"{chosen.name}: tiny {chosen.architectures[0]} with random weights (float32, {device}), {items} "
+               f"{fed} from its own image processor, vitcg.accelerate(model):\n"
+               f"  get_*_features per item: max relative error {error:.1e} against the model without vitcg\n"
                f"  generate: the same greedy tokens (encoder: {route})")
 
 

@@ -30,6 +30,10 @@ budget is a capture buffer's row count, so an unbounded one exhausts memory befo
 MAX_BUFFER_ELEMENTS = 2**30
 """Most elements the tensor buffers of the max budget's capture may hold together (4 GiB in float32; the
 largest spec in ``specs/`` needs 2.0e8)."""
+GRID_COLUMNS = ("t", "h", "w")
+"""The full columns of a grid row; a modality's ``grid_columns`` may leave ``t`` out (then t is 1)."""
+SPLITS = {"frames": "the encoder receives one grid row (1, h, w) per frame of each (t, h, w) item row"}
+"""Values of a modality's ``split``: how the grid rows the encoder receives derive from the item rows."""
 SHAPING_NAMES = {"image": ("height", "width"), "video": ("frames", "height", "width")}
 """What a ``tests.shaping`` formula may read besides geometry: the size of one image or video in pixels."""
 
@@ -104,13 +108,15 @@ class AttentionStyle:
     def roles(self) -> tuple[str, ...]:
         return ("pixels", self.count_role)
 
-    @property
-    def count_shape(self) -> str:
-        """The shape of the count input, in words: ``(items, 3)`` or ``(items,)``."""
-        return f"(items, {len(self.item_names)})" if self.segmented else "(items,)"
+    def count_shape(self, columns: int | None = None) -> str:
+        """The shape of the count input, in words: ``(items, 3)`` (``columns`` per grid row, default all item
+        names) or ``(items,)``."""
+        return f"(items, {columns or len(self.item_names)})" if self.segmented else "(items,)"
 
-    def counts_fit(self, shape: Sequence[int]) -> bool:
-        return tuple(shape[1:]) == ((len(self.item_names),) if self.segmented else ()) and len(shape) >= 1
+    def counts_fit(self, shape: Sequence[int], columns: int | None = None) -> bool:
+        """Whether a count input of ``shape`` has one row per item (``columns`` per grid row)."""
+        width = (columns or len(self.item_names),) if self.segmented else ()
+        return tuple(shape[1:]) == width and len(shape) >= 1
 
     def empty_counts_shape(self) -> tuple[int, ...]:
         return (0, len(self.item_names)) if self.segmented else (0,)

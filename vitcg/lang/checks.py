@@ -19,7 +19,7 @@ from . import catalogue as cat
 from .bindings import MISSING, Bindings, release, transformers_version
 from .formulas import Formula, parse
 from .loader import LoadedYaml, Path_
-from .model import Buffer, Docs, Encoder, ExampleInput, Modality, Spec, TestMeta, VlmTest, freeze
+from .model import Buffer, Docs, Encoder, ExampleInput, Modality, Placeholder, Spec, TestMeta, VlmTest, freeze
 from .rules import bindings as bind
 from .rules import buffers as buf
 from .rules import geometry as geo
@@ -131,9 +131,13 @@ def _modalities(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle) ->
         found.add(mod.modality_roles_present(loaded, name, entry, style))
         found.add(mod.modality_roles_apply(loaded, name, entry, style))
         found.add(mod.frames_per_video(loaded, name, entry))
-        out.append(Modality(name, freeze(entry["inputs"]), entry.get("max_frames_per_video") or 1))
+        found.add(mod.grid_options_apply(loaded, name, entry, style))
+        found.add(mod.split_needs_frames(loaded, name, entry))
+        out.append(Modality(name, freeze(entry["inputs"]), entry.get("max_frames_per_video") or 1,
+                            tuple(entry.get("grid_columns", cat.GRID_COLUMNS)), entry.get("split")))
     found.add(mod.input_keys_unique(loaded, entries))
     found.add(mod.extra_roles_agree(loaded, entries))
+    found.add(mod.grid_columns_agree(loaded, entries))
     return out
 
 
@@ -187,6 +191,7 @@ def _buffers(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, geome
     found.add(buf.row_wise_buffer(loaded, out))
     found.add(buf.required_providers(loaded, entries, style, scoped))
     found.add(buf.eager_args_agree(loaded, entries, out, encoder.args, style))
+    found.add(buf.grid_buffer_width(loaded, entries, out, modalities))
     return out
 
 
@@ -207,6 +212,7 @@ def _tests(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, modalit
         examples[role] = ExampleInput(shape, fill, entry.get("dtype", "model"))
     found.add(tst.examples_cover_roles(loaded, t, modalities, scoped))
     found.add(tst.video_placeholder_matches(loaded, t, modalities))
+    found.add(tst.vlm_videos_need_video(loaded, t, modalities))
     found.add(tst.prompt_has_question(loaded, t))
     shaping = t.get("shaping", {})
     found.add(tst.shaping_modalities_exist(loaded, shaping, modalities))
@@ -235,7 +241,14 @@ def _vlm(entry: dict | None) -> VlmTest | None:
                    token=placeholder["token"], before=tuple(placeholder.get("before", ())),
                    after=tuple(placeholder.get("after", ())), skip=entry.get("skip"),
                    architecture=entry.get("architecture"), processor_class=entry.get("processor_class"),
-                   transformers=entry.get("transformers"))
+                   transformers=entry.get("transformers"), video=_placeholder(entry.get("video_placeholder")))
+
+
+def _placeholder(entry: dict | None) -> Placeholder | None:
+    if entry is None:
+        return None
+    return Placeholder(entry["token"], tuple(entry.get("before", ())), tuple(entry.get("after", ())),
+                       entry.get("per_frame", False))
 
 
 def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .catalogue import PADDINGS, STANDARD_ROLES, STYLES, AttentionStyle
+from .catalogue import GRID_COLUMNS, PADDINGS, STANDARD_ROLES, STYLES, AttentionStyle
 from .formulas import Formula
 
 
@@ -37,6 +37,32 @@ class Modality:
     """Input role (``pixels``, ``grid``, ``tiles``) -> key in the multimodal kwargs."""
     max_frames_per_video: int
     """Largest frame count of one item (1 for images)."""
+    grid_columns: tuple[str, ...] = GRID_COLUMNS
+    """The columns of the grid input and of the grid the encoder receives (``t, h, w``, or ``h, w``: t is 1)."""
+    split: str | None = None
+    """``frames``: the encoder receives one grid row ``(1, h, w)`` per frame of each item row; None: the item
+    rows as given."""
+
+    def item_row(self, given: Sequence[int]) -> list[int]:
+        """One grid row as given (in :attr:`grid_columns`) as a full ``(t, h, w)`` row; a missing column is 1."""
+        values = dict(zip(self.grid_columns, given, strict=True))
+        return [values.get(name, 1) for name in GRID_COLUMNS]
+
+    def encoder_rows(self, row: Sequence[int]) -> list[list[int]]:
+        """The ``(t, h, w)`` rows the encoder sees for one item row: ``t`` rows ``(1, h, w)`` when the modality
+        splits by frames, else the row itself."""
+        if self.split == "frames":
+            return [[1, *row[1:]] for _ in range(row[0])]
+        return [list(row)]
+
+    def encoder_grid(self, row: Sequence[int]) -> list[int]:
+        """One ``(t, h, w)`` encoder row in the columns the encoder receives (:attr:`grid_columns`)."""
+        return [row[GRID_COLUMNS.index(name)] for name in self.grid_columns]
+
+    @property
+    def reshapes_grid(self) -> bool:
+        """Whether the encoder's grid differs from the grid as given (split rows or other columns)."""
+        return self.split is not None or self.grid_columns != GRID_COLUMNS
 
     @property
     def pixels_key(self) -> str:
@@ -122,6 +148,20 @@ class ExampleInput:
 
 
 @dataclass(frozen=True)
+class Placeholder:
+    """How ``input_ids`` hold one image or video in the end-to-end stage: VLM config fields of token ids."""
+
+    token: str
+    """The field of the placeholder token id (one per output row)."""
+    before: tuple[str, ...] = ()
+    """Fields of the token ids that open each group."""
+    after: tuple[str, ...] = ()
+    """Fields of the token ids that close each group."""
+    per_frame: bool = False
+    """One group per frame (grid t) instead of one per item (videos only)."""
+
+
+@dataclass(frozen=True)
 class VlmTest:
     """The end-to-end stage of ``vitcg check`` (``tests.vlm``): how to build the tiny full VLM and its inputs."""
 
@@ -143,6 +183,13 @@ class VlmTest:
     """The image processor class; None: the one transformers maps to the spec's model types."""
     transformers: str | None = None
     """The oldest transformers release whose config classes take ``config`` (older: the stage is skipped)."""
+    video: Placeholder | None = None
+    """How ``input_ids`` hold a video (``tests.vlm.video_placeholder``); None: the stage feeds images only."""
+
+    @property
+    def image(self) -> Placeholder:
+        """How ``input_ids`` hold an image (``tests.vlm.placeholder``)."""
+        return Placeholder(self.token, self.before, self.after)
 
 
 @dataclass(frozen=True)
@@ -209,6 +256,11 @@ class Spec:
     @property
     def modality_names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.modalities)
+
+    @property
+    def grid_columns(self) -> tuple[str, ...]:
+        """The columns of the grid the encoder receives (every modality with a grid agrees on them)."""
+        return next((m.grid_columns for m in self.modalities if "grid" in m.inputs), GRID_COLUMNS)
 
     def buffer(self, name: str) -> Buffer | None:
         return next((b for b in self.buffers if b.name == name), None)
@@ -277,7 +329,9 @@ class Spec:
             "attention": {"style": self.style, "segments": self.segments},
             "graph_scope": self.graph_scope,
             "modalities": {
-                m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video}
+                m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video,
+                         **({"grid_columns": list(m.grid_columns)} if m.grid_columns != GRID_COLUMNS else {}),
+                         **({"split": m.split} if m.split else {})}
                 for m in self.modalities
             },
             "items": {

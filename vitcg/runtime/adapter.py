@@ -100,6 +100,8 @@ class _Adapter:
         self._graph_call = torch.compile(graph_call, dynamic=True) if compile_forward else graph_call
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._configs = configs_of(module)
+        self._splits = any(m.split for m in spec.modalities)
+        """Whether the encoder may see more grid rows than items (a modality split by frames)."""
         self._rows_buffer = spec.rows_buffer
         """The buffer whose first dimension is the row (or tile) capacity: where padding segments end."""
         parameter = next(module.parameters())
@@ -249,8 +251,8 @@ class _Adapter:
                 shape = shape[buffer.rows_dim:]
             if self._is_segment_buffer(buffer):  # the leading zero, the segments, one padding segment
                 shape = (max(shape[0], segments + 2), *shape[1:])
-            elif buffer.provider == "grid":  # a row per item
-                shape = (max(shape[0], max_batch_size), *shape[1:])
+            elif buffer.provider == "grid":  # a row per item, or per segment when a modality splits its rows
+                shape = (max(shape[0], segments if self._splits else max_batch_size), *shape[1:])
             if self._scope is not None:
                 shape = self._scope.storage_shape(buffer, shape)
             values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else providers.DTYPES[kind],
@@ -274,13 +276,13 @@ class _Adapter:
 
         if inputs:
             pixels = joined([i.pixels for i in inputs])
-            counts = torch.cat([i.counts_cpu for i in inputs])
+            counts = torch.cat([i.encoder_counts for i in inputs])
             extras = {role: joined([i.extras[role] for i in inputs]) for role in inputs[0].extras}
         else:
             pixels, extras = torch.zeros(0), {}
             counts = torch.zeros(self.spec.attention_style.empty_counts_shape(), dtype=torch.int64)
         pack = providers.Pack(pixels.to(self.device, self.dtype), counts, self.geometry, self.spec.segments,
-                             self._metadata_cache, extras)
+                             self._metadata_cache, extras, self.spec.grid_columns)
         return pack, items
 
 
@@ -347,6 +349,10 @@ class _Adapter:
         calls = []
         for inp in self._inputs(mm_kwargs):
             counts = inp.counts.to(self.device) if inp.counts is not None else None
+            if counts is not None and inp.modality.reshapes_grid:  # the rows the encoder sees (split, columns)
+                rows = [inp.modality.encoder_grid(row) for row in inp.encoder_counts.tolist()]
+                counts = torch.tensor(rows, dtype=counts.dtype).reshape(-1, len(inp.modality.grid_columns)).to(
+                    self.device)
             pixels = inp.pixels.to(self.device, self.dtype)
             pixels = pixels.reshape(*(1,) * self.spec.pixels_rows_dim, *pixels.shape)
             by_role = {"pixels": pixels, self.spec.attention_style.count_role: counts,

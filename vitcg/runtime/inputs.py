@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..errors import FormulaError, InputError, suggest
-from ..lang.catalogue import BUFFER_NAMES, MERGE_NAME, buffer_names
+from ..lang.catalogue import BUFFER_NAMES, GRID_COLUMNS, MERGE_NAME, buffer_names
 from ..lang.model import Modality, Spec
 from .protocol import EncoderItemSpec
 
@@ -26,7 +26,11 @@ class Input:
     counts: torch.Tensor | None
     """The counts as given (for the eager call); None when every tile is an item."""
     counts_cpu: torch.Tensor
-    """The counts on the CPU as int64 (for formulas and providers); ones when every tile is an item."""
+    """The counts on the CPU as int64, one per item (for item formulas): full ``(t, h, w)`` grid rows whatever
+    the modality's ``grid_columns``; ones when every tile is an item."""
+    encoder_counts: torch.Tensor
+    """The count rows the encoder sees, on the CPU as int64 (for providers): ``counts_cpu``, or with a
+    ``split`` modality one ``(1, h, w)`` row per frame."""
     extras: dict[str, torch.Tensor]
     """Extra inputs by role, aligned with the pixels on dim 0."""
 
@@ -122,7 +126,11 @@ class InputReader:
             extras = {role: self._aligned(modality, role, mm_kwargs[modality.inputs[role]], pixels)
                       for role in modality.extra_roles}
             self._check_items(modality, counts_cpu, pixels)
-            found.append(Input(modality, pixels, counts, counts_cpu, extras))
+            encoder_counts = counts_cpu
+            if modality.split is not None and self.spec.attention_style.segmented:
+                rows = [r for row in counts_cpu.tolist() for r in modality.encoder_rows(row)]
+                encoder_counts = torch.tensor(rows, dtype=torch.int64).reshape(-1, counts_cpu.shape[1])
+            found.append(Input(modality, pixels, counts, counts_cpu, encoder_counts, extras))
         return found
 
     def _check_keys(self, mm_kwargs: Mapping[str, Any]) -> None:
@@ -176,12 +184,18 @@ class InputReader:
         if counts.is_meta:
             raise self._error(key, "expected a tensor with data, got a meta tensor")
         style = self.spec.attention_style
-        if not style.counts_fit(counts.shape):
-            raise InputError(f"{self.spec.name}: {key!r} must have shape {style.count_shape}, "
+        columns = len(modality.grid_columns) if style.segmented else None
+        if not style.counts_fit(counts.shape, columns):
+            named = f" ({', '.join(modality.grid_columns)})" if style.segmented else ""
+            raise InputError(f"{self.spec.name}: {key!r} must have shape {style.count_shape(columns)}{named}, "
                              f"got {tuple(counts.shape)}")
         if counts.is_floating_point() or counts.is_complex() or counts.dtype == torch.bool:
             raise self._error(key, f"expected an integer dtype, got {counts.dtype}")
-        return counts, counts.detach().to("cpu", torch.int64)
+        counts_cpu = counts.detach().to("cpu", torch.int64)
+        if style.segmented and modality.grid_columns != GRID_COLUMNS:  # full (t, h, w) rows for the formulas
+            full = [modality.item_row(row) for row in counts_cpu.tolist()]
+            counts_cpu = torch.tensor(full, dtype=torch.int64).reshape(-1, len(GRID_COLUMNS))
+        return counts, counts_cpu
 
     def _aligned(self, modality: Modality, role: str, value: Any, pixels: torch.Tensor) -> torch.Tensor:
         key = modality.inputs[role]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import vision_utils
 
-from ..lang.catalogue import PROVIDERS
+from ..lang.catalogue import GRID_COLUMNS, PROVIDERS
 from ..lang.model import Buffer
 
 Compute = Callable[["Pack", Mapping[str, Any]], torch.Tensor]
@@ -39,7 +39,8 @@ class Pack:
     pixels: torch.Tensor
     """Packed patch rows, or tiles on dim 0."""
     counts: torch.Tensor
-    """(items, 3) t/h/w grid on the CPU (packed, windowed), or (items,) tile counts (tiles)."""
+    """The t/h/w grid rows the encoder sees, on the CPU (packed, windowed: one per item, or one per frame of a
+    modality with ``split: frames``), or (items,) tile counts (tiles)."""
     geometry: Mapping[str, int]
     segments: str
     """``frame``, ``clip`` or ``tile``."""
@@ -47,6 +48,8 @@ class Pack:
     """Per-item results of the vision_utils helpers; owned by the adapter, shared across packs."""
     extras: Mapping[str, torch.Tensor] = field(default_factory=dict)
     """Extra inputs by role, aligned with the pixels on dim 0."""
+    grid_columns: tuple[str, ...] = GRID_COLUMNS
+    """The columns of the grid the encoder receives (:attr:`counts` always holds all of t, h, w)."""
 
     @property
     def rows(self) -> list:
@@ -163,7 +166,9 @@ def _aligned(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
 
 @provider("grid")
 def _grid(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
-    return pack.counts
+    if pack.grid_columns == GRID_COLUMNS:
+        return pack.counts
+    return pack.counts[:, [GRID_COLUMNS.index(name) for name in pack.grid_columns]]
 
 
 @provider("window_index")

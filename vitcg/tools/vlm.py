@@ -2,11 +2,12 @@
 
 The tiny full VLM (the spec's first architecture that the installed transformers has; the tiny vision config
 plus ``tests.vlm.config``) is built with random weights; its own image processor class, constructed from its
-defaults and ``tests.vlm.processor``, makes the inputs from random images of several sizes and aspect ratios;
-:func:`vitcg.accelerate` routes its encoder call. Per image, the VLM's ``get_image_features`` must give the
-same rows with vitcg as without it (float32, relative error <= 1e-5), and greedy ``generate`` the same 8
-tokens. A wrong output field, width, feature layer or pixel layout fails here even when the spec agrees with
-itself.
+defaults and ``tests.vlm.processor``, makes the inputs from random images of several sizes and aspect ratios
+(and, where ``tests.vlm.video_placeholder`` says how a prompt holds a video, random videos composed from its
+frames); :func:`vitcg.accelerate` routes its encoder call. Per image (video), the VLM's ``get_image_features``
+(``get_video_features``) must give the same rows with vitcg as without it (float32, relative error <= 1e-5),
+and greedy ``generate`` on a prompt of the images (videos) the same 8 tokens. A wrong output field, width,
+feature layer or pixel layout fails here even when the spec agrees with itself.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import torch
 
 from ..errors import UsageError, VitcgError
 from ..lang.bindings import MISSING, import_object, release, transformers_version
-from ..lang.model import Spec, thaw
+from ..lang.model import Placeholder, Spec, thaw
 from ..runtime.accelerate import accelerate
 from .workloads import relative_error
 
 IMAGE_SIZES = ((56, 84), (112, 56), (84, 84))
 """(height, width) of the random images: landscape, portrait, square; small, so CPU runs stay fast."""
+VIDEO_SIZES = ((3, 56, 84), (2, 84, 56))
+"""(frames, height, width) of the random videos fed where the spec says how ``input_ids`` hold one."""
 NEW_TOKENS = 8
 TOLERANCE = 1e-5
 
@@ -92,45 +95,101 @@ def build_processor(spec: Spec, vlm: torch.nn.Module):
         raise Unavailable(f"{name} cannot be built here: {str(exc).strip().splitlines()[0]}") from None
 
 
-def _image_features(vlm: torch.nn.Module):
-    """The ``get_image_features`` that the VLM's forward calls: its base model's (where the VLM class only
-    forwards to it, with None for the arguments it was not given), else the class's own."""
-    method = getattr(vlm.base_model, "get_image_features", None) or getattr(vlm, "get_image_features", None)
+def _feature_method(vlm: torch.nn.Module, modality: str = "image"):
+    """The ``get_image_features`` (or ``get_video_features``) that the VLM's forward calls: its base model's
+    (where the VLM class only forwards to it, with None for the arguments it was not given), else the
+    class's own."""
+    name = f"get_{modality}_features"
+    method = getattr(vlm.base_model, name, None) or getattr(vlm, name, None)
     if method is None:
-        raise Unavailable(f"{type(vlm).__name__} has no get_image_features")
+        raise Unavailable(f"{type(vlm).__name__} has no {name}")
     return method
 
 
-def _features(vlm: torch.nn.Module, inputs: Mapping[str, Any]) -> list[torch.Tensor]:
-    """The base model's ``get_image_features`` rows, one tensor per image where the model splits them."""
+def _features(vlm: torch.nn.Module, inputs: Mapping[str, Any], modality: str = "image") -> list[torch.Tensor]:
+    """The base model's ``get_{modality}_features`` rows, one tensor per item where the model splits them."""
     with torch.no_grad():
-        out = _image_features(vlm)(**inputs)
+        out = _feature_method(vlm, modality)(**inputs)
     value = out.pooler_output if hasattr(out, "pooler_output") else out
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _feature_inputs(vlm: torch.nn.Module, made: Mapping[str, Any]) -> dict[str, Any]:
-    """The processor outputs that ``get_image_features`` takes, by parameter name."""
-    parameters = inspect.signature(_image_features(vlm)).parameters
+def _feature_inputs(vlm: torch.nn.Module, made: Mapping[str, Any], modality: str = "image") -> dict[str, Any]:
+    """The processor outputs that ``get_{modality}_features`` takes, by parameter name."""
+    parameters = inspect.signature(_feature_method(vlm, modality)).parameters
     return {k: v for k, v in made.items() if k in parameters and isinstance(v, torch.Tensor)}
 
 
-def _prompt(vlm: torch.nn.Module, spec: Spec, per_image: list[int]) -> torch.Tensor:
-    """input_ids as the processor's tokenizer would expand them: per image its ``before`` tokens, one
-    placeholder per output row, its ``after`` tokens."""
-    vlm_test, config = spec.tests.vlm, vlm.config
+def compose_videos(spec: Spec, processor: Any, videos: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    """Video inputs of the spec's video modality made by the model's image processor: each video's frames
+    (``(frames, height, width, 3)``) become image rows of one size, concatenated frame after frame on a
+    ``(frames, h, w)`` grid row. That is the packed, t-major layout a video processor gives a video whose
+    frames each repeat ``temporal_patch_size`` times (video processors need torchvision). Raises Unavailable
+    when the image processor does not give one ``(1, h, w)`` row per frame under the image modality's keys."""
+    image, video = spec.modality("image"), spec.modality("video")
+    if image is None or "grid" not in image.inputs:
+        raise Unavailable("videos are composed through the image modality's grid, and the spec has none")
+    pixels, grids = [], []
+    for frames in videos:
+        made = processor(images=list(frames), return_tensors="pt")
+        rows, grid = made.get(image.pixels_key), made.get(image.inputs["grid"])
+        if not isinstance(rows, torch.Tensor) or not isinstance(grid, torch.Tensor) or grid.ndim != 2:
+            raise Unavailable(f"the image processor gives no {image.pixels_key!r} and {image.inputs['grid']!r}")
+        full = [image.item_row(row) for row in grid.tolist()]
+        if any(row != [1, *full[0][1:]] for row in full):
+            raise Unavailable(f"the image processor gives grid rows {full} for frames of one size, not one "
+                              "(1, h, w) row each")
+        pixels.append(rows)
+        grids.append(video.encoder_grid([len(full), *full[0][1:]]))
+    return {video.pixels_key: torch.cat(pixels), video.inputs["grid"]: torch.tensor(grids, dtype=torch.int64)}
+
+
+def _prompt(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids as the processor's tokenizer would expand them, and their token types: per group (an image,
+    a video, or a video's frame) of ``(placeholder, rows, token type)`` its ``before`` tokens, one placeholder
+    token per output row (of that token type; 0 elsewhere), its ``after`` tokens."""
+    config = vlm.config
 
     def token(field: str) -> int:
         value = getattr(config, field, None)
         if not isinstance(value, int):
-            raise VitcgError(f"tests.vlm.placeholder: the VLM config has no integer {field!r}")
+            raise VitcgError(f"tests.vlm: the VLM config has no integer {field!r} (placeholder token)")
         return value
 
-    ids = [1, 2, 3]
-    for rows in per_image:
-        ids += [token(f) for f in vlm_test.before] + [token(vlm_test.token)] * rows
-        ids += [token(f) for f in vlm_test.after]
-    return torch.tensor([[*ids, 4, 5]])
+    ids, types = [1, 2, 3], [0, 0, 0]
+    for placeholder, rows, kind in groups:
+        opening = [token(f) for f in placeholder.before]
+        closing = [token(f) for f in placeholder.after]
+        ids += opening + [token(placeholder.token)] * rows + closing
+        types += [0] * len(opening) + [kind] * rows + [0] * len(closing)
+    return torch.tensor([[*ids, 4, 5]]), torch.tensor([[*types, 0, 0]])
+
+
+def _generate_kwargs(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]],
+                     inputs: Mapping[str, torch.Tensor], device: str) -> dict[str, Any]:
+    """``generate``'s arguments for a prompt holding ``groups`` and the feature ``inputs`` of one modality."""
+    ids, types = _prompt(vlm, groups)
+    ids = ids.to(device)
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": NEW_TOKENS,
+              "do_sample": False, "min_new_tokens": NEW_TOKENS, **inputs}
+    if "mm_token_type_ids" in inspect.signature(vlm.forward).parameters:
+        # models that place rows by token type (as their processors mark them): 1 on image placeholders, 2 on
+        # video placeholders
+        kwargs["mm_token_type_ids"] = types.to(device)
+    return kwargs
+
+
+def _groups(vlm_test: Any, rows: list[int], items: int, frames: list[int] | None) -> list[tuple[Placeholder, int, int]]:
+    """The placeholder groups of the images (``frames`` None) or videos whose features have ``rows`` rows per
+    tensor (one tensor per item, or one for all ``items`` where the model does not split them)."""
+    if frames is None:
+        return [(vlm_test.image, r, 1) for r in (rows if len(rows) == items else [sum(rows)])]
+    placeholder = vlm_test.video
+    if len(rows) != items:
+        return [(placeholder, sum(rows), 2)]
+    if not placeholder.per_frame:
+        return [(placeholder, r, 2) for r in rows]
+    return [(placeholder, r // t, 2) for r, t in zip(rows, frames) for _ in range(t)]
 
 
 @contextlib.contextmanager
@@ -145,7 +204,7 @@ def no_tf32() -> Iterator[None]:
 
 
 def check_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> tuple[int, float, str]:
-    """Run the end-to-end stage: ``(images, largest per-image relative error, route)``. Raises VitcgError
+    """Run the end-to-end stage: ``(items, largest per-item relative error, route)``. Raises VitcgError
     naming what differs, Unavailable when this transformers cannot build the VLM or its processor."""
     if spec.tests.vlm is None:
         raise Unavailable("the spec has no tests.vlm")
@@ -164,49 +223,64 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
     processor = build_processor(spec, vlm)
     rng = np.random.default_rng(seed)
     images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in IMAGE_SIZES]
-    inputs = {k: v.to(device) for k, v in _feature_inputs(vlm, processor(images=images, return_tensors="pt")).items()}
-    try:
-        want = _features(vlm, inputs)
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        # the spec's tiny config does not describe what the processor makes (patch, frames, channels...)
-        raise VitcgError(f"the VLM built from the spec's tiny config fails on its own processor's inputs "
-                         f"({', '.join(f'{k} {tuple(v.shape)}' for k, v in inputs.items())}): "
-                         f"{type(exc).__name__}: {exc}") from None
-    rows = [t.numel() // t.shape[-1] for t in want]
-    ids = _prompt(vlm, spec, rows if len(rows) == len(images) else [sum(rows)]).to(device)
-    generate = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": NEW_TOKENS,
-                "do_sample": False, "min_new_tokens": NEW_TOKENS, **inputs}
-    if "mm_token_type_ids" in inspect.signature(vlm.forward).parameters:
-        # models that place image rows by token type (as their processors mark them): 1 on image placeholders
-        generate["mm_token_type_ids"] = (ids == getattr(vlm.config, spec.tests.vlm.token)).long()
+    made = {"image": _feature_inputs(vlm, processor(images=images, return_tensors="pt"))}
+    counts = {"image": len(images)}
+    frames: list[int] = []
+    if spec.tests.vlm.video is not None:
+        videos = [rng.integers(0, 255, (f, h, w, 3), dtype=np.uint8) for f, h, w in VIDEO_SIZES]
+        frames = [f for f, _, _ in VIDEO_SIZES]  # a grid t per frame: compose_videos makes one row per frame
+        made["video"] = _feature_inputs(vlm, compose_videos(spec, processor, videos), "video")
+        counts["video"] = len(videos)
+    inputs = {m: {k: v.to(device) for k, v in found.items()} for m, found in made.items()}
+    want = {}
+    for modality, given in inputs.items():
+        try:
+            want[modality] = _features(vlm, given, modality)
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+            # the spec's tiny config does not describe what the processor makes (patch, frames, channels...)
+            raise VitcgError(f"the VLM built from the spec's tiny config fails on its own processor's inputs "
+                             f"({modality}: {', '.join(f'{k} {tuple(v.shape)}' for k, v in given.items())}): "
+                             f"{type(exc).__name__}: {exc}") from None
+    rows = {m: [t.numel() // t.shape[-1] for t in found] for m, found in want.items()}
+    # one prompt per modality: some VLMs (GLM-4.1V) mark image and video rows with the same token, so a prompt
+    # holding both cannot tell them apart
+    prompts = {m: _generate_kwargs(vlm, _groups(spec.tests.vlm, rows[m], counts[m],
+                                                      frames if m == "video" else None), inputs[m], device)
+               for m in inputs}
     with torch.no_grad():
-        tokens = vlm.generate(**generate)
+        tokens = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
+    total = sum(sum(r) for r in rows.values())
     try:
         # at least 8192 tokens: a resampler after the encoder makes far fewer output rows than the encoder's
         # own min budget
-        handle = accelerate(vlm, spec=spec, progress=False, max_num_batched_tokens=max(4 * sum(rows), 8192))
+        handle = accelerate(vlm, spec=spec, progress=False, max_num_batched_tokens=max(4 * total, 8192))
     except UsageError as exc:
         raise VitcgError(f"accelerate refused the VLM: {exc}") from None
     with handle:
-        _features(vlm, inputs)  # the first call runs the original and learns the output layout
-        got = _features(vlm, inputs)
+        _features(vlm, inputs["image"])  # the first call runs the original and learns the output layout
+        got = {m: _features(vlm, given, m) for m, given in inputs.items()}
         with torch.no_grad():
-            accelerated = vlm.generate(**generate)
+            accelerated = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
         stats = handle.stats
     reasons = {r: n for r, n in stats.reasons.items() if not r.startswith("first call")}
     if reasons or not stats.routed:
         raise VitcgError("the VLM's calls ran the original encoder call: "
                          + "; ".join(f"{r} ({n}x)" for r, n in reasons.items()))
-    if [g.shape for g in got] != [w.shape for w in want]:
-        raise VitcgError(f"features of shapes {[tuple(g.shape) for g in got]}, the VLM's own give "
-                         f"{[tuple(w.shape) for w in want]}")
-    errors = [relative_error(g, w) for g, w in zip(got, want, strict=True)]
-    worst = max(errors)
-    if worst > TOLERANCE:
-        raise VitcgError(f"features differ from the VLM's own: relative error {worst:.1e} > {TOLERANCE:.0e} "
-                         f"(image {errors.index(worst)})")
-    if not torch.equal(accelerated, tokens):
-        raise VitcgError(f"greedy generate differs: {accelerated[0, -NEW_TOKENS:].tolist()} vs the VLM's "
-                         f"{tokens[0, -NEW_TOKENS:].tolist()}")
+    worst = 0.0
+    for modality in inputs:
+        mine, theirs = got[modality], want[modality]
+        if [g.shape for g in mine] != [w.shape for w in theirs]:
+            raise VitcgError(f"{modality} features of shapes {[tuple(g.shape) for g in mine]}, the VLM's own give "
+                             f"{[tuple(w.shape) for w in theirs]}")
+        errors = [relative_error(g, w) for g, w in zip(mine, theirs, strict=True)]
+        if max(errors) > TOLERANCE:
+            raise VitcgError(f"{modality} features differ from the VLM's own: relative error {max(errors):.1e} > "
+                             f"{TOLERANCE:.0e} ({modality} {errors.index(max(errors))})")
+        worst = max(worst, *errors)
+    for modality, want_tokens in tokens.items():
+        if not torch.equal(accelerated[modality], want_tokens):
+            raise VitcgError(f"greedy generate on {modality}s differs: "
+                             f"{accelerated[modality][0, -NEW_TOKENS:].tolist()} vs the VLM's "
+                             f"{want_tokens[0, -NEW_TOKENS:].tolist()}")
     manager = stats.manager
-    return len(images), worst, f"{manager.replays} replays, {manager.misses} eager"
+    return sum(counts.values()), worst, f"{manager.replays} replays, {manager.misses} eager"

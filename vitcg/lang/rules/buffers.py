@@ -209,3 +209,18 @@ def eager_args_agree(loaded: LoadedYaml, entries: Sequence[Entry], buffers: Sequ
             yield error(loaded, ("buffers", index, "arg" if "arg" in entries[index] else "name"),
                         f"the {role} buffer is passed as {buffer.arg!r}, but the eager call passes {role} as "
                         f"{by_role[role]!r}", hint=f"arg: {by_role[role]}")
+
+
+def grid_buffer_width(loaded: LoadedYaml, entries: Sequence[Entry], buffers: Sequence[Buffer],
+                      modalities: Sequence[Modality]) -> Iterator[Diagnostic]:
+    """A grid buffer whose row width is a literal holds as many columns as the modalities' ``grid_columns``."""
+    columns = next((m.grid_columns for m in modalities if "grid" in m.inputs), cat.GRID_COLUMNS)
+    for buffer in buffers:
+        if buffer.provider != "grid" or buffer.shape is None or len(buffer.shape) != 2 or buffer.shape[1].names:
+            continue
+        width = buffer.shape[1].evaluate({})
+        if width != len(columns):
+            position = next(i for i, e in enumerate(entries) if e["name"] == buffer.name)
+            yield error(loaded, ("buffers", position, "shape", 1),
+                        f"the grid buffer holds {width} columns per row, but the grid rows are "
+                        f"({', '.join(columns)})", hint=f"shape: [..., {len(columns)}]")

@@ -63,6 +63,36 @@ def frames_per_video(loaded: LoadedYaml, name: str, entry: Mapping[str, Any]) ->
                     hint="the largest frame count of one video item (grid t, or tiles)")
 
 
+def grid_options_apply(loaded: LoadedYaml, name: str, entry: Mapping[str, Any],
+                       style: cat.AttentionStyle) -> Iterator[Diagnostic]:
+    """``grid_columns`` and ``split`` shape a grid: only a modality whose style reads one uses them."""
+    for key in ("grid_columns", "split"):
+        if key in entry and not style.segmented:
+            yield error(loaded, ("modalities", name, key), f"{key!r} shapes a grid, and {style.name} style has "
+                        f"none", hint="packed and windowed modalities name a grid input", key=True)
+
+
+def split_needs_frames(loaded: LoadedYaml, name: str, entry: Mapping[str, Any]) -> Iterator[Diagnostic]:
+    """``split: frames`` cuts a row into its frames, so the grid must have a t column."""
+    columns = entry.get("grid_columns", cat.GRID_COLUMNS)
+    if entry.get("split") == "frames" and "t" not in columns:
+        yield error(loaded, ("modalities", name, "split"),
+                    f"split: frames cuts each row into its t frames, but grid_columns {list(columns)} has no t",
+                    hint="drop split (an (h, w) grid has one frame per row) or declare grid_columns [t, h, w]")
+
+
+def grid_columns_agree(loaded: LoadedYaml, modalities: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
+    """Every modality gives its grid in the same columns: one grid buffer feeds the encoder for all of them."""
+    columns = {name: list(entry.get("grid_columns", cat.GRID_COLUMNS)) for name, entry in modalities.items()
+               if "grid" in entry["inputs"]}
+    if len({tuple(v) for v in columns.values()}) > 1:
+        last = list(columns)[-1]
+        yield error(loaded, ("modalities", last, "grid_columns") if "grid_columns" in modalities[last]
+                    else ("modalities", last),
+                    "every modality must give its grid in the same columns (one grid buffer feeds the encoder), "
+                    "got " + "; ".join(f"{k}: {v}" for k, v in columns.items()))
+
+
 def extra_roles_agree(loaded: LoadedYaml, modalities: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
     """Every modality names the same extra (non-standard) input roles."""
     extras = {name: sorted(r for r in entry["inputs"] if r not in cat.STANDARD_ROLES)

@@ -39,6 +39,22 @@ def examples_cover_roles(loaded: LoadedYaml, tests: Mapping[str, Any], modalitie
                         hint="e.g. inputs: {" + role + ": {shape: [max_patches], fill: ones, dtype: bool}}")
 
 
+def vlm_videos_need_video(loaded: LoadedYaml, tests: Mapping[str, Any],
+                          modalities: Sequence[Modality]) -> Iterator[Diagnostic]:
+    """The end-to-end stage feeds videos (``tests.vlm.video_placeholder``) only to a spec with a packed video
+    modality: its videos are frames of the image processor, packed on a (t, h, w) grid."""
+    vlm = tests.get("vlm") or {}
+    if "video_placeholder" not in vlm:
+        return
+    video = next((m for m in modalities if m.name == "video"), None)
+    if video is None:
+        yield error(loaded, ("tests", "vlm", "video_placeholder"), "the spec has no video modality", key=True)
+    elif "grid" not in video.inputs or "t" not in video.grid_columns:
+        yield error(loaded, ("tests", "vlm", "video_placeholder"),
+                    "the end-to-end stage composes videos on a (t, h, w) grid; this video modality has none",
+                    key=True)
+
+
 def video_placeholder_matches(loaded: LoadedYaml, tests: Mapping[str, Any],
                               modalities: Sequence[Modality]) -> Iterator[Diagnostic]:
     """``tests.video_placeholder`` is given exactly when the spec has a video modality."""
