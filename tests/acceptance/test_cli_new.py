@@ -183,3 +183,12 @@ def test_refuses_model_types_it_cannot_draft(tmp_path, model_type, named):
     for fragment in named:
         assert fragment in lines[0], (fragment, lines[0])
     assert not path.exists()
+
+
+def test_help_says_what_new_does():
+    run = vitcg("new", "--help")
+    assert run.returncode == 0
+    text = " ".join(run.stdout.split())
+    for fragment in ("# GUESS: what to verify", "vlm_attribute", "--output", "'-' for stdout", "specs/NAME.yaml",
+                     "--force", "refuses text and audio model types"):
+        assert fragment in text, fragment

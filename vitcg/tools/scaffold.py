@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError, suggest
-from ..lang.catalogue import STYLES, style_of
+from ..lang.catalogue import PROVIDERS, STYLES, style_of
 
 MARK = "# GUESS: "
 """How a guessed line of a draft ends: ``key: value   # GUESS: what to verify``."""
@@ -288,10 +288,11 @@ def render(d: Draft, path: str | None = None, schema: str = "../vitcg/lang/schem
     out = _Lines()
     path = path or f"specs/{d.name}.yaml"
 
-    needed = {"patch_size", "in_channels"} | ({"spatial_merge_size"} if packed else {"image_size"})
+    # what the style, its providers and the draft's own formulas read (a literal guess where the config is silent)
+    provided = {g for p in style.required_providers for g in PROVIDERS[p].geometry}
+    needed = {"patch_size", "in_channels", "spatial_merge_size" if packed else "image_size", *style.geometry, *provided}
     needed |= {"temporal_patch_size"} if packed and video else set()
-    needed |= {"window_size"} if "window_size" in {g for p in style.required_providers for g in _provider_geometry(p)} else set()
-    geometry: dict[str, tuple[str, str | None]] = {}
+    geometry: dict[str, tuple[str, str | None, int]] = {}
     for name in GEOMETRY:
         found = _read(d.defaults, name)
         if found is not None:
@@ -409,12 +410,6 @@ def render(d: Draft, path: str | None = None, schema: str = "../vitcg/lang/schem
     out.add("  max_model_len: 8192")
     out.add("  budgets: [1024, 2048, 4096]")
     return out
-
-
-def _provider_geometry(provider: str) -> tuple[str, ...]:
-    from ..lang.catalogue import PROVIDERS
-
-    return PROVIDERS[provider].geometry
 
 
 def _quoted(text: str) -> str:
