@@ -248,16 +248,19 @@ def _tiny_config(config: type, defaults: dict[str, Any]) -> dict[str, int]:
 
 
 def _tile_budget_max(values: dict[str, int], tokens_per_tile: int) -> tuple[str, str | None]:
-    """``budget.max`` of a tiles draft: the engine limits, unless one tile exceeds them or the pixel buffer
-    of the default limits would exceed what a spec may capture (then a literal number of tiles)."""
+    """``(formula, guess)`` for ``budget.max`` of a tiles draft: the engine limits, unless they hold no whole
+    tile, or more tiles than a spec may capture (then a literal number of tiles, marked)."""
     from ..lang.catalogue import DEFAULT_LIMITS, MAX_BUFFER_ELEMENTS
 
-    limit = min(DEFAULT_LIMITS.values())
-    per_tile = values["in_channels"] * values["image_size"] ** 2
-    tiles = max(1, min(limit // tokens_per_tile, MAX_BUFFER_ELEMENTS // per_tile // 2))
-    if tokens_per_tile <= limit and tiles * per_tile * 2 <= MAX_BUFFER_ELEMENTS and limit // tokens_per_tile <= tiles:
+    fit = min(DEFAULT_LIMITS.values()) // tokens_per_tile
+    # half the capture bound for the pixels: the rest is for the other buffers
+    room = MAX_BUFFER_ELEMENTS // 2 // (values["in_channels"] * values["image_size"] ** 2)
+    if 1 <= fit <= room:
         return "min(max_num_batched_tokens, max_model_len)", None
-    return f"{tiles} * tokens_per_tile", f"{tiles} tiles: the engine limits hold no tile, or too many to capture"
+    tiles = max(1, min(fit, room))
+    formula = "tokens_per_tile" if tiles == 1 else f"{tiles} * tokens_per_tile"
+    why = "one tile exceeds the engine limits" if fit < 1 else "the engine limits hold more tiles than fit a capture"
+    return formula, f"the largest budget: {why}"
 
 
 class _Lines:
@@ -479,9 +482,14 @@ def checked_draft(model_type: str, path: str | os.PathLike | None = None) -> tup
     from ..errors import SpecError, VitcgError
     from ..lang import Bindings, spec_from_text
 
-    d = draft(model_type)
     shown = str(path) if path is not None else None
-    lines = render(d, shown, schema_reference(path))
+    try:
+        lines = render(draft(model_type), shown, schema_reference(path))
+    except VitcgError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - model code of any transformers release; say so, never a traceback
+        raise VitcgError(f"cannot draft {model_type!r}: {type(exc).__name__}: {exc}; write the spec by hand "
+                         "(docs/writing-specs.md)") from None
     try:
         spec_from_text(lines.text(), shown or f"<draft of {model_type}>", Bindings())
     except SpecError as exc:
