@@ -105,6 +105,7 @@ def check(
     _check_device(device)
     import torch
 
+    from .lang import InvalidSpec, select_specs
     from .tools.cases import check_spec, invalid_report
     from .tools.encoders import release
     from .tools.report import check_json, check_text
@@ -116,8 +117,6 @@ def check(
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype is not None and dtype not in dtypes:
         raise UsageError(f"--dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
-    from .lang import InvalidSpec, select_specs
-
     reports = []
     for spec in select_specs(specs, all_specs, specs_dir):
         if isinstance(spec, InvalidSpec):  # a row of its own: a broken draft does not stop the other specs
@@ -358,10 +357,10 @@ def new(
 
     path = None if output == "-" else Path(output or f"specs/{spec_name(model_type)}.yaml")
     if path is not None:
-        if (path.exists() or path.is_symlink()) and not force:
-            raise UsageError(f"{path} exists; pass --force to overwrite it")
         if path.is_dir():
             raise UsageError(f"cannot write {path}: it is a folder")
+        if (path.exists() or path.is_symlink()) and not force:
+            raise UsageError(f"{path} exists; pass --force to overwrite it")
         # Drafting imports transformers (seconds): a path that cannot be a file fails before it.
         ancestor = path.parent
         while not ancestor.exists() and ancestor != ancestor.parent:

@@ -136,7 +136,7 @@ def test_writes_anywhere_it_is_told(tmp_path):
     assert not list((tmp_path / "specs").glob(".*"))  # no temporary file left beside it
     again = vitcg("new", "kosmos-2.5", cwd=tmp_path)
     assert again.returncode == 2 and "pass --force" in again.stderr
-    folder = vitcg("new", "florence2", "-o", str(tmp_path), "--force")
+    folder = vitcg("new", "florence2", "-o", str(tmp_path))
     assert folder.returncode == 2 and "it is a folder" in folder.stderr
 
 

@@ -84,13 +84,25 @@ def _vision_config(vlm_config: type, model_type: str) -> type:
         return vlm_config
     sub = subs[key]
     if sub.__name__ == "AutoConfig":
-        instance = getattr(vlm_config(), key, None)
+        instance = getattr(_default(vlm_config, model_type), key, None)
         if instance is None:
             raise UsageError(f"{model_type!r}: {vlm_config.__name__}.{key} is empty by default (a checkpoint "
                              "sets it), so there is no encoder class to read; write the spec by hand "
                              "(docs/writing-specs.md)")
         return type(instance)
     return sub
+
+
+def _default(config: type, model_type: str):
+    """``config()``: the config with its defaults. Raises UsageError when it cannot be built without a
+    checkpoint (``vision-encoder-decoder`` needs its parts; some defaults need timm or the Hub)."""
+    try:
+        return config()
+    except Exception as exc:  # noqa: BLE001 - config code of any transformers release
+        message = " ".join(str(exc).split())
+        raise UsageError(f"{model_type!r}: {config.__name__}() cannot be built from its defaults "
+                         f"({type(exc).__name__}: {message[:200]}); write the spec by hand "
+                         "(docs/writing-specs.md)") from None
 
 
 def _encoder_candidates(modeling, vision_config: type) -> list[type]:
@@ -191,7 +203,7 @@ def draft(model_type: str) -> Draft:
     helpers = set(re.findall(r"(get_vision_\w+)\(", source))
     style = style_of(helpers).name
     modalities = tuple(m for m in _input_modalities(encoder) if m in ("image", "video"))
-    defaults = vision_config().to_dict()
+    defaults = _default(vision_config, model_type).to_dict()
     return Draft(model_type, vlm_config, vision_config, encoder, _vlm_attribute(modeling, vlm_config, encoder),
                  style, modalities or ("image",), defaults, helpers, [c.__name__ for c in candidates[1:4]])
 
