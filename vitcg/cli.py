@@ -76,15 +76,16 @@ def validate(
 
 
 def _select_specs(names: list[str] | None, all_specs: bool, specs_dir: Path):
-    """Specs named on the command line (names from ``specs_dir``, or file paths), or all with ``--all``."""
-    from .lang import Registry, load_registry
+    """Specs named on the command line (names from ``specs_dir``, or file paths), or all with ``--all``.
+    Raises SpecError when a selected file does not validate (other broken files in ``specs_dir`` do not matter)."""
+    from .errors import SpecError
+    from .lang import InvalidSpec, select_specs
 
-    if not names and not all_specs:
-        raise UsageError("name specs to check, or pass --all")
-    if all_specs:
-        return list(load_registry([specs_dir]))
-    only_files = all(n.endswith((".yaml", ".yml")) for n in names)
-    return (Registry([]) if only_files else load_registry([specs_dir])).select(names)
+    chosen = select_specs(names, all_specs, specs_dir)
+    broken = [d for entry in chosen if isinstance(entry, InvalidSpec) for d in entry.diagnostics]
+    if broken:
+        raise SpecError(broken)
+    return chosen
 
 
 @app.command()
@@ -104,7 +105,8 @@ def check(
     _check_device(device)
     import torch
 
-    from .tools.cases import check_spec
+    from .lang import InvalidSpec, select_specs
+    from .tools.cases import check_spec, invalid_report
     from .tools.encoders import release
     from .tools.report import check_json, check_text
 
@@ -116,8 +118,11 @@ def check(
     if dtype is not None and dtype not in dtypes:
         raise UsageError(f"--dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
     reports = []
-    for spec in _select_specs(specs, all_specs, specs_dir):
-        report = check_spec(spec, device=device, dtype=dtypes.get(dtype), size=size)
+    for spec in select_specs(specs, all_specs, specs_dir):
+        if isinstance(spec, InvalidSpec):  # a row of its own: a broken draft does not stop the other specs
+            report = invalid_report(spec, device=device, dtype=dtypes.get(dtype))
+        else:
+            report = check_spec(spec, device=device, dtype=dtypes.get(dtype), size=size)
         reports.append(report)
         release(device)
         if not as_json:
@@ -340,18 +345,26 @@ def plan(
 
 @app.command()
 def new(
-    model_type: Annotated[str, typer.Argument(help="A transformers model type, e.g. glm_ocr.", show_default=False)],
-    output: Annotated[str | None, typer.Option("--output", "-o", help="Where to write the draft ('-' for "
-                                               "stdout; default: specs/MODEL_TYPE.yaml).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    model_type: Annotated[str, typer.Argument(help="A transformers model type with a vision encoder, e.g. glm_ocr "
+                                              "(`vitcg new` refuses text and audio model types).",
+                                              show_default=False)],
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Where to write the draft, inside specs/ or "
+                                               "anywhere else; '-' for stdout (default: specs/NAME.yaml, NAME "
+                                               "being the model type in snake case).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists (without it an "
+                                        "existing file is never touched).")] = False,
 ) -> None:
-    """Draft a spec from a transformers model type; every guess is marked TODO(vitcg new)."""
+    """Draft a spec from a transformers model type. The draft validates; every line that is a guess ends in
+    `# GUESS: what to verify` (encoder class and boundary, vlm_attribute, args, outputs, attention style,
+    geometry read from other fields, buffers, budgets, test prompts). Confirm them, then run `vitcg check`."""
     from .tools.files import make_folder, write_text_atomic
-    from .tools.scaffold import draft, render
+    from .tools.scaffold import checked_draft, spec_name
 
-    path = None if output == "-" else Path(output or f"specs/{model_type}.yaml")
+    path = None if output == "-" else Path(output or f"specs/{spec_name(model_type)}.yaml")
     if path is not None:
-        if path.exists() and not force:
+        if path.is_dir():
+            raise UsageError(f"cannot write {path}: it is a folder")
+        if (path.exists() or path.is_symlink()) and not force:
             raise UsageError(f"{path} exists; pass --force to overwrite it")
         # Drafting imports transformers (seconds): a path that cannot be a file fails before it.
         ancestor = path.parent
@@ -359,14 +372,14 @@ def new(
             ancestor = ancestor.parent
         if not ancestor.is_dir():
             raise UsageError(f"cannot write {path}: {ancestor} is not a folder")
-    text = render(draft(model_type))
+    text, guesses = checked_draft(model_type, path)
     if path is None:
         sys.stdout.write(text)
         return
     make_folder(path.parent)
-    write_text_atomic(path, text)
-    todos = text.count("TODO(vitcg new)")
-    typer.echo(f"wrote {path}: {todos} TODOs to confirm. Next: vitcg validate {path} && vitcg check {path}")
+    write_text_atomic(path, text, overwrite=force)
+    typer.echo(f"wrote {path}: {guesses} guesses to verify (lines ending in '# GUESS:'). "
+               f"Next: vitcg validate {path} && vitcg check {path}")
 
 
 def _read_results(path: Path) -> list[dict]:

@@ -76,3 +76,65 @@ def test_check_passes_a_spec_with_per_item_outputs():
     (vlm,) = [line for line in run.stdout.splitlines() if line.startswith("  vlm ")]
     assert vlm.rstrip().endswith("ok"), vlm
     assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed"
+
+
+def _specs_folder(tmp_path: Path, *names: str) -> Path:
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    for name in names:
+        (folder / f"{name}.yaml").write_text((REPO / "specs" / f"{name}.yaml").read_text())
+    (folder / "broken.yaml").write_text((REPO / "tests" / "specs" / "invalid" / "duplicate_key.yaml").read_text())
+    return folder
+
+
+def test_a_broken_spec_in_the_folder_blocks_nothing(tmp_path: Path):
+    """A draft that does not validate, beside good specs: checking a good one by name or file works, and
+    --all reports the broken one as a failed row of its own while the others still run."""
+    folder = _specs_folder(tmp_path, "internvl")
+    run = vitcg("check", "internvl", "--specs-dir", str(folder))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed"
+    run = vitcg("check", "--all", "--specs-dir", str(folder))
+    assert run.returncode == 1
+    assert "Traceback" not in run.stdout + run.stderr
+    assert f"FAILED before any case: {folder / 'broken.yaml'} does not validate (1 error" in run.stdout
+    assert "duplicate key" in run.stdout
+    assert run.stdout.splitlines()[-1] == "2 specs checked: 1 passed, 1 failed (broken)"
+
+
+@pytest.mark.parametrize("how", ["file", "name"])
+def test_check_of_a_broken_file_is_its_row(tmp_path: Path, how: str):
+    folder = _specs_folder(tmp_path)
+    target = str(folder / "broken.yaml") if how == "file" else "broken"
+    run = vitcg("check", target, "--specs-dir", str(folder), "--json")
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    import json
+
+    (report,) = json.loads(run.stdout)["specs"]
+    assert report["spec"] == "broken" and not report["ok"] and "duplicate key" in report["error"]
+
+
+def test_check_of_a_file_checks_that_file_only(tmp_path: Path):
+    folder = _specs_folder(tmp_path, "internvl", "qwen2_vl")
+    run = vitcg("check", str(folder / "internvl.yaml"))
+    assert run.returncode == 0, run.stdout
+    assert run.stdout.splitlines()[0].startswith("internvl (")
+    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed"
+
+
+def test_every_invalid_example_is_a_failed_row():
+    """All of tests/specs/invalid in one command: one failed row each, no traceback, exit 1."""
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "specs" / "invalid").glob("*.yaml"))
+    run = vitcg("check", *files)
+    assert run.returncode == 1 and "Traceback" not in run.stdout + run.stderr, run.stderr[-2000:]
+    assert run.stdout.count("FAILED before any case: ") == len(files)
+    assert run.stdout.splitlines()[-1].startswith(f"{len(files)} specs checked: 0 passed, {len(files)} failed")
+
+
+def test_check_of_a_draft_never_tracebacks(tmp_path: Path):
+    """minicpmv4_6's draft: its guesses fail against the encoder, and check says so in its table."""
+    path = tmp_path / "minicpmv4_6.yaml"
+    assert vitcg("new", "minicpmv4_6", "-o", str(path)).returncode == 0
+    run = vitcg("check", str(path))
+    assert run.returncode in (0, 1) and "Traceback" not in run.stdout + run.stderr, run.stderr
+    assert run.stdout.splitlines()[-1].startswith("1 spec checked: ")

@@ -97,3 +97,31 @@ def test_make_folder(tmp_path: Path):
         make_folder(tmp_path / "file")
     with pytest.raises(UsageError, match="cannot make folder .*file/sub"):
         make_folder(tmp_path / "file" / "sub")
+
+
+def test_no_overwrite_keeps_an_existing_file_and_leaves_no_temporary(tmp_path: Path):
+    path = tmp_path / "draft.yaml"
+    write_text_atomic(path, "first\n", overwrite=False)
+    assert path.read_text() == "first\n"
+    with pytest.raises(UsageError, match="exists and is not overwritten"):
+        write_text_atomic(path, "second\n", overwrite=False)
+    assert path.read_text() == "first\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.yaml"]
+
+
+def test_no_overwrite_loses_a_race_cleanly(tmp_path: Path, monkeypatch):
+    """A file created between the check and the write is kept: the link step refuses the taken name."""
+    from vitcg.tools import files
+
+    path = tmp_path / "draft.yaml"
+    real_link = files.os.link
+
+    def racing_link(source, target):
+        Path(target).write_text("theirs")
+        real_link(source, target)
+
+    monkeypatch.setattr(files.os, "link", racing_link)
+    with pytest.raises(UsageError, match="exists and is not overwritten"):
+        write_text_atomic(path, "mine", overwrite=False)
+    assert path.read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.yaml"]

@@ -10,14 +10,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import Diagnostic, SpecError, UsageError
+from ..errors import Diagnostic, SpecError, UsageError, suggest
 from .bindings import Bindings
 from .checks import check, schema
 from .loader import load_file, load_text
 from .model import Spec
 from .registry import Registry
 
-__all__ = ["Bindings", "LoadResult", "Registry", "Spec", "discover", "load_registry", "load_specs", "schema", "spec_from_text"]
+__all__ = ["Bindings", "InvalidSpec", "LoadResult", "Registry", "Spec", "discover", "load_registry", "load_specs",
+           "schema", "select_specs", "spec_from_text"]
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 
@@ -113,3 +114,63 @@ def load_registry(paths: Sequence[str | Path] = ("specs",), **kwargs) -> Registr
     if not result.specs:
         raise UsageError(f"no spec files under {', '.join(map(str, paths))}")
     return Registry(result.specs, ", ".join(f"{p}/" if Path(p).is_dir() else str(p) for p in paths))
+
+
+@dataclass(frozen=True)
+class InvalidSpec:
+    """A spec file that does not validate, selected by name or path: a command that works file by file
+    reports it as a failure of its own instead of stopping the others."""
+
+    file: str
+    diagnostics: tuple[Diagnostic, ...]
+
+    @property
+    def name(self) -> str:
+        """The file's stem: a file that does not validate may not have a usable ``name``."""
+        return Path(self.file).stem
+
+    def reason(self) -> str:
+        """The diagnostics, one block each, after one line saying the file does not validate."""
+        count = len(self.diagnostics)
+        return (f"{self.file} does not validate ({count} error{'s' if count != 1 else ''}; "
+                f"vitcg validate {self.file} lists them):\n" + "\n".join(d.format() for d in self.diagnostics))
+
+
+def _split(result: LoadResult) -> list[Spec | InvalidSpec]:
+    """The valid specs of ``result`` and one :class:`InvalidSpec` per invalid file, sorted by name."""
+    invalid = [InvalidSpec(f, tuple(d for d in result.diagnostics if d.file == f)) for f in result.invalid_files]
+    return sorted([*result.specs, *invalid], key=lambda entry: entry.name)
+
+
+def select_specs(names: Sequence[str] | None, all_specs: bool = False,
+                 specs_dir: str | Path = "specs") -> list[Spec | InvalidSpec]:
+    """The specs named on a command line, in that order and each once, or every spec of ``specs_dir`` with
+    ``all_specs``; a file that does not validate is an :class:`InvalidSpec` entry, never an exception.
+
+    A name ending in ``.yaml``/``.yml`` is a file, loaded alone (a folder: its files); any other name is looked up in
+    ``specs_dir``, whose other files may be broken without blocking it (a file called ``NAME.yaml`` that
+    does not validate answers for ``NAME``). Raises UsageError when nothing is named, a file does not
+    exist, or no spec has a name (with a did-you-mean).
+    """
+    if not names and not all_specs:
+        raise UsageError("name specs to check, or pass --all")
+    if all_specs:
+        result = load_specs([specs_dir])
+        if not result.files:
+            raise UsageError(f"no spec files (*.yaml) under {specs_dir}")
+        return _split(result)
+    folder: dict[str, Spec | InvalidSpec] | None = None
+    chosen: dict[str, Spec | InvalidSpec] = {}
+    for name in names or ():
+        if name.endswith(SPEC_SUFFIXES) or Path(name).is_dir():
+            entries = _split(load_specs([Path(name)]))
+        else:
+            if folder is None:
+                folder = {entry.name: entry for entry in _split(load_specs([specs_dir]))}
+            if name not in folder:
+                hint = suggest(name, folder)
+                raise UsageError(f"no spec named {name!r} in {specs_dir}/" + (f"; {hint}" if hint else ""))
+            entries = [folder[name]]
+        # a spec once by name; a broken file once by path (two broken files may share a stem)
+        chosen.update((entry.file if isinstance(entry, InvalidSpec) else entry.name, entry) for entry in entries)
+    return list(chosen.values())

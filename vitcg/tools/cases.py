@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import VitcgError
+from ..lang import InvalidSpec
 from ..lang.model import Spec
 from ..runtime.adapter import adapter_for
 from ..runtime.manager import EncoderCudaGraphManager
@@ -130,7 +131,7 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
     budget, which keeps tiny CPU runs fast and gives several budgets and an oversized item (a budget
     bounded by max_model_len alone would otherwise size the capture buffers for a huge engine).
     """
-    dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    dtype = _default_dtype(device, dtype)
     report = SpecReport(spec.name, device, str(dtype).removeprefix("torch."), unavailable=spec.unavailable)
     if spec.unavailable:
         return report
@@ -148,12 +149,13 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
                                           device=device, dtype=dtype)
         report.budgets, report.max_items = manager.budgets, manager.plan.max_items
         manager.capture()
+        generator = torch.Generator().manual_seed(seed)
+        builder = InputBuilder(spec, adapter, generator)
+        cases = _cases(builder, manager.budgets[-1])
     except Exception as exc:  # noqa: BLE001 - model code fails in any way on a wrong spec; the report says how
-        report.error = f"{type(exc).__name__}: {exc}"
+        report.error = _describe(exc)
         return report
-    generator = torch.Generator().manual_seed(seed)
-    builder = InputBuilder(spec, adapter, generator)
-    for name, make in _cases(builder, manager.budgets[-1]):
+    for name, make in cases:
         case = CaseResult(name, tolerance=tolerance)
         report.cases.append(case)
         if isinstance(make, str):
@@ -186,10 +188,32 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
                     case.eager_vs_fp32 = max(case.eager_vs_fp32 or 0.0, eager32)
                     case.noise_ok = case.noise_ok and (error <= tolerance or graph32 <= NOISE_FACTOR * eager32)
         except Exception as exc:  # noqa: BLE001 - as above: a failing case is a result, not a crash
-            case.error = f"{type(exc).__name__}: {exc}"
+            case.error = _describe(exc)
     if size == "tiny":
         report.cases.append(_end_to_end(spec, device, seed))
     return report
+
+
+def invalid_report(entry: InvalidSpec, *, device: str = "cpu", dtype: torch.dtype | None = None) -> SpecReport:
+    """The report of a selected spec file that does not validate: failed before any case, saying why."""
+    return SpecReport(entry.name, device, str(_default_dtype(device, dtype)).removeprefix("torch."),
+                      error=entry.reason())
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` (blank lines around it dropped); for an exception without a message, where it was
+    raised."""
+    if str(exc).strip():
+        return f"{type(exc).__name__}: {str(exc).strip()}"
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__} (no message) raised{where}"
+
+
+def _default_dtype(device: str, dtype: torch.dtype | None) -> torch.dtype:
+    return dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
 
 
 def _end_to_end(spec: Spec, device: str, seed: int) -> CaseResult:
@@ -205,5 +229,5 @@ def _end_to_end(spec: Spec, device: str, seed: int) -> CaseResult:
     except VitcgError as exc:
         case.error = str(exc)
     except Exception as exc:  # noqa: BLE001 - a model or processor may fail in any way; the report says how
-        case.error = f"{type(exc).__name__}: {exc}"
+        case.error = _describe(exc)
     return case

@@ -49,9 +49,12 @@ def check_writable(path: str | os.PathLike) -> None:
         raise UsageError(f"cannot write {path}: folder {folder} is not writable")
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool = True) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``: readers
     see the old file or the new one, never half of one. Raises UsageError naming ``path`` on any failure.
+
+    ``overwrite=False`` never replaces an existing file, even one created meanwhile by someone else: the
+    temporary file is hard-linked into place (which fails if the name is taken) instead of renamed.
 
     The folder must exist. An existing file that is not a regular file (``/dev/null``, ``/dev/full``, a
     FIFO, ``/dev/stdout``) cannot be replaced by a rename, and replacing a device would be wrong anyway:
@@ -61,6 +64,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     target = _target(path)
     if target.is_dir():
         raise UsageError(f"cannot write {path}: it is a folder")
+    if not overwrite and (target.exists() or path.is_symlink()):
+        raise UsageError(f"{path} exists and is not overwritten")
     if target.exists() and not target.is_file():
         try:
             with open(target, "wb") as handle:
@@ -84,8 +89,13 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
             # Without it a crash after the rename can leave an empty file where the old one was.
             os.fsync(handle.fileno())
         os.chmod(temporary, mode)
-        os.replace(temporary, target)
-        temporary = None
+        if overwrite:
+            os.replace(temporary, target)
+            temporary = None
+        else:
+            _link_new(temporary, target, data)
+    except FileExistsError:
+        raise UsageError(f"{path} exists and is not overwritten") from None
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {_reason(exc)}") from None
     finally:
@@ -94,9 +104,21 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
                 os.unlink(temporary)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+def _link_new(temporary: str, target: Path, data: bytes) -> None:
+    """Put the written ``temporary`` at ``target`` unless that name exists (FileExistsError, even when it was
+    created a moment ago): a hard link, or on file systems without them an exclusive create."""
+    try:
+        os.link(temporary, target)
+    except FileExistsError:
+        raise
+    except OSError:
+        with open(target, "xb") as handle:
+            handle.write(data)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, *, overwrite: bool = True) -> None:
     """``text`` as UTF-8, newlines as given, written with :func:`write_bytes_atomic`."""
-    write_bytes_atomic(path, text.encode("utf-8"))
+    write_bytes_atomic(path, text.encode("utf-8"), overwrite=overwrite)
 
 
 def make_folder(path: str | os.PathLike) -> None:

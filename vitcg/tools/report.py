@@ -58,7 +58,7 @@ def check_text(reports: list[SpecReport], *, summary: bool = True, details: bool
             lines.append(f"  skipped: {r.unavailable}")
             continue
         if r.error:
-            lines.append(f"  FAILED before any case: {r.error}")
+            lines.append("  FAILED before any case: " + r.error.replace("\n", "\n    "))
             continue
         half = any(c.graph_vs_fp32 is not None for c in r.cases)
         extra = f"  {'vs fp32 graph/eager':>19}" if half else ""

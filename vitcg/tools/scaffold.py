@@ -1,31 +1,48 @@
-"""``vitcg new MODEL_TYPE``: a draft spec read off a transformers model type, with what to confirm marked.
+"""``vitcg new MODEL_TYPE``: a draft spec read off a transformers model type, with every guess marked.
 
 It finds the VLM config and its vision config, the encoder class built from that vision config, the
 attribute holding the encoder in the VLM, the geometry fields and their defaults, and guesses the
 attention style from the precompute helpers the encoder's code calls (``get_vision_window_index``:
-windowed; ``get_vision_attention_seqlens``: packed; neither: tiles). Every guess carries a
-``# TODO(vitcg new)`` comment. The draft validates; ``vitcg check`` then says whether the guesses hold.
+windowed; ``get_vision_attention_seqlens``: packed; neither: tiles). Every line that is a guess ends
+with a ``# GUESS:`` comment naming what to verify. The draft validates (``vitcg new`` checks it before
+writing); ``vitcg check`` then says whether the guesses hold.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError, suggest
-from ..lang.catalogue import STYLES, style_of
+from ..lang.catalogue import PROVIDERS, STYLES, style_of
 
-TODO = "# TODO(vitcg new): "
+MARK = "# GUESS: "
+"""How a guessed line of a draft ends: ``key: value   # GUESS: what to verify``."""
 TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
         "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96, "out_hidden_size": 48,
         "num_position_embeddings": 64}
 """Small values for the vision config fields a tiny CPU check shrinks, when the config has them."""
-GEOMETRY = (("patch_size", "patch_size"), ("temporal_patch_size", "temporal_patch_size"),
-            ("spatial_merge_size", "spatial_merge_size"), ("in_channels", "in_channels"),
-            ("in_channels", "num_channels"), ("image_size", "image_size"), ("window_size", "window_size"))
+GEOMETRY = {
+    "patch_size": ("patch_size",),
+    "temporal_patch_size": ("temporal_patch_size",),
+    "spatial_merge_size": ("spatial_merge_size", "merge_kernel_size", "merge_size"),
+    "in_channels": ("in_channels", "num_channels"),
+    "image_size": ("image_size",),
+    "window_size": ("window_size",),
+}
+"""Geometry names and the config fields (first found wins) a draft reads them from."""
+FALLBACK = {"patch_size": 14, "temporal_patch_size": 1, "spatial_merge_size": 1, "in_channels": 3,
+            "image_size": 448, "window_size": 112}
+"""Literal geometry for a name the draft needs and the config does not have (marked as a guess)."""
+SUB_CONFIGS = ("vision_config", "video_config")
+"""Sub-config keys that name a vision encoder's config, in order of preference."""
+PIXEL_ARGS = re.compile(r"pixel\w*|flattened_patches|patch_embeds|images?")
+"""First forward arguments that say a model without a vision sub-config takes images itself."""
 
 
 @dataclass
@@ -34,13 +51,26 @@ class Draft:
     vlm_config: type
     vision_config: type
     encoder: type
-    vlm_attribute: str
+    vlm_attribute: str | None
+    """``model.<attribute>`` read off the VLM's ``__init__``, or None when none was found."""
     style: str
     modalities: tuple[str, ...]
     defaults: dict[str, Any]
     helpers: set[str] = field(default_factory=set)
     """vision_utils helpers the encoder's forward calls."""
-    notes: list[str] = field(default_factory=list)
+    alternatives: list[str] = field(default_factory=list)
+    """Other classes built from the vision config: candidates for the encoder boundary."""
+
+    @property
+    def name(self) -> str:
+        """The spec name: the model type in snake case (``kosmos-2.5`` -> ``kosmos_2_5``)."""
+        return spec_name(self.model_type)
+
+
+def spec_name(model_type: str) -> str:
+    """``model_type`` as a spec name (``^[a-z][a-z0-9_]*$``)."""
+    name = re.sub(r"[^a-z0-9_]+", "_", model_type.lower()).strip("_")
+    return name if name[:1].isalpha() else f"m_{name}"
 
 
 def _path(cls: type) -> str:
@@ -48,39 +78,61 @@ def _path(cls: type) -> str:
 
 
 def _vision_config(vlm_config: type, model_type: str) -> type:
-    sub = getattr(vlm_config, "sub_configs", {}).get("vision_config")
-    if sub is None:
+    subs = getattr(vlm_config, "sub_configs", {})
+    key = next((k for k in SUB_CONFIGS if subs.get(k) is not None), None)
+    if key is None:
         return vlm_config
+    sub = subs[key]
     if sub.__name__ == "AutoConfig":
-        return type(vlm_config().vision_config)
+        instance = getattr(_default(vlm_config, model_type), key, None)
+        if instance is None:
+            raise UsageError(f"{model_type!r}: {vlm_config.__name__}.{key} is empty by default (a checkpoint "
+                             "sets it), so there is no encoder class to read; write the spec by hand "
+                             "(docs/writing-specs.md)")
+        return type(instance)
     return sub
 
 
-def _encoder_class(modeling, vision_config: type, model_type: str) -> type:
+def _default(config: type, model_type: str):
+    """``config()``: the config with its defaults. Raises UsageError when it cannot be built without a
+    checkpoint (``vision-encoder-decoder`` needs its parts; some defaults need timm or the Hub)."""
+    try:
+        return config()
+    except Exception as exc:  # noqa: BLE001 - config code of any transformers release
+        message = " ".join(str(exc).split())
+        raise UsageError(f"{model_type!r}: {config.__name__}() cannot be built from its defaults "
+                         f"({type(exc).__name__}: {message[:200]}); write the spec by hand "
+                         "(docs/writing-specs.md)") from None
+
+
+def _encoder_candidates(modeling, vision_config: type) -> list[type]:
+    """Model classes of ``modeling`` built from ``vision_config`` that implement ``forward``, best first."""
+    from torch import nn
     from transformers import PreTrainedModel
 
     candidates = [obj for _, obj in inspect.getmembers(modeling, inspect.isclass)
                   if issubclass(obj, PreTrainedModel) and obj.__module__ == modeling.__name__
-                  and getattr(obj, "config_class", None) is vision_config]
-    if not candidates:
-        raise UsageError(f"no encoder class built from {vision_config.__name__} in {modeling.__name__}; "
-                         "write the spec by hand (docs/writing-specs.md)")
+                  and getattr(obj, "config_class", None) is vision_config and obj.forward is not nn.Module.forward]
     # the encoder proper: "Vision" in the name, the fewest wrappers (shortest name wins ties)
-    return min(candidates, key=lambda c: ("Vision" not in c.__name__, "ForConditional" in c.__name__, len(c.__name__)))
+    return sorted(candidates, key=lambda c: ("Vision" not in c.__name__, "ForConditional" in c.__name__,
+                                             len(c.__name__), c.__name__))
 
 
-def _vlm_attribute(modeling, vlm_config: type, encoder: type) -> str:
+def _vlm_attribute(modeling, vlm_config: type, encoder: type) -> str | None:
     from transformers import PreTrainedModel
 
     for _, cls in inspect.getmembers(modeling, inspect.isclass):
         if (cls.__module__ != modeling.__name__ or not issubclass(cls, PreTrainedModel)
                 or getattr(cls, "config_class", None) is not vlm_config or "ForConditional" in cls.__name__):
             continue
-        source = inspect.getsource(cls.__init__)
+        try:
+            source = inspect.getsource(cls.__init__)
+        except (OSError, TypeError):
+            continue
         for name, rhs in re.findall(r"self\.(\w+)\s*=\s*([^\n]+)", source):
             if encoder.__name__ in rhs or "vision_config" in rhs:
                 return f"model.{name}"
-    return "model.visual"
+    return None
 
 
 def _input_modalities(encoder: type) -> tuple[str, ...]:
@@ -89,24 +141,42 @@ def _input_modalities(encoder: type) -> tuple[str, ...]:
     return (declared,) if isinstance(declared, str) else tuple(declared)
 
 
-def _refuse_text_only(model_type: str, vlm_config: type, encoder: type) -> None:
-    """Raise UsageError unless the encoder found for a config without a vision_config takes images or video.
+def _first_argument(encoder: type) -> str:
+    return next(iter(list(inspect.signature(encoder.forward).parameters)[1:2]), "")
 
-    Such a config is either a vision tower's own (siglip_vision_model, vit) or a text model's (llama).
+
+def _refuse_non_vision(model_type: str, vlm_config: type, encoder: type) -> None:
+    """Raise UsageError unless the model class found for a config without a vision sub-config takes images.
+
+    Such a config is either a vision tower's own (siglip_vision_model, vit, qwen2_vl_vision) or a text or
+    audio model's (llama, whisper). A vision tower's forward takes pixels first, or patch rows as
+    ``hidden_states`` (the packed towers); the family-wide ``input_modalities`` cannot tell them apart.
     """
-    first = next(iter(list(inspect.signature(encoder.forward).parameters)[1:2]), "")
-    modalities = _input_modalities(encoder)
-    if "pixel" in first or {"image", "video"} & set(modalities):
+    first = _first_argument(encoder)
+    if PIXEL_ARGS.fullmatch(first):
         return
-    raise UsageError(f"{model_type!r} is not a vision model: {vlm_config.__name__} has no vision_config, and "
-                     f"its model class {encoder.__name__} takes {first!r} ({', '.join(modalities) or 'no'} "
-                     "input), not images or video; vitcg drafts specs for vision encoders")
+    vision_name = "Vision" in encoder.__name__ or "Visual" in encoder.__name__
+    if first == "hidden_states" and vision_name:
+        return
+    raise UsageError(f"{model_type!r} is not a vision model vitcg can draft: {vlm_config.__name__} has no "
+                     f"{' or '.join(SUB_CONFIGS)}, and its model class {encoder.__name__} takes {first!r} first, "
+                     f"not pixel values; vitcg drafts specs for vision encoders{_sub_model_types(vlm_config, model_type)}")
+
+
+def _sub_model_types(vlm_config: type, model_type: str) -> str:
+    """A hint naming the sub-configs of ``vlm_config`` that are model types of their own (Qwen2.5-Omni's
+    thinker holds its vision tower), or ``""``."""
+    from transformers import CONFIG_MAPPING
+
+    subs = [getattr(sub, "model_type", "") for sub in getattr(vlm_config, "sub_configs", {}).values()]
+    subs = [sub for sub in dict.fromkeys(subs) if sub in CONFIG_MAPPING and sub != model_type]
+    return f"; its sub-configs are model types of their own, try: {', '.join(subs)}" if subs else ""
 
 
 def draft(model_type: str) -> Draft:
     """Read everything the spec needs off ``model_type``.
 
-    Raises UsageError for an unknown model type, one without modeling code, or a text-only one.
+    Raises UsageError for an unknown model type, one without modeling code, or one that is not a vision model.
     """
     from transformers import CONFIG_MAPPING
 
@@ -121,127 +191,320 @@ def draft(model_type: str) -> Draft:
     except ImportError as exc:
         raise UsageError(f"model type {model_type!r} has no importable modeling code ({exc}); "
                          "write the spec by hand (docs/writing-specs.md)") from None
-    encoder = _encoder_class(modeling, vision_config, model_type)
+    candidates = _encoder_candidates(modeling, vision_config)
+    if not candidates:
+        raise UsageError(f"{model_type!r}: no model class in {modeling.__name__} is built from "
+                         f"{vision_config.__name__} (its vision tower may be a plain module or another library's); "
+                         f"write the spec by hand (docs/writing-specs.md){_sub_model_types(vlm_config, model_type)}")
+    encoder = candidates[0]
     if vision_config is vlm_config:
-        _refuse_text_only(model_type, vlm_config, encoder)
+        _refuse_non_vision(model_type, vlm_config, encoder)
     source = inspect.getsource(encoder)
     helpers = set(re.findall(r"(get_vision_\w+)\(", source))
     style = style_of(helpers).name
     modalities = tuple(m for m in _input_modalities(encoder) if m in ("image", "video"))
-    defaults = vision_config().to_dict()
+    defaults = _default(vision_config, model_type).to_dict()
     return Draft(model_type, vlm_config, vision_config, encoder, _vlm_attribute(modeling, vlm_config, encoder),
-                 style, modalities or ("image",), defaults, helpers)
+                 style, modalities or ("image",), defaults, helpers, [c.__name__ for c in candidates[1:4]])
 
 
-def render(d: Draft) -> str:
-    """The draft spec as YAML text, every guess marked ``# TODO(vitcg new)``."""
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _read(defaults: dict[str, Any], name: str) -> tuple[str, str | None, int] | None:
+    """``(formula, guess, value)`` reading geometry ``name`` off the config defaults, or None when no field has it.
+
+    ``guess`` is set when the read is uncertain: another field's name, or the first entry of a list whose
+    entries differ."""
+    for field_name in GEOMETRY[name]:
+        value = defaults.get(field_name)
+        other = None if field_name == name else f"read from config.{field_name}"
+        if _int(value):
+            return f"config.{field_name}", other, value
+        if isinstance(value, list) and value and all(_int(v) for v in value):
+            same = all(v == value[0] for v in value)
+            return f"config.{field_name}[0]", (other if same else f"config.{field_name} is {value} (per stage?)"), value[0]
+    return None
+
+
+def _out_hidden_size(defaults: dict[str, Any]) -> tuple[str, str, int]:
+    """``(formula, guess, value)`` for the width of one output row."""
+    for field_name in ("out_hidden_size", "hidden_size", "embed_dim", "projection_dim"):
+        if _int(defaults.get(field_name)):
+            return (f"config.{field_name}", "the width of one output row (the merger's or projector's output?)",
+                    defaults[field_name])
+    for field_name in ("hidden_sizes", "embed_dim", "embed_dims", "dims"):
+        value = defaults.get(field_name)
+        if isinstance(value, list) and 0 < len(value) <= 16 and all(_int(v) for v in value):
+            return (f"config.{field_name}[{len(value) - 1}]",
+                    f"the width of one output row (here the last stage's {field_name})", value[-1])
+    return "64", "the width of one output row: no hidden size field found in the config", 64
+
+
+def _tiny_config(config: type, defaults: dict[str, Any]) -> dict[str, int]:
+    """The :data:`TINY` values the config accepts: each one kept only if the config still builds with it
+    (a field may be derived, or tied to others: per-layer settings indexed by layer)."""
+    from ..lang.bindings import unknown_config_keys
+
+    tiny: dict[str, int] = {}
+    for key, value in TINY.items():
+        if not _int(defaults.get(key)) or unknown_config_keys(config, {key: value}):
+            continue
+        try:
+            config(**tiny, **{key: value})
+        except Exception:  # noqa: BLE001 - any failure means: leave this field at its default
+            continue
+        tiny[key] = value
+    return tiny
+
+
+def _tile_budget_max(values: dict[str, int], tokens_per_tile: int) -> tuple[str, str | None]:
+    """``(formula, guess)`` for ``budget.max`` of a tiles draft: the engine limits, unless they hold no whole
+    tile, or more tiles than a spec may capture (then a literal number of tiles, marked)."""
+    from ..lang.catalogue import DEFAULT_LIMITS, MAX_BUFFER_ELEMENTS
+
+    fit = min(DEFAULT_LIMITS.values()) // tokens_per_tile
+    # half the capture bound for the pixels: the rest is for the other buffers
+    room = MAX_BUFFER_ELEMENTS // 2 // (values["in_channels"] * values["image_size"] ** 2)
+    if 1 <= fit <= room:
+        return "min(max_num_batched_tokens, max_model_len)", None
+    tiles = max(1, min(fit, room))
+    formula = "tokens_per_tile" if tiles == 1 else f"{tiles} * tokens_per_tile"
+    why = "one tile exceeds the engine limits" if fit < 1 else "the engine limits hold more tiles than fit a capture"
+    return formula, f"the largest budget: {why}"
+
+
+class _Lines:
+    """The draft's lines, and a count of the guesses marked in them."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.guesses = 0
+
+    def add(self, text: str, guess: str | None = None) -> None:
+        if guess:
+            text = f"{text}   {MARK}{guess}"
+            self.guesses += 1
+        self.lines.append(text)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def render(d: Draft, path: str | None = None, schema: str = "../vitcg/lang/schema.json") -> _Lines:
+    """The draft spec's lines (``.text()``), every guessed line ending with ``# GUESS: what to verify``.
+
+    ``path`` is where it will be written (for the next-step commands in its header); ``schema`` the path of
+    ``vitcg/lang/schema.json`` relative to it, for editors."""
     style = STYLES[d.style]
     packed = style.segmented
-    geometry = {}
-    for name, field_name in GEOMETRY:
-        value = d.defaults.get(field_name)
-        if name not in geometry and (isinstance(value, int) or (isinstance(value, list) and value)):
-            geometry[name] = f"config.{field_name}" + ("[0]" if isinstance(value, list) else "")
-    if "num_position_embeddings" in d.defaults:
-        geometry["num_grid_per_side"] = "isqrt(config.num_position_embeddings)"
-    out_field = "out_hidden_size" if "out_hidden_size" in d.defaults else "hidden_size"
-    geometry["out_hidden_size"] = f"config.{out_field}"
+    video = "video" in d.modalities
+    out = _Lines()
+    path = path or f"specs/{d.name}.yaml"
+
+    # what the style, its providers and the draft's own formulas read (a literal guess where the config is silent)
+    provided = {g for p in style.required_providers for g in PROVIDERS[p].geometry}
+    needed = {"patch_size", "in_channels", "spatial_merge_size" if packed else "image_size", *style.geometry, *provided}
+    needed |= {"temporal_patch_size"} if packed and video else set()
+    geometry: dict[str, tuple[str, str | None, int]] = {}
+    for name in GEOMETRY:
+        found = _read(d.defaults, name)
+        if found is not None:
+            geometry[name] = found
+        elif name in needed:
+            geometry[name] = (str(FALLBACK[name]), "the config has no such field; the value is a guess", FALLBACK[name])
+    if packed and "get_vision_interpolation_indices_and_weights" in d.helpers and "num_position_embeddings" in d.defaults:
+        geometry["num_grid_per_side"] = ("isqrt(config.num_position_embeddings)", None, 0)
+    geometry["out_hidden_size"] = _out_hidden_size(d.defaults)
     m = "spatial_merge_size" if "spatial_merge_size" in geometry else None
-    signature = list(inspect.signature(d.encoder.forward).parameters)[1:]
+
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    signature = [p.name for p in list(inspect.signature(d.encoder.forward).parameters.values())[1:] if p.kind in named]
     pixels_arg = signature[0] if signature else "pixel_values"
-    lines = [
-        "# yaml-language-server: $schema=../vitcg/lang/schema.json",
-        f"# Draft written by `vitcg new {d.model_type}`: confirm every TODO, then run",
-        f"# `vitcg validate specs/{d.model_type}.yaml` and `vitcg check specs/{d.model_type}.yaml`.",
-        f"name: {d.model_type}",
-        f"display_name: {d.model_type}   {TODO}the model's display name",
-        f"architectures: [{d.vlm_config.__name__.removesuffix('Config')}ForConditionalGeneration]   "
-        f"{TODO}check the architecture name",
-        f"model_types: [{d.model_type}]",
-        f"checkpoints: [org/{d.model_type}]   {TODO}real checkpoint names",
-        "",
-        "encoder:",
-        f"  class: {_path(d.encoder)}",
-        f"  config_class: {_path(d.vision_config)}",
-        f"  vlm_attribute: {d.vlm_attribute}",
-    ]
     grid_arg = next((p for p in signature if "grid" in p), "grid_thw")
-    if packed:
-        lines.append(f"  args: {{{pixels_arg}: pixels, {grid_arg}: grid}}")
-        lines.append(f"  outputs: [pooler_output]   {TODO}the output field holding the merged tokens")
+    call = f"{d.encoder.__name__}.forward({', '.join(signature[:4])}{', ...' if len(signature) > 4 else ''})"
+
+    out.add("# yaml-language-server: $schema=" + schema)
+    out.add(f"# Draft written by `vitcg new {d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
+    out.add("# confirm what it names (docs/writing-specs.md), then run")
+    out.add(f"# `vitcg validate {path}` and `vitcg check {path}`.")
+    out.add(f"name: {d.name}")
+    out.add(f"display_name: {d.name}", "the model's display name")
+    out.add(f"architectures: [{d.vlm_config.__name__.removesuffix('Config')}ForConditionalGeneration]",
+            "the architecture class name of the checkpoints")
+    out.add(f"model_types: [{_quoted(d.model_type)}]")
+    out.add(f"checkpoints: [org/{d.name}]", "real checkpoint names")
+    out.add("")
+    out.add("encoder:")
+    others = f"; other classes built from {d.vision_config.__name__}: {', '.join(d.alternatives)}" if d.alternatives else ""
+    out.add(f"  class: {_path(d.encoder)}",
+            f"the encoder boundary: the smallest module whose output is the tokens the language model "
+            f"consumes{others}")
+    out.add(f"  config_class: {_path(d.vision_config)}")
+    if d.vlm_attribute:
+        out.add(f"  vlm_attribute: {d.vlm_attribute}",
+                f"where the VLM holds this encoder (read off {d.vlm_config.__name__.removesuffix('Config')}Model)")
     else:
-        lines.append(f"  args: {{{pixels_arg}: pixels}}")
-        lines.append(f"  outputs: [last_hidden_state]   {TODO}the field (or use the VLM's get_image_features)")
-    tiny = {k: v for k, v in TINY.items() if k in d.defaults and isinstance(d.defaults[k], int)}
-    if "image_size" in d.defaults and not packed:
-        patch = d.defaults.get("patch_size", 14)
-        patch = patch[0] if isinstance(patch, list) else patch
-        tiny["image_size"] = 4 * patch
-    lines.append("  tiny_config: {" + ", ".join(f"{k}: {v}" for k, v in tiny.items())
-                 + f"}}   {TODO}keep it small: 2 layers, hidden <= 64")
-    lines.append(f"  real_config: {{}}   {TODO}overrides for a real checkpoint's dimensions, if the defaults are not")
-    lines.append("")
-    lines.append("geometry:")
-    for name, formula in geometry.items():
-        lines.append(f"  {name}: {formula}")
-    if not packed:
-        if "image_size" not in geometry or "patch_size" not in geometry:
-            lines.append(f"  image_size: 448   {TODO}tile size")
-            lines.append(f"  patch_size: 14   {TODO}patch size")
-        lines.append(f"  tokens_per_tile: (image_size // patch_size) ** 2   {TODO}tokens one tile yields (CLS? pooling?)")
-    lines += ["", "attention:", f"  style: {d.style}"]
+        out.add("  vlm_attribute: model.visual",
+                "where the VLM holds this encoder: not found in the modeling code, model.visual is a placeholder")
     if packed:
-        lines.append(f"  segments: frame   {TODO}frame (one segment per frame) or clip")
-    lines += ["", "modalities:"]
+        out.add(f"  args: {{{pixels_arg}: pixels, {grid_arg}: grid}}",
+                f"the eager call's arguments and the input role of each: {call}")
+        out.add("  outputs: [pooler_output]", "the output field holding the merged tokens")
+    else:
+        out.add(f"  args: {{{pixels_arg}: pixels}}", f"the eager call's arguments and the input role of each: {call}")
+        out.add("  outputs: [last_hidden_state]",
+                "the output field holding the tokens (or call the VLM's get_image_features: encoder.method)")
+    tiny = _tiny_config(d.vision_config, d.defaults)
+    if "image_size" in geometry and not packed and geometry["image_size"][0].startswith("config.image_size"):
+        patch = d.defaults.get("patch_size")
+        patch = patch[0] if isinstance(patch, list) and patch else patch
+        if _int(patch) and isinstance(d.defaults.get("image_size"), int):
+            tiny["image_size"] = 4 * patch
+    out.add("  tiny_config: {" + ", ".join(f"{k}: {v}" for k, v in tiny.items()) + "}",
+            "small dimensions for CPU checks: 2 layers, hidden <= 64")
+    out.add("  real_config: {}", "overrides for a real checkpoint's dimensions, where the defaults differ")
+    out.add("")
+    out.add("geometry:")
+    for name, (formula, guess, _) in geometry.items():
+        out.add(f"  {name}: {formula}", guess)
+    if not packed:
+        out.add("  tokens_per_tile: (image_size // patch_size) ** 2",
+                "tokens one tile yields (a CLS token? pooling? a projector that merges patches?)")
+    out.add("")
+    out.add("attention:")
+    calls = ", ".join(sorted(d.helpers)) or "no vision_utils helper"
+    out.add(f"  style: {d.style}", f"read off the helpers {d.encoder.__name__} calls ({calls})")
+    if packed:
+        out.add("  segments: frame", "frame (one attention segment per frame) or clip (one per item)")
+    out.add("")
+    out.add("modalities:")
     for modality in d.modalities:
-        lines.append(f"  {modality}:")
+        out.add(f"  {modality}:")
         if packed:
             pixels_key = "pixel_values" if modality == "image" else "pixel_values_videos"
-            lines.append(f"    inputs: {{pixels: {pixels_key}, grid: {modality}_grid_thw}}")
+            out.add(f"    inputs: {{pixels: {pixels_key}, grid: {modality}_grid_thw}}",
+                    "the processor's output keys for this modality")
         else:
-            lines.append(f"    inputs: {{pixels: pixel_values{'' if modality == 'image' else '_videos'}}}   "
-                         f"{TODO}add `tiles: <key>` if images carry a tile count")
+            out.add(f"    inputs: {{pixels: pixel_values{'' if modality == 'image' else '_videos'}}}",
+                    "the processor's output keys; add `tiles: <key>` if an image carries a tile count")
         if modality == "video":
-            lines.append(f"    max_frames_per_video: 32   {TODO}largest grid t of one video")
+            out.add("    max_frames_per_video: 32", "largest grid t of one video")
     merged = f"(h // {m}) * (w // {m})" if m else "h * w"
-    lines += ["", "items:"]
+    out.add("")
+    out.add("items:")
     if packed:
-        lines += ["  input_size: t * h * w", f"  output_tokens: t * {merged}   {TODO}confirm against the encoder output"]
+        out.add("  input_size: t * h * w")
+        out.add(f"  output_tokens: t * {merged}", "output rows of one item, against the encoder's output")
     else:
-        lines += ["  input_size: n", "  output_tokens: n * tokens_per_tile"]
-    lines += ["", "budget:", f"  min: {64 if packed else 'tokens_per_tile'}   {TODO}smallest useful budget",
-              "  max: min(max_num_batched_tokens, max_model_len)", "", "buffers:"]
+        out.add("  input_size: n")
+        out.add("  output_tokens: n * tokens_per_tile")
+    out.add("")
+    out.add("budget:")
+    out.add(f"  min: {64 if packed else 'tokens_per_tile'}", "smallest useful budget")
+    if packed:
+        out.add("  max: min(max_num_batched_tokens, max_model_len)")
+    else:
+        values = {name: value for name, (_, _, value) in geometry.items()}
+        formula, guess = _tile_budget_max(values, max(1, values["image_size"] // values["patch_size"]) ** 2)
+        out.add(f"  max: {formula}", guess)
+    out.add("")
+    out.add("buffers:", f"the graph inputs {d.style} attention needs; shapes, padding and params against {call}")
+    _buffers(out, d, style, geometry, pixels_arg, grid_arg, m)
+    out.add("")
+    out.add("docs:")
+    out.add(f"  notes: \"Drafted by vitcg new from {d.encoder.__name__} ({d.style} attention).\"",
+            "describe the model for the supported-models page")
+    out.add("")
+    out.add("tests:")
+    out.add('  prompt_template: "USER: {placeholders}{question} ASSISTANT:"', "the chat template")
+    out.add('  image_placeholder: "<image>"', "the image placeholder token")
+    if video:
+        out.add('  video_placeholder: "<video>"', "the video placeholder token")
+    out.add("  max_model_len: 8192")
+    out.add("  budgets: [1024, 2048, 4096]")
+    return out
+
+
+def _quoted(text: str) -> str:
+    return text if re.fullmatch(r"[A-Za-z0-9_]+", text) else f'"{text}"'
+
+
+def _buffers(out: _Lines, d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str, m: str | None) -> None:
     unit = f" * {m} ** 2" if m else ""
-    if packed:
-        row = "in_channels" + (" * temporal_patch_size" if "temporal_patch_size" in geometry else "") + " * patch_size ** 2"
-        lines += ["  - name: pixel_values", f"    arg: {pixels_arg}", "    provider: pixels",
-                  f"    shape: [budget{unit}, {row}]   {TODO}one row of pixel_values", "    padding: zeros",
-                  "  - name: grid_thw", f"    arg: {grid_arg}", "    provider: grid", "    shape: [max_items + 1, 3]",
-                  "    padding: zeros",
-                  "  - name: cu_seqlens", "    provider: cu_seqlens", "    shape: [max_segments + 2]",
-                  "    padding: trailing_segment",
-                  "  - name: max_seqlen", "    provider: max_seqlen", f"    value: budget{unit}", "    padding: fixed"]
-        if "get_vision_position_ids" in d.helpers:
-            lines += ["  - name: position_ids", "    provider: position_ids", f"    shape: [budget{unit}, 2]",
-                      "    padding: zeros"]
-        if "window_index" in style.required_providers:
-            lines += ["  - name: window_index", "    provider: window_index", "    shape: [budget]", "    padding: identity",
-                      "  - name: cu_window_seqlens", "    provider: cu_window_seqlens", "    shape: [budget + 2]",
-                      "    padding: trailing_segment",
-                      "  - name: max_window_seqlen", "    provider: max_window_seqlen",
-                      "    value: (window_size // patch_size) ** 2", "    padding: fixed"]
-        if "get_vision_interpolation_indices_and_weights" in d.helpers:
-            for name in ("interp_indices", "interp_weights"):
-                lines += [f"  - name: {name}", f"    provider: {name}", f"    shape: [budget{unit}, 4]", "    padding: zeros",
-                          f"    params: {{mode: bilinear, align_corners: true}}   {TODO}as the encoder calls the helper"]
-    else:
-        lines += ["  - name: pixel_values", f"    arg: {pixels_arg}", "    provider: pixels",
-                  "    shape: [budget // tokens_per_tile, in_channels, image_size, image_size]", "    padding: zeros"]
-    lines += ["", "docs:", "  notes: >-", f"    Drafted by vitcg new from {d.encoder.__name__}; {d.style} attention. "
-              "TODO(vitcg new): describe it.", "", "tests:",
-              f'  prompt_template: "USER: {{placeholders}}{{question}} ASSISTANT:"   {TODO}the chat template',
-              f'  image_placeholder: "<image>"   {TODO}the image placeholder token']
-    if "video" in d.modalities:
-        lines.append(f'  video_placeholder: "<video>"   {TODO}the video placeholder token')
-    lines += ["  max_model_len: 8192", "  budgets: [1024, 2048, 4096]", ""]
-    return "\n".join(lines)
+    if not style.segmented:
+        for line in ("  - name: pixel_values", f"    arg: {pixels_arg}", "    provider: pixels",
+                     "    shape: [budget // tokens_per_tile, in_channels, image_size, image_size]", "    padding: zeros"):
+            out.add(line)
+        return
+    row = "in_channels" + (" * temporal_patch_size" if "temporal_patch_size" in geometry else "") + " * patch_size ** 2"
+    out.add("  - name: pixel_values")
+    out.add(f"    arg: {pixels_arg}")
+    out.add("    provider: pixels")
+    out.add(f"    shape: [budget{unit}, {row}]", "one row of pixel values per patch")
+    out.add("    padding: zeros")
+    for line in ("  - name: grid_thw", f"    arg: {grid_arg}", "    provider: grid", "    shape: [max_items + 1, 3]",
+                 "    padding: zeros", "  - name: cu_seqlens", "    provider: cu_seqlens", "    shape: [max_segments + 2]",
+                 "    padding: trailing_segment", "  - name: max_seqlen", "    provider: max_seqlen",
+                 f"    value: budget{unit}", "    padding: fixed"):
+        out.add(line)
+    if "get_vision_position_ids" in d.helpers and m:
+        out.add("  - name: position_ids")
+        out.add("    provider: position_ids")
+        out.add(f"    shape: [budget{unit}, 2]", "2 (h, w) or 3 (t, h, w: params include_temporal) columns")
+        out.add("    padding: zeros")
+    if "window_index" in style.required_providers:
+        for line in ("  - name: window_index", "    provider: window_index", "    shape: [budget]",
+                     "    padding: identity", "  - name: cu_window_seqlens", "    provider: cu_window_seqlens",
+                     "    shape: [budget + 2]", "    padding: trailing_segment", "  - name: max_window_seqlen",
+                     "    provider: max_window_seqlen"):
+            out.add(line)
+        out.add("    value: (window_size // patch_size) ** 2", "the largest window in patch rows")
+        out.add("    padding: fixed")
+    if "get_vision_interpolation_indices_and_weights" in d.helpers and "num_grid_per_side" in geometry and m:
+        for name in ("interp_indices", "interp_weights"):
+            for line in (f"  - name: {name}", f"    provider: {name}", f"    shape: [budget{unit}, 4]",
+                         "    padding: zeros"):
+                out.add(line)
+            out.add("    params: {mode: bilinear, align_corners: true}", "as the encoder calls the helper")
+
+
+def schema_reference(path: str | os.PathLike | None) -> str:
+    """The ``$schema`` path a draft written to ``path`` gives editors: vitcg's schema.json, relative to the
+    draft inside the project that holds the vitcg package (``../vitcg/lang/schema.json`` from ``specs/``),
+    absolute elsewhere; as from ``specs/`` for stdout."""
+    if path is None:
+        return "../vitcg/lang/schema.json"
+    schema = Path(__file__).resolve().parents[1] / "lang" / "schema.json"
+    folder = Path(path).resolve().parent
+    project = schema.parents[2]
+    if folder.is_relative_to(project):
+        return Path(os.path.relpath(schema, folder)).as_posix()
+    return schema.as_posix()
+
+
+def checked_draft(model_type: str, path: str | os.PathLike | None = None) -> tuple[str, int]:
+    """The draft of ``model_type`` to be written to ``path`` (None: stdout), and how many guesses it marks.
+
+    The draft is validated before it is returned, so ``vitcg new`` never writes a spec ``vitcg validate``
+    refuses. Raises UsageError when the model type cannot be drafted, SpecError (naming the model type, with
+    every diagnostic) if the draft does not validate: a bug of this module for that model type.
+    """
+    from ..errors import SpecError, VitcgError
+    from ..lang import Bindings, spec_from_text
+
+    shown = str(path) if path is not None else None
+    try:
+        lines = render(draft(model_type), shown, schema_reference(path))
+    except VitcgError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - model code of any transformers release; say so, never a traceback
+        raise VitcgError(f"cannot draft {model_type!r}: {type(exc).__name__}: {exc}; write the spec by hand "
+                         "(docs/writing-specs.md)") from None
+    try:
+        spec_from_text(lines.text(), shown or f"<draft of {model_type}>", Bindings())
+    except SpecError as exc:
+        raise VitcgError(f"the draft of {model_type!r} does not validate, so nothing was written (a bug of "
+                         f"vitcg new: please report it, and write the spec by hand meanwhile):\n{exc}") from None
+    return lines.text(), lines.guesses
