@@ -101,6 +101,8 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
     valid = _valid(loaded, found, modalities, item_vocab)
     input_size = found.formula(("items", "input_size"), item_vocab)
     output_tokens = found.formula(("items", "output_tokens"), [*item_vocab, *(["valid"] if valid else [])])
+    if output_tokens is None and valid is None and found.diagnostics[-1].message == "unknown name 'valid'":
+        found.diagnostics[-1] = replace(found.diagnostics[-1], hint="declare items.valid: {role, padding, full}")
     frames = (found.formula(("items", "frames"), item_vocab) if "frames" in data["items"]
               else parse(style.item_names[0], item_vocab))
     budget_vocab = [*cat.LIMIT_NAMES, *names]
