@@ -348,7 +348,7 @@ class Spec:
             "geometry": {name: formula.source for name, formula in self.geometry},
             "attention": {"style": self.style, "segments": self.segments},
             "graph_scope": self.graph_scope,
-            "epilogue": self.epilogue,
+            **({"epilogue": self.epilogue} if self.epilogue is not None else {}),
             "modalities": {
                 m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video,
                          **({"grid_columns": list(m.grid_columns)} if m.grid_columns != GRID_COLUMNS else {}),
