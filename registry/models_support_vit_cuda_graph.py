@@ -16,6 +16,8 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "ernie4_5_vl_moe",
     "exaone4_5",
     "gemma3",
+    "gemma4",
+    "gemma4_vision",
     "git",
     "glm46v",
     "glm4v",

@@ -162,6 +162,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=[],
     ),
+    "gemma4": VitCudagraphTestConfig(
+        model="google/gemma-4-e2b-it",
+        modalities=["image"],
+        image_prompt="<|turn>user\n<|image|>What is in this image?<turn|>\n<|turn>model\n",
+        video_prompt=None,
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [280, 560, 1120]},
+        marks=[],
+    ),
     "git": VitCudagraphTestConfig(
         model="microsoft/git-base",
         modalities=["image"],

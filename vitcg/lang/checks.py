@@ -19,7 +19,19 @@ from . import catalogue as cat
 from .bindings import MISSING, Bindings, release, transformers_version
 from .formulas import Formula, parse
 from .loader import LoadedYaml, Path_
-from .model import Buffer, Docs, Encoder, ExampleInput, Modality, Placeholder, Spec, TestMeta, VlmTest, freeze
+from .model import (
+    Buffer,
+    Docs,
+    Encoder,
+    ExampleInput,
+    Modality,
+    Placeholder,
+    Spec,
+    TestMeta,
+    ValidRows,
+    VlmTest,
+    freeze,
+)
 from .rules import bindings as bind
 from .rules import buffers as buf
 from .rules import geometry as geo
@@ -86,8 +98,11 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
     segments = segments if segments in style.segments else style.segments[0]
     modalities = _modalities(loaded, found, style)
     item_vocab = [*style.item_names, *names]
+    valid = _valid(loaded, found, modalities, item_vocab)
     input_size = found.formula(("items", "input_size"), item_vocab)
-    output_tokens = found.formula(("items", "output_tokens"), item_vocab)
+    output_tokens = found.formula(("items", "output_tokens"), [*item_vocab, *(["valid"] if valid else [])])
+    if output_tokens is None and valid is None and found.diagnostics[-1].message == "unknown name 'valid'":
+        found.diagnostics[-1] = replace(found.diagnostics[-1], hint="declare items.valid: {role, padding, full}")
     frames = (found.formula(("items", "frames"), item_vocab) if "frames" in data["items"]
               else parse(style.item_names[0], item_vocab))
     budget_vocab = [*cat.LIMIT_NAMES, *names]
@@ -95,6 +110,7 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
     budget_max = found.formula(("budget", "max"), budget_vocab)
     encoder = _encoder(loaded, found, modalities)
     scope = data.get("graph_scope")
+    found.add(buf.epilogue_whole_encoder(loaded, scope is not None))
     buffers = _buffers(loaded, found, style, names, encoder, modalities, scope is not None)
     tests = _tests(loaded, found, style, modalities, names, scope is not None)
     if found.diagnostics:
@@ -102,6 +118,8 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
     return Spec(
         file=loaded.file,
         graph_scope=scope["module"] if scope else None,
+        epilogue=data["epilogue"]["select"] if "epilogue" in data else None,
+        valid=valid,
         transformers=data.get("transformers"),
         name=data["name"],
         display_name=data["display_name"],
@@ -122,6 +140,17 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
         docs=Docs(data["docs"]["notes"], tuple(data["docs"].get("shared_by", ()))),
         tests=tests,
     )
+
+
+def _valid(loaded: LoadedYaml, found: _Found, modalities: Sequence[Modality],
+           item_vocab: Sequence[str]) -> ValidRows | None:
+    """``items.valid``: its role must be an extra role of every modality; ``full`` reads item names and geometry."""
+    entry = loaded.data["items"].get("valid")
+    if entry is None:
+        return None
+    found.add(mod.valid_role_is_extra(loaded, entry, modalities))
+    full = found.formula(("items", "valid", "full"), item_vocab)
+    return ValidRows(entry["role"], entry["padding"], full) if full is not None else None
 
 
 def _modalities(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle) -> list[Modality]:
@@ -207,8 +236,8 @@ def _tests(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, modalit
         base = ("tests", "inputs", role)
         shape = tuple(found.formula(base + ("shape", j), geometry) for j in range(len(entry["shape"])))
         fill = entry.get("fill", "randn")
-        if not isinstance(fill, str):
-            fill = tuple(found.formula(base + ("fill", j), geometry) for j in range(len(fill)))
+        if not isinstance(fill, str):  # `i`: the index along the row's dimension before the last
+            fill = tuple(found.formula(base + ("fill", j), [*geometry, "i"]) for j in range(len(fill)))
         examples[role] = ExampleInput(shape, fill, entry.get("dtype", "model"))
     found.add(tst.examples_cover_roles(loaded, t, modalities, scoped))
     found.add(tst.video_placeholder_matches(loaded, t, modalities))

@@ -132,6 +132,18 @@ class Buffer:
 
 
 @dataclass(frozen=True)
+class ValidRows:
+    """``items.valid``: how many rows of an item are not padding, read from an extra input role."""
+
+    role: str
+    """The extra input role that marks padding rows."""
+    padding: int
+    """Its value on a padding row: a patch whose values all equal it is padding."""
+    full: Formula
+    """``valid`` of an item without padding (item names and geometry): where no input is at hand."""
+
+
+@dataclass(frozen=True)
 class Docs:
     notes: str
     shared_by: tuple[str, ...]
@@ -244,6 +256,10 @@ class Spec:
     """The oldest transformers release with the classes this spec names (``transformers``), or None."""
     unavailable: str | None = None
     """Why the installed transformers cannot run this spec (older than :attr:`transformers`), or None."""
+    valid: ValidRows | None = None
+    """``items.valid``: output_tokens may read the item's non-padding rows as ``valid``; None: it may not."""
+    epilogue: str | None = None
+    """``epilogue.select`` (``masked_rows``): what of the forward's data-dependent end runs after the graph."""
 
     @property
     def attention_style(self) -> AttentionStyle:
@@ -300,10 +316,14 @@ class Spec:
         row = [formula.evaluate(names) for formula in self.tests.shaping[modality].values()]
         return row if self.attention_style.segmented else row[0]
 
-    def item_sizes(self, modality: str, row: Any, geometry: Mapping[str, int]) -> tuple[int, int, int]:
+    def item_sizes(self, modality: str, row: Any, geometry: Mapping[str, int],
+                   valid: int | None = None) -> tuple[int, int, int]:
         """``(input_size, output_tokens, frames)`` of one item from its count row (a grid row or a tile
-        count): the ``items`` formulas at ``geometry``; frames are 0 for images."""
+        count): the ``items`` formulas at ``geometry``; frames are 0 for images. ``valid``: the item's
+        non-padding rows (``items.valid``); None: those of an item without padding (``items.valid.full``)."""
         names = {**self.attention_style.names(row), **geometry}
+        if self.valid is not None:
+            names["valid"] = self.valid.full.evaluate(names) if valid is None else valid
         frames = self.frames.evaluate(names) if modality == "video" else 0
         return self.input_size.evaluate(names), self.output_tokens.evaluate(names), frames
 
@@ -328,6 +348,7 @@ class Spec:
             "geometry": {name: formula.source for name, formula in self.geometry},
             "attention": {"style": self.style, "segments": self.segments},
             "graph_scope": self.graph_scope,
+            **({"epilogue": self.epilogue} if self.epilogue is not None else {}),
             "modalities": {
                 m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video,
                          **({"grid_columns": list(m.grid_columns)} if m.grid_columns != GRID_COLUMNS else {}),
@@ -338,6 +359,8 @@ class Spec:
                 "input_size": self.input_size.source,
                 "output_tokens": self.output_tokens.source,
                 "frames": self.frames.source,
+                **({"valid": {"role": self.valid.role, "padding": self.valid.padding,
+                              "full": self.valid.full.source}} if self.valid is not None else {}),
             },
             "budget": {"min": self.budget_min.source, "max": self.budget_max.source},
             "buffers": [

@@ -32,6 +32,7 @@ from ..lang.model import Modality, Spec, thaw
 from . import providers
 from .attention import ATTENTION_NAME, configs_of, register, use_attention
 from .engine import read_limits
+from .epilogue import epilogue
 from .extension import MIXED, Replay
 from .inputs import Input, InputReader
 from .padding import BufferPadding, Capacities, fill
@@ -120,19 +121,20 @@ class _Adapter:
     def _inputs(self, mm_kwargs: Mapping[str, Any]) -> list[Input]:
         return self._reader.read(mm_kwargs)
 
-    def _item(self, modality: Modality, row) -> tuple[EncoderItemSpec, int]:
-        key = (modality.name, tuple(row) if isinstance(row, (list, tuple)) else row)
+    def _item(self, modality: Modality, row, valid: int | None = None) -> tuple[EncoderItemSpec, int]:
+        key = (modality.name, tuple(row) if isinstance(row, (list, tuple)) else row, valid)
         cached = self._item_cache.get(key)
         if cached is None:
             if len(self._item_cache) >= ITEM_CACHE_SIZE:
                 self._item_cache.clear()
-            input_size, output_tokens, frames = self.spec.item_sizes(modality.name, row, self.geometry)
+            input_size, output_tokens, frames = self.spec.item_sizes(modality.name, row, self.geometry, valid)
             cached = self._item_cache[key] = (EncoderItemSpec(input_size, output_tokens), frames)
         return cached
 
-    def item_spec(self, modality: Modality, row) -> EncoderItemSpec:
-        """The item spec of one grid row (or tile count) of ``modality``."""
-        return self._item(modality, row)[0]
+    def item_spec(self, modality: Modality, row, valid: int | None = None) -> EncoderItemSpec:
+        """The item spec of one grid row (or tile count) of ``modality``; ``valid``: its rows that are not
+        padding (``items.valid``; None: an item without padding)."""
+        return self._item(modality, row, valid)[0]
 
     def get_input_modality(self, mm_kwargs: Mapping[str, Any]) -> str:
         """``image`` or ``video``; ``image+video`` when both are present (vitcg extension)."""
@@ -146,11 +148,11 @@ class _Adapter:
         return video.max_frames_per_video if video else 1
 
     def get_encoder_cudagraph_item_specs(self, mm_kwargs: Mapping[str, Any]) -> list[EncoderItemSpec]:
-        return [self.item_spec(i.modality, row) for i in self._inputs(mm_kwargs) for row in i.counts_cpu.tolist()]
+        return [self.item_spec(i.modality, row, valid) for i in self._inputs(mm_kwargs) for row, valid in i.items()]
 
     def get_encoder_cudagraph_item_frames(self, mm_kwargs: Mapping[str, Any]) -> list[int]:
         """Video frames of each item (0 for images), in item order (vitcg extension)."""
-        return [self._item(i.modality, row)[1] for i in self._inputs(mm_kwargs) for row in i.counts_cpu.tolist()]
+        return [self._item(i.modality, row, valid)[1] for i in self._inputs(mm_kwargs) for row, valid in i.items()]
 
     def is_encoder_cudagraph_scoped(self) -> bool:
         return self._scope is not None
@@ -270,7 +272,7 @@ class _Adapter:
 
     def _pack(self, mm_kwargs: Mapping[str, Any]) -> tuple[providers.Pack, list[EncoderItemSpec]]:
         inputs = self._inputs(mm_kwargs)
-        items = [self.item_spec(i.modality, row) for i in inputs for row in i.counts_cpu.tolist()]
+        items = [self.item_spec(i.modality, row, valid) for i in inputs for row, valid in i.items()]
         def joined(parts: list[torch.Tensor]) -> torch.Tensor:
             return torch.cat(parts) if len(parts) > 1 else parts[0]
 
@@ -333,7 +335,8 @@ class _Adapter:
 
     def encoder_cudagraph_forward(self, inputs: Mapping[str, torch.Tensor | int], path: str = DEFAULT_PATH) -> Any:
         """The fixed-shape forward: the combined output tensor, or with ``graph_scope`` the scoped
-        submodule's own output structure."""
+        submodule's own output structure. With ``epilogue`` (:mod:`vitcg.runtime.epilogue`) a boolean-mask row
+        selection returns every row, the kept ones first; the cut to the items' rows comes after the graph."""
         _check_path(path)
         # tensors the model creates without a device (SAM's torch.arange index) must not be host tensors
         # copied in during capture: the encoder's device is the default one here
@@ -341,7 +344,8 @@ class _Adapter:
             if self._scope is not None:
                 return self._graph_call(inputs)
             kwargs = {b.arg: self._call_view(b, inputs[b.name]) for b in self.spec.buffers}
-            return self._combine(self._graph_call(**kwargs, **self._call_kwargs))
+            with epilogue(self.spec.epilogue):  # a deferred data-dependent end keeps fixed shapes here
+                return self._combine(self._graph_call(**kwargs, **self._call_kwargs))
 
     def eager_calls(self, mm_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The keyword arguments of each encoder call the eager path makes: one per modality present, inputs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,8 +14,9 @@ from ..lang.catalogue import BUFFER_NAMES, GRID_COLUMNS, MERGE_NAME, buffer_name
 from ..lang.model import Modality, Spec
 from .protocol import EncoderItemSpec
 
-ItemSpec = Callable[[Modality, Any], EncoderItemSpec]
-"""The item spec of one count row (a grid row or a tile count) of a modality: the adapter's, cached."""
+ItemSpec = Callable[[Modality, Any, "int | None"], EncoderItemSpec]
+"""The item spec of one count row (a grid row or a tile count) of a modality and its non-padding rows (None
+without ``items.valid``): the adapter's, cached."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,13 @@ class Input:
     ``split`` modality one ``(1, h, w)`` row per frame."""
     extras: dict[str, torch.Tensor]
     """Extra inputs by role, aligned with the pixels on dim 0."""
+    valid: tuple[int, ...] | None = None
+    """Per item, its rows that are not padding (``items.valid``); None without it."""
+
+    def items(self) -> list[tuple[Any, int | None]]:
+        """``(count row, valid rows or None)`` per item, in input order."""
+        rows = self.counts_cpu.tolist()
+        return list(zip(rows, self.valid if self.valid is not None else [None] * len(rows)))
 
 
 def pixel_row(spec: Spec, geometry: Mapping[str, int]) -> tuple[int | None, ...] | None:
@@ -125,12 +134,12 @@ class InputReader:
             counts, counts_cpu = self._counts(modality, mm_kwargs, pixels)
             extras = {role: self._aligned(modality, role, mm_kwargs[modality.inputs[role]], pixels)
                       for role in modality.extra_roles}
-            self._check_items(modality, counts_cpu, pixels)
+            valid = self._check_items(modality, counts_cpu, pixels, self._valid_rows(extras))
             encoder_counts = counts_cpu
             if modality.split is not None and self.spec.attention_style.segmented:
                 rows = [r for row in counts_cpu.tolist() for r in modality.encoder_rows(row)]
                 encoder_counts = torch.tensor(rows, dtype=torch.int64).reshape(-1, counts_cpu.shape[1])
-            found.append(Input(modality, pixels, counts, counts_cpu, encoder_counts, extras))
+            found.append(Input(modality, pixels, counts, counts_cpu, encoder_counts, extras, valid))
         return found
 
     def _check_keys(self, mm_kwargs: Mapping[str, Any]) -> None:
@@ -206,10 +215,25 @@ class InputReader:
                              f"0, {modality.pixels_key!r} has {pixels.shape[0]}; they must align")
         return value
 
-    def _check_items(self, modality: Modality, counts_cpu: torch.Tensor, pixels: torch.Tensor) -> None:
+    def _valid_rows(self, extras: Mapping[str, torch.Tensor]) -> list[int] | None:
+        """Per row on dim 0 (a tile or a patch row), its patches that are not padding (``items.valid``): dim 1
+        indexes the patches of a row and any later dimensions hold one patch's values (a patch is padding
+        when they all equal ``items.valid.padding``); a 1-D role has one patch per row. One host read."""
+        if self.spec.valid is None:
+            return None
+        role = extras[self.spec.valid.role]
+        fields = math.prod(role.shape[2:])  # 1 for a 1-D or 2-D role
+        patches = role.reshape(role.shape[0], role.shape[1] if role.ndim >= 2 else 1, fields)
+        return (patches != self.spec.valid.padding).any(dim=-1).sum(dim=-1).tolist()
+
+    def _check_items(self, modality: Modality, counts_cpu: torch.Tensor, pixels: torch.Tensor,
+                     valid_rows: list[int] | None) -> tuple[int, ...] | None:
+        """Checks each item's counts and sizes; returns each item's non-padding rows (None without
+        ``items.valid``)."""
         key = modality.count_key or modality.pixels_key
         names = self.spec.attention_style.item_names
         total = 0
+        valid: list[int] = []
         for index, row in enumerate(counts_cpu.tolist()):
             values = row if isinstance(row, list) else [row]
             if min(values) < 1:
@@ -219,7 +243,10 @@ class InputReader:
                 raise self._error(key, f"item {index} is {row}: expected {' and '.join(self.merged)} to be "
                                        f"multiples of {MERGE_NAME} {self.merge}, {' and '.join(off)} is not")
             try:
-                item = self._item_spec(modality, row)
+                size = self._item_spec(modality, row, None).input_size  # input_size never reads valid
+                if valid_rows is not None:
+                    valid.append(sum(valid_rows[total:total + size]))
+                item = self._item_spec(modality, row, valid[-1] if valid_rows is not None else None)
             except FormulaError as exc:
                 raise self._error(key, f"item {index} is {row}: {exc}") from None
             if item.input_size < 1 or item.output_tokens < 1:
@@ -231,3 +258,4 @@ class InputReader:
             raise InputError(
                 f"{self.spec.name}: {modality.pixels_key!r} has {pixels.shape[0]} rows but {key!r} describes "
                 f"{total} (items.input_size: {self.spec.input_size})")
+        return tuple(valid) if valid_rows is not None else None

@@ -83,9 +83,9 @@ def _cases(builder: InputBuilder, max_budget: int) -> list[tuple[str, Callable[[
     video = spec.modality("video")
     frames = min(4, video.max_frames_per_video) if video else 0
     tiles = not spec.attention_style.segmented
-    per_tile = spec.output_tokens.evaluate({"n": 1, **builder.geometry}) if tiles else 1
-    huge = (max_budget // per_tile + 1) if tiles else math.isqrt(max_budget) + 1
     first = "image" if has_image else "video"
+    per_tile = spec.item_sizes(first, 1, builder.geometry)[1] if tiles else 1
+    huge = (max_budget // per_tile + 1) if tiles else math.isqrt(max_budget) + 1
 
     def one(modality, *sizes):
         return lambda: builder.inputs(modality, list(sizes))

@@ -59,9 +59,11 @@ class InputBuilder:
         fill = example.fill if example is not None else "randn"
         dtype = {"bool": torch.bool, "int32": torch.int32, "int64": torch.int64}.get(
             example.dtype if example is not None else "model", torch.float32)
-        if not isinstance(fill, str):
-            row = torch.tensor([f.evaluate(self.geometry) for f in fill], dtype=dtype)
-            return row.expand(shape).clone()
+        if not isinstance(fill, str):  # one formula per element of the last dimension, `i` the index before it
+            count = shape[-2] if len(shape) > 2 else 1
+            row = torch.tensor([[f.evaluate({**self.geometry, "i": i}) for f in fill] for i in range(count)],
+                               dtype=dtype)
+            return (row.reshape(()) if len(shape) == 1 else row).expand(shape).clone()
         if fill == "randn":
             return torch.randn(shape, generator=self.generator).to(dtype)
         return (torch.ones if fill == "ones" else torch.zeros)(shape, dtype=dtype)

@@ -151,8 +151,14 @@ def items_positive(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str, int]) 
     """input_size, output_tokens and frames evaluate to positive values for a sample item."""
     item = spec.attention_style.sample(geometry)
     sample = {**item, **geometry}
-    for key, formula in (("input_size", spec.input_size), ("output_tokens", spec.output_tokens),
-                         ("frames", spec.frames)):
+    checks = [("input_size", spec.input_size), ("output_tokens", spec.output_tokens), ("frames", spec.frames)]
+    if spec.valid is not None:  # an item without padding: output_tokens reads its full rows
+        try:
+            item["valid"] = sample["valid"] = spec.valid.full.evaluate(sample)
+        except FormulaError as exc:
+            yield formula_diagnostic(loaded, ("items", "valid", "full"), exc)
+            return
+    for key, formula in checks:
         try:
             value = formula.evaluate(sample)
         except FormulaError as exc:

@@ -79,6 +79,15 @@ def provider_matches_scope(loaded: LoadedYaml, index: int, entry: Entry, scoped:
                     f"provider {provider!r} fills the arguments of a graph_scope call", hint="add graph_scope.module")
 
 
+def epilogue_whole_encoder(loaded: LoadedYaml, scoped: bool) -> Iterator[Diagnostic]:
+    """An epilogue follows a whole-encoder graph: with graph_scope the model's own forward already runs every
+    step after the scoped call eagerly."""
+    if scoped and "epilogue" in loaded.data:
+        yield error(loaded, ("epilogue",), "epilogue applies to whole-encoder specs: with graph_scope, the forward "
+                    "after the scoped call already runs eagerly", hint="remove epilogue, or remove graph_scope",
+                    key=True)
+
+
 def padding_allowed(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
     """The buffer's padding rule is one its provider supports."""
     provider, padding = entry["provider"], entry["padding"]

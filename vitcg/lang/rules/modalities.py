@@ -117,3 +117,21 @@ def eager_call_passes_pixels(loaded: LoadedYaml, args: Mapping[str, str]) -> Ite
     if "pixels" not in args.values():
         yield error(loaded, ("encoder", "args"), "the eager call must pass the 'pixels' role",
                     hint="e.g. args: {hidden_states: pixels, grid_thw: grid}")
+
+
+def valid_role_is_extra(loaded: LoadedYaml, valid: Mapping[str, Any],
+                        modalities: Sequence[Modality]) -> Iterator[Diagnostic]:
+    """``items.valid.role`` is an extra input role every modality names (counting needs its data)."""
+    role = valid["role"]
+    if role in cat.STANDARD_ROLES:
+        yield error(loaded, ("items", "valid", "role"),
+                    f"{role!r} is a standard input role; items.valid reads an extra role that marks padding",
+                    hint="e.g. the role of a patch mask or of patch positions")
+        return
+    lacking = [m.name for m in modalities if role not in m.inputs]
+    if lacking:
+        extras = sorted({r for m in modalities for r in m.extra_roles})
+        yield error(loaded, ("items", "valid", "role"),
+                    f"items.valid reads input role {role!r}, which modality {lacking[0]} does not name",
+                    hint=suggest(role, extras) or (f"extra roles: {', '.join(extras)}" if extras
+                                                   else f"add it to modalities.{lacking[0]}.inputs"))
