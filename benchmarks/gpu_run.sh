@@ -34,7 +34,7 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       --json "$OUT/bench_roofline.json" --plot "$OUT/roofline-qwen2_vl.png" ;;
     profile) run 200 profile.log python3 benchmarks/host_profile.py qwen2_vl 1x224 8x224 ;;
     check-real-new) run 240 check.log python3 -m vitcg check glm4v glm4v_moe mlcd cohere2_vision aya_vision molmo2 \
-      llava_next llava_onevision --device cuda --size real ;;
+      llava_next llava_onevision paddleocr_vl gemma4 --device cuda --size real ;;
     check-real-all) run 300 check.log python3 -m vitcg check --all --device cuda --size real ;;
     bench-smoke) run 120 bench.log python3 -m vitcg bench hunyuan_vl siglip2 idefics3 --size tiny --no-compile --iters 2 \
       --device cuda --json "$OUT/bench_smoke.json" ;;
