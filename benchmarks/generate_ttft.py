@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import json
 import statistics
@@ -133,7 +134,13 @@ def free_vision(model, inputs):
     with torch.no_grad():
         names = inspect.signature(base.get_image_features).parameters
         cached = base.get_image_features(**{k: v for k, v in inputs.items() if k in names})
-    base.get_image_features = lambda *args, **kwargs: cached
+    original = base.get_image_features
+
+    @functools.wraps(original)  # generate() picks the call's arguments by this signature
+    def answer(*args, **kwargs):
+        return cached
+
+    base.get_image_features = answer
     try:
         yield
     finally:
