@@ -348,6 +348,21 @@ def test_measured_costs_route_without_margin(toy):
     assert sorted(manager.plan_packs(items)[1]) == [0, 1]
 
 
+def test_several_packs_go_eager_together_when_one_eager_call_is_cheaper(toy):
+    """Each 30-token pack replays for 5.0, less than the 6.0 its items cost alone eagerly; but one eager call of
+    all 90 tokens (about 11.4) is cheaper than three replays (15.0): the whole call runs eagerly."""
+    from vitcg.runtime.manager import PackPlan
+
+    items = toy.get_encoder_cudagraph_item_specs(batch(30, 30, 30))
+    manager = make(toy, max_num_batched_tokens=64)
+    manager.replay_costs = {4: 1.0, 8: 1.5, 16: 2.0, 32: 5.0, 64: 9.0}
+    manager.eager_costs = {4: 6.0, 8: 6.0, 16: 6.0, 32: 6.0, 64: 9.0}
+    packs = [PackPlan(32, (i,), 30) for i in range(3)]
+    assert manager._route_eager(items, packs, []) == ([], [0, 1, 2])
+    manager.eager_costs = {4: 6.0, 8: 6.0, 16: 6.0, 32: 6.0, 64: 16.0}  # all eagerly about 25: the replays win
+    assert manager._route_eager(items, packs, []) == (packs, [])
+
+
 def test_launch_bound_packs_keep_their_graphs(toy):
     items = toy.get_encoder_cudagraph_item_specs(batch(2, 5, 1))
     manager = make(toy, max_num_batched_tokens=64)

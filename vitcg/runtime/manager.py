@@ -330,7 +330,8 @@ class EncoderCudaGraphManager:
     def _route_eager(self, items: Sequence[EncoderItemSpec], packs: list[PackPlan], eager: list[int]
                      ) -> tuple[list[PackPlan], list[int]]:
         """Move packs to the eager call while that lowers the estimated cost: a compute-bound pack padded to
-        a large budget costs more as a replay than its real tokens cost eagerly."""
+        a large budget costs more as a replay than its real tokens cost eagerly; then the whole call to it
+        when one eager call of everything is estimated cheaper than the replays left plus the eager part."""
         if not (self.route_eager and self.eager_costs and self.replay_costs):
             return packs, eager
         eager_tokens = sum(items[i].output_tokens for i in eager)
@@ -347,6 +348,13 @@ class EncoderCudaGraphManager:
                 eager_tokens += pack.tokens
             else:
                 kept.append(pack)
+        if kept:  # the whole call eagerly: several packs may each be cheaper replayed than alone eagerly, yet
+            # cost more together than one eager call of everything (its fixed cost is paid once)
+            together = eager_part(eager_tokens + sum(p.tokens for p in kept))
+            split = sum(self.replay_cost(p.budget) for p in kept) + eager_part(eager_tokens)
+            margin = 1.0 if all(self._calibrated(p.budget) for p in kept) else EAGER_MARGIN
+            if together < split * margin:
+                return [], [*eager, *(i for p in kept for i in p.indices)]
         return kept, eager
 
     def _calibrated(self, budget: int) -> bool:
