@@ -27,6 +27,8 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     bench-quick) run 400 bench.log python3 -m vitcg bench qwen2_vl qwen2_5_vl --no-compile --device cuda --json "$OUT/bench_quick.json" ;;
     bench-rest) run 560 bench.log python3 -m vitcg bench qwen2_5_vl qwen3_vl qwen3_vl_moe internvl --no-compile --device cuda --json "$OUT/bench_rest.json" ;;
     tests-gpu) run 300 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu tests/engine tests/hf -m gpu ;;
+    bench-below) run 500 bench.log python3 -m vitcg bench qwen3_vl qwen3_5_moe idefics2 mllama glm_ocr cosmos3_edge \
+      internvl --no-compile --iters 10 --device cuda --json "$OUT/bench_below.json" ;;
     ttft-focus) run 280 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl internvl gemma3 --json "$OUT/ttft.json" ;;
     compile-start) run 280 compile.log python3 benchmarks/compile_start.py qwen2_vl --cache-dir "$VITCG_CACHE_DIR" \
       --json "$OUT/compile_start.json" ;;
@@ -39,7 +41,8 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     bench-smoke) run 120 bench.log python3 -m vitcg bench hunyuan_vl siglip2 idefics3 --size tiny --no-compile --iters 2 \
       --device cuda --json "$OUT/bench_smoke.json" ;;
     bench-all-a|bench-all-b)
-      specs=$(ls specs/*.yaml | sort | awk -v half="${step##*-}" '(NR % 2 == 1) == (half == "a")')
+      # every other spec file by name; python, not awk (an awk on the device machine gave overlapping halves)
+      specs=$(python3 -c "import glob, sys; print(' '.join(sorted(glob.glob('specs/*.yaml'))[sys.argv[1] == 'b'::2]))" "${step##*-}")
       run 570 bench.log python3 -m vitcg bench $specs --no-compile --iters 5 --device cuda --json "$OUT/$step.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -310,7 +310,7 @@ def test_real_eager_calls_calibrate_the_eager_estimate(toy):
     assert sorted(manager.plan_packs(items)[1]) == [0, 1]
 
 
-def test_the_first_compute_bound_pack_of_a_budget_is_timed_eagerly_once(toy, monkeypatch):
+def test_the_first_compute_bound_calls_of_a_budget_run_wholly_eagerly_timed(toy, monkeypatch):
     from vitcg.runtime import manager as manager_module
     from vitcg.runtime.manager import PackPlan
 
@@ -321,8 +321,9 @@ def test_the_first_compute_bound_pack_of_a_budget_is_timed_eagerly_once(toy, mon
     assert manager._explore([small, large], []) == ([small, large], [], None)  # CPU: nothing is timed
     manager.use_cuda_graphs = True  # the choice alone; nothing runs here
     monkeypatch.setattr(manager_module, "EXPLORE_MS", 8.0)
-    assert manager._explore([small, large], []) == ([small], [1, 2], 64)
+    assert manager._explore([small, large], []) == ([], [0, 1, 2], 64)  # the whole call, keyed by its largest
     assert manager._explore([small, large], [3])[2] is None  # other items run eagerly: no clean timing
+    assert manager._explore([small], [])[2] is None  # a launch-bound call: its replay costs 2.0 < 8.0
     manager._eager_seen[64] = [(50, 12.0)]
     assert manager._explore([small, large], [])[2] == 64  # one cold call is no price: timed twice
     manager._eager_seen[64].append((50, 11.0))

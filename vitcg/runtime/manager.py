@@ -80,9 +80,9 @@ OBSERVED_REPLAYS = 2
 one cold call is no price)."""
 EXPLORE_MS = 1.0
 """A replay costing more than this (ms) may lose to the model's own eager forward (a compute-bound pack, or a
-batched eager call with no padding): the first packs of each such budget run eagerly, timed, to calibrate
-:meth:`eager_cost` (the capture-time estimate times the graph-less static forward, whose padding and launches
-an eager call does not have). Exploring never costs more than eager: it is the eager call."""
+batched eager call with no padding): the first calls whose largest budget is such a one run wholly eagerly,
+timed, to calibrate :meth:`eager_cost` (the capture-time estimate times the graph-less static forward, whose
+padding and launches an eager call does not have). Exploring never costs more than eager: it is the eager call."""
 
 
 @dataclass
@@ -358,8 +358,9 @@ class EncoderCudaGraphManager:
         return kept, eager
 
     def _calibrated(self, budget: int) -> bool:
-        """Whether both sides of the choice at ``budget`` were measured on real calls (see :data:`EAGER_MARGIN`)."""
-        return (len(self._eager_seen.get(budget, ())) >= OBSERVED_REPLAYS
+        """Whether both sides of the choice at ``budget`` were measured on real calls (see :data:`EAGER_MARGIN`):
+        its replays, and eager calls (which scale every eager estimate)."""
+        return (sum(map(len, self._eager_seen.values())) >= OBSERVED_REPLAYS
                 and len(self._observed_replays.get(budget, ())) >= OBSERVED_REPLAYS)
 
     def replay_cost(self, budget: int) -> float:
@@ -575,18 +576,16 @@ class EncoderCudaGraphManager:
                 and len(self._observed_replays.get(budget, ())) < OBSERVED_REPLAYS)
 
     def _explore(self, packs: list[PackPlan], eager: list[int]) -> tuple[list[PackPlan], list[int], int | None]:
-        """On CUDA with ``route_eager``, when nothing else runs eagerly: the largest pack whose replay costs over
-        :data:`EXPLORE_MS` and whose budget has fewer than :data:`OBSERVED_REPLAYS` eager samples runs eagerly
-        instead, to be timed.
+        """On CUDA with ``route_eager``, when nothing else runs eagerly: the whole call runs eagerly instead, to be
+        timed, while the call's largest budget has fewer than :data:`OBSERVED_REPLAYS` such samples and its replay
+        costs over :data:`EXPLORE_MS` (one call calibrates every decision it holds, the whole-call one included).
         Returns the packs, the eager items and that budget (None when nothing is explored)."""
-        if not (self.route_eager and self.use_cuda_graphs and self.eager_costs) or eager:
+        if not (self.route_eager and self.use_cuda_graphs and self.eager_costs) or eager or not packs:
             return packs, eager, None
-        candidates = [p for p in packs if len(self._eager_seen.get(p.budget, ())) < OBSERVED_REPLAYS
-                      and self.replay_cost(p.budget) > EXPLORE_MS]
-        if not candidates:
+        largest = max(p.budget for p in packs)
+        if len(self._eager_seen.get(largest, ())) >= OBSERVED_REPLAYS or self.replay_cost(largest) <= EXPLORE_MS:
             return packs, eager, None
-        chosen = max(candidates, key=lambda p: p.budget)
-        return [p for p in packs if p is not chosen], list(chosen.indices), chosen.budget
+        return [], [i for p in packs for i in p.indices], largest
 
     def _nonfinite_items(self, mm_kwargs: Mapping[str, Any], count: int) -> list[int]:
         """The items whose floating inputs hold NaN or inf. All inputs are checked at once first (one
