@@ -29,7 +29,7 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     tests-gpu) run 300 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu tests/engine tests/hf -m gpu ;;
     bench-below) run 500 bench.log python3 -m vitcg bench qwen3_vl qwen3_5_moe idefics2 mllama glm_ocr cosmos3_edge \
       internvl --no-compile --iters 10 --device cuda --json "$OUT/bench_below.json" ;;
-    ttft-focus) run 280 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl internvl gemma3 --json "$OUT/ttft.json" ;;
+    ttft-focus) run 280 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl qwen3_vl internvl gemma3 --json "$OUT/ttft.json" ;;
     compile-start) run 280 compile.log python3 benchmarks/compile_start.py qwen2_vl --cache-dir "$VITCG_CACHE_DIR" \
       --json "$OUT/compile_start.json" ;;
     bench-roofline) run 300 bench.log python3 -m vitcg bench qwen2_vl --device cuda --roofline \
