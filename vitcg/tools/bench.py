@@ -55,6 +55,8 @@ class ExactGraph:
         self.adapter = adapter
         self.graph = None
         self.output = None
+        self.rows = sum(i.output_tokens for i in items) if adapter.spec.epilogue else None
+        """With an epilogue the forward returns its kept rows first, then the rest: the output is that many rows."""
 
     def capture(self) -> None:
         self.graph, self.output = capture_graph(lambda: self.adapter.encoder_cudagraph_forward(self.values),
@@ -62,7 +64,7 @@ class ExactGraph:
 
     def replay(self) -> torch.Tensor:
         self.graph.replay()
-        return self.output
+        return self.output if self.rows is None else self.output[:self.rows]
 
 
 def exact_scope_manager(adapter: SpecAdapter, items: list, frames: int, device: str, dtype: torch.dtype
