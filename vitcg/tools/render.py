@@ -21,6 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ..errors import RenderError, UsageError
 from ..lang import Spec, load_registry
 from ..lang.catalogue import vocabulary
+from ..lang.gaps import GAPS
 from .files import make_folder, write_text_atomic
 
 HEADER = "generated from specs/ by vitcg — do not edit"
@@ -119,7 +120,8 @@ def spec_context(spec: Spec, specs_dir: Path | None = None) -> dict[str, Any]:
 
 def build_context(specs: Iterable[Spec], specs_dir: Path | None = None) -> dict[str, Any]:
     """The whole template context: ``header``, ``specs`` (sorted by name), ``specs_by_name``, ``model_types``,
-    and ``vocabulary`` (styles, providers, padding rules, dtypes: :func:`vitcg.lang.catalogue.vocabulary`)."""
+    ``vocabulary`` (styles, providers, padding rules, dtypes: :func:`vitcg.lang.catalogue.vocabulary`) and
+    ``gaps`` (model types no spec covers yet, with why: :data:`vitcg.lang.gaps.GAPS`)."""
     contexts = [spec_context(s, specs_dir) for s in sorted(specs, key=lambda s: s.name)]
     return {
         "header": HEADER,
@@ -127,6 +129,7 @@ def build_context(specs: Iterable[Spec], specs_dir: Path | None = None) -> dict[
         "specs": contexts,
         "specs_by_name": {c["name"]: c for c in contexts},
         "model_types": sorted({t for c in contexts for t in c["model_types"]}),
+        "gaps": [{"model_types": list(g.model_types), "reason": g.reason} for g in GAPS],
     }
 
 
