@@ -25,8 +25,9 @@ GAPS: tuple[Gap, ...] = (
     Gap(("kimi_k25",),
         "needs frame_index and temporal_merge_index providers, and a batch mixing images (t = 1) and videos "
         "(t > 1) fails even eagerly, so images and videos would need packs of their own."),
-    Gap(("minicpmv4_6",),
-        "a check in the merger formats the target_sizes tensor into its message (a host sync inside the "
+    Gap(("minicpmv4_6", "minicpmv4_7", "minicpm_ocr"),
+        "(one tower code in all three) a check in the merger formats the target_sizes tensor into its "
+        "message (a host sync inside the "
         "captured part); needs a graph scope that leaves the check outside, or the use_vit_merger=False mode "
         "(grid_columns: [h, w] already covers its tgt_sizes)."),
     Gap(("video_llama_3",),
