@@ -305,7 +305,7 @@ def test_real_eager_calls_calibrate_the_eager_estimate(toy):
     manager.replay_costs = {4: 1.0, 8: 1.5, 16: 2.0, 32: 3.0, 64: 5.0}
     manager.eager_costs = {4: 3.0, 8: 3.0, 16: 3.5, 32: 4.0, 64: 6.0}
     assert manager.plan_packs(items)[1] == []  # estimated 4.0 eagerly against a 3.0 replay: the graph
-    manager.eager_samples = {64: (32, 2.0)}    # a real eager call of 32 tokens took 2.0 ms, not 4.0
+    manager.eager_timings = {64: [(32, 2.0)]}  # a real eager call of 32 tokens took 2.0 ms, not 4.0
     assert manager.eager_cost(32) == pytest.approx(2.0) and manager.eager_cost(4) == pytest.approx(1.5)
     assert sorted(manager.plan_packs(items)[1]) == [0, 1]
 
@@ -324,9 +324,9 @@ def test_the_first_compute_bound_calls_of_a_budget_run_wholly_eagerly_timed(toy,
     assert manager._explore([small, large], []) == ([], [0, 1, 2], 64)  # the whole call, keyed by its largest
     assert manager._explore([small, large], [3])[2] is None  # other items run eagerly: no clean timing
     assert manager._explore([small], [])[2] is None  # a launch-bound call: its replay costs 2.0 < 8.0
-    manager._eager_seen[64] = [(50, 12.0)]
+    manager.eager_timings[64] = [(50, 12.0)]
     assert manager._explore([small, large], [])[2] == 64  # one cold call is no price: timed twice
-    manager._eager_seen[64].append((50, 11.0))
+    manager.eager_timings[64].append((50, 11.0))
     assert manager._explore([small, large], []) == ([small, large], [], None)  # timed already
 
 
@@ -344,8 +344,7 @@ def test_measured_costs_route_without_margin(toy):
     assert manager.plan_packs(items)[1] == []  # 9.2 eagerly against a 10.0 replay: within the margin
     manager._observed_replays[64] = [10.0] * OBSERVED_REPLAYS
     assert manager.plan_packs(items)[1] == []  # only one side measured
-    manager._eager_seen[64] = [(40, 9.6)] * OBSERVED_REPLAYS
-    manager.eager_samples[64] = (40, 9.6)
+    manager.eager_timings[64] = [(40, 9.6)] * OBSERVED_REPLAYS
     assert sorted(manager.plan_packs(items)[1]) == [0, 1]
 
 

@@ -242,12 +242,9 @@ class EncoderCudaGraphManager:
         self.isolate_nonfinite = isolate_nonfinite
         self._observed_replays: dict[int, list[float]] = {}
         """Times (ms) of the first real replays per budget (see :meth:`_observe_replay`)."""
-        self.eager_samples: dict[int, tuple[int, float]] = {}
-        """Real eager calls timed to calibrate :meth:`eager_cost`, by the budget whose pack they replaced:
-        (output tokens, ms), the fastest per token of the first few. Filled on CUDA when ``route_eager`` (see
-        :data:`EXPLORE_MS`)."""
-        self._eager_seen: dict[int, list[tuple[int, float]]] = {}
-        """Every explored eager call per budget (output tokens, ms)."""
+        self.eager_timings: dict[int, list[tuple[int, float]]] = {}
+        """Real eager calls timed to calibrate :meth:`eager_cost`, by the largest budget of the call they replaced:
+        (output tokens, ms) each. Filled on CUDA when ``route_eager`` (see :data:`EXPLORE_MS`)."""
         self.stats = ManagerStats()
         self._forward_seconds = 0.0
         self._pool = None
@@ -304,14 +301,21 @@ class EncoderCudaGraphManager:
             costs[entry.budget] = min(cost, costs.get(entry.budget, cost))
         return costs
 
+    @property
+    def eager_samples(self) -> dict[int, tuple[int, float]]:
+        """Per budget of :attr:`eager_timings`, its fastest timing per token: one cold call is no price."""
+        return {budget: min(seen, key=lambda sample: sample[1] / max(sample[0], 1))
+                for budget, seen in self.eager_timings.items() if seen}
+
     def eager_cost(self, tokens: int) -> float | None:
         """Estimated cost of one eager forward of ``tokens`` output tokens: :attr:`eager_costs` interpolated,
         scaled by what real eager calls took against that estimate (:attr:`eager_samples`, the sample nearest
         in tokens); None when the costs are unknown."""
         static = self._static_eager_cost(tokens)
-        if static is None or not self.eager_samples:
+        samples = self.eager_samples
+        if static is None or not samples:
             return static
-        sample_tokens, ms = min(self.eager_samples.values(), key=lambda sample: abs(sample[0] - tokens))
+        sample_tokens, ms = min(samples.values(), key=lambda sample: abs(sample[0] - tokens))
         return static * ms / self._static_eager_cost(sample_tokens)
 
     def _static_eager_cost(self, tokens: int) -> float | None:
@@ -360,7 +364,7 @@ class EncoderCudaGraphManager:
     def _calibrated(self, budget: int) -> bool:
         """Whether both sides of the choice at ``budget`` were measured on real calls (see :data:`EAGER_MARGIN`):
         its replays, and eager calls (which scale every eager estimate)."""
-        return (sum(map(len, self._eager_seen.values())) >= OBSERVED_REPLAYS
+        return (sum(map(len, self.eager_timings.values())) >= OBSERVED_REPLAYS
                 and len(self._observed_replays.get(budget, ())) >= OBSERVED_REPLAYS)
 
     def replay_cost(self, budget: int) -> float:
@@ -546,9 +550,7 @@ class EncoderCudaGraphManager:
                 self._run_eager(mm_kwargs, eager, tokens, dest)
             else:
                 _, ms = self._synced_ms(lambda: self._run_eager(mm_kwargs, eager, tokens, dest))
-                seen = self._eager_seen.setdefault(explored, [])
-                seen.append((sum(tokens[i] for i in eager), ms))
-                self.eager_samples[explored] = min(seen, key=lambda sample: sample[1] / max(sample[0], 1))
+                self.eager_timings.setdefault(explored, []).append((sum(tokens[i] for i in eager), ms))
             self.stats.routed_eager += sum(1 for i in eager if self._fit(tokens[i]) is not None
                                            and (frames is None or frames[i] <= self.plan.max_frames))
         for index in poisoned:
@@ -583,7 +585,7 @@ class EncoderCudaGraphManager:
         if not (self.route_eager and self.use_cuda_graphs and self.eager_costs) or eager or not packs:
             return packs, eager, None
         largest = max(p.budget for p in packs)
-        if len(self._eager_seen.get(largest, ())) >= OBSERVED_REPLAYS or self.replay_cost(largest) <= EXPLORE_MS:
+        if len(self.eager_timings.get(largest, ())) >= OBSERVED_REPLAYS or self.replay_cost(largest) <= EXPLORE_MS:
             return packs, eager, None
         return [], [i for p in packs for i in p.indices], largest
 
