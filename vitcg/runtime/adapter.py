@@ -80,6 +80,12 @@ def adapter_for(spec: Spec, module: nn.Module, **options: Any) -> SpecAdapter | 
     return (ScopedSpecAdapter if spec.graph_scope else SpecAdapter)(spec, module, **options)
 
 
+def _after_ones(tensor: torch.Tensor, lead: int) -> torch.Tensor:
+    """``tensor`` behind ``lead`` leading dimensions of size 1 (pixel rows on dim ``lead``, as some calls take
+    them; the graphs and the inputs hold them rows-first)."""
+    return tensor.reshape(*(1,) * lead, *tensor.shape) if lead else tensor
+
+
 def _check_path(path: str) -> None:
     if path != DEFAULT_PATH:
         raise InputError(f"encoder path {path!r} is unknown: spec adapters have one path, {DEFAULT_PATH!r}")
@@ -329,9 +335,7 @@ class _Adapter:
 
     def _call_view(self, buffer, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` (stored rows-first) as the call takes it: pixels after ``rows_dim`` leading dims of 1."""
-        if buffer.provider == "pixels" and buffer.rows_dim:
-            return tensor.reshape(*(1,) * buffer.rows_dim, *tensor.shape)
-        return tensor
+        return _after_ones(tensor, buffer.rows_dim) if buffer.provider == "pixels" else tensor
 
     def encoder_cudagraph_forward(self, inputs: Mapping[str, torch.Tensor | int], path: str = DEFAULT_PATH) -> Any:
         """The fixed-shape forward: the combined output tensor, or with ``graph_scope`` the scoped
@@ -354,11 +358,9 @@ class _Adapter:
         for inp in self._inputs(mm_kwargs):
             counts = inp.counts.to(self.device) if inp.counts is not None else None
             if counts is not None and inp.modality.reshapes_grid:  # the rows the encoder sees (split, columns)
-                rows = [inp.modality.encoder_grid(row) for row in inp.encoder_counts.tolist()]
-                counts = torch.tensor(rows, dtype=counts.dtype).reshape(-1, len(inp.modality.grid_columns)).to(
-                    self.device)
-            pixels = inp.pixels.to(self.device, self.dtype)
-            pixels = pixels.reshape(*(1,) * self.spec.pixels_rows_dim, *pixels.shape)
+                counts = providers.encoder_grid(inp.encoder_counts, inp.modality.grid_columns).to(
+                    self.device, counts.dtype)
+            pixels = _after_ones(inp.pixels.to(self.device, self.dtype), self.spec.pixels_rows_dim)
             by_role = {"pixels": pixels, self.spec.attention_style.count_role: counts,
                        **{role: value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
                           for role, value in inp.extras.items()}}

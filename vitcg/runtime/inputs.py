@@ -243,10 +243,10 @@ class InputReader:
                 raise self._error(key, f"item {index} is {row}: expected {' and '.join(self.merged)} to be "
                                        f"multiples of {MERGE_NAME} {self.merge}, {' and '.join(off)} is not")
             try:
-                size = self._item_spec(modality, row, None).input_size  # input_size never reads valid
-                if valid_rows is not None:
-                    valid.append(sum(valid_rows[total:total + size]))
-                item = self._item_spec(modality, row, valid[-1] if valid_rows is not None else None)
+                item = self._item_spec(modality, row, None)
+                if valid_rows is not None:  # input_size never reads valid: it locates the item's rows
+                    valid.append(sum(valid_rows[total:total + item.input_size]))
+                    item = self._item_spec(modality, row, valid[-1])
             except FormulaError as exc:
                 raise self._error(key, f"item {index} is {row}: {exc}") from None
             if item.input_size < 1 or item.output_tokens < 1:

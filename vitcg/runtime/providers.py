@@ -164,11 +164,16 @@ def _aligned(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
     return pack.extras[params["role"]].to(pack.cache.device)
 
 
+def encoder_grid(counts: torch.Tensor, columns: tuple[str, ...]) -> torch.Tensor:
+    """Full ``(t, h, w)`` grid rows in the columns the encoder receives (``grid_columns``)."""
+    if tuple(columns) == GRID_COLUMNS:
+        return counts
+    return counts[:, [GRID_COLUMNS.index(name) for name in columns]]
+
+
 @provider("grid")
 def _grid(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
-    if pack.grid_columns == GRID_COLUMNS:
-        return pack.counts
-    return pack.counts[:, [GRID_COLUMNS.index(name) for name in pack.grid_columns]]
+    return encoder_grid(pack.counts, pack.grid_columns)
 
 
 @provider("window_index")
