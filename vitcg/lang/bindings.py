@@ -8,6 +8,7 @@ it, or pass ``use_cache=False`` (``vitcg validate --no-cache``) to bypass it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
@@ -183,6 +184,21 @@ def cache_root() -> Path:
                 Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitcg")
 
 
+def write_cache_file(path: Path, data: bytes) -> None:
+    """``data`` into the cache file ``path`` (its folder made if needed) through a temporary file beside it and
+    ``os.replace``: readers see the old file or the new one, never half of one. Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
 class Bindings:
     """Resolves classes and config snapshots, remembering the answers per transformers version."""
 
@@ -233,11 +249,7 @@ class Bindings:
         if not (self.use_cache and self._dirty and self._entries is not None):
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".bindings-")
-            with os.fdopen(fd, "w") as handle:
-                json.dump(self._entries, handle, sort_keys=True)
-            os.replace(tmp, self.path)
+            write_cache_file(self.path, json.dumps(self._entries, sort_keys=True).encode())
             self._dirty = False
         except OSError:
             pass

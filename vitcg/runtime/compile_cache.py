@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..lang.bindings import cache_root, transformers_version
+from ..lang.bindings import cache_root, transformers_version, write_cache_file
 from ..lang.model import Spec
 
 
@@ -78,10 +78,7 @@ def persistent_compile_cache(key: str, root: str | os.PathLike | None = None) ->
         return
     blob = artifacts[0]
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        partial.write_bytes(blob)
-        os.replace(partial, path)
+        write_cache_file(path, blob)
         use.saved_bytes = len(blob)
     except OSError as exc:  # a read-only cache folder costs the next start its compile time, nothing else
         warnings.warn(f"vitcg: could not store the compile cache {path}: {exc}", stacklevel=3)
