@@ -7,7 +7,7 @@ import pathlib
 import pytest
 
 from vitcg.errors import UsageError
-from vitcg.lang import Registry, load_registry
+from vitcg.lang import load_registry, select_specs
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 REGISTRY = load_registry([REPO / "specs"], bindings=False)
@@ -36,6 +36,6 @@ def test_select_by_file_loads_only_that_file(tmp_path):
     broken.mkdir()
     (broken / "broken.yaml").write_text("name: [\n")
     good = REPO / "specs" / "clip.yaml"
-    chosen = Registry([]).select([str(good)])
+    chosen = select_specs([str(good)], specs_dir=broken)
     assert [s.name for s in chosen] == ["clip"]
-    assert [s.name for s in REGISTRY.select(["siglip", "clip", "siglip"])] == ["siglip", "clip"]
+    assert [s.name for s in select_specs(["siglip", "clip", "siglip"], specs_dir=REPO / "specs")] == ["siglip", "clip"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 from ..errors import UsageError, suggest
 from .model import Spec
@@ -48,17 +47,3 @@ class Registry:
             if set(architectures) & set(spec.architectures):
                 return spec
         return next((s for s in self if model_type in s.model_types), None)
-
-    def select(self, names: Iterable[str]) -> list[Spec]:
-        """The specs called ``names`` (in that order, each once); a name ending in ``.yaml`` loads that file
-        alone, so a broken spec elsewhere cannot block it."""
-        from . import load_registry
-
-        chosen: dict[str, Spec] = {}
-        for name in names:
-            if name.endswith((".yaml", ".yml")):
-                chosen.update((s.name, s) for s in load_registry([Path(name)]))
-            else:
-                spec = self.get(name)
-                chosen[spec.name] = spec
-        return list(chosen.values())
