@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, tests-gpu, ttft, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, profile, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, tests-gpu, ttft, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, profile, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -35,6 +35,12 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     bench-roofline) run 300 bench.log python3 -m vitcg bench qwen2_vl --device cuda --roofline \
       --json "$OUT/bench_roofline.json" --plot "$OUT/roofline-qwen2_vl.png" ;;
     profile) run 200 profile.log python3 benchmarks/host_profile.py qwen2_vl 1x224 8x224 ;;
+    eager-path) run 150 eager_path.log python3 benchmarks/eager_path.py internvl image+video mixed 1x448 \
+      --json "$OUT/eager_path_internvl.json" ;;
+    bench-new-a) run 330 bench.log python3 -m vitcg bench glm4v llava_onevision mlcd --no-compile --iters 10 \
+      --device cuda --json "$OUT/bench_new_a.json" ;;
+    bench-new-b) run 330 bench.log python3 -m vitcg bench molmo2 paddleocr_vl gemma4 --no-compile --iters 10 \
+      --device cuda --json "$OUT/bench_new_b.json" ;;
     check-real-new) run 240 check.log python3 -m vitcg check glm4v glm4v_moe mlcd cohere2_vision aya_vision molmo2 \
       llava_next llava_onevision paddleocr_vl gemma4 --device cuda --size real ;;
     check-real-all) run 300 check.log python3 -m vitcg check --all --device cuda --size real ;;

@@ -321,13 +321,16 @@ def test_the_first_compute_bound_calls_of_a_budget_run_wholly_eagerly_timed(toy,
     assert manager._explore([small, large], []) == ([small, large], [], None)  # CPU: nothing is timed
     manager.use_cuda_graphs = True  # the choice alone; nothing runs here
     monkeypatch.setattr(manager_module, "EXPLORE_MS", 8.0)
-    assert manager._explore([small, large], []) == ([], [0, 1, 2], 64)  # the whole call, keyed by its largest
+    assert manager._explore([small, large], []) == ([], [0, 1, 2], 64)  # the whole call; 60 tokens: class 64
     assert manager._explore([small, large], [3])[2] is None  # other items run eagerly: no clean timing
     assert manager._explore([small], [])[2] is None  # a launch-bound call: its replay costs 2.0 < 8.0
     manager.eager_timings[64] = [(50, 12.0)]
     assert manager._explore([small, large], [])[2] == 64  # one cold call is no price: timed twice
     manager.eager_timings[64].append((50, 11.0))
     assert manager._explore([small, large], []) == ([small, large], [], None)  # timed already
+    # a call four times larger is its own size class: small calls' timings cannot price its batched eager call
+    many = [PackPlan(64, (i,), 60) for i in range(4)]
+    assert manager._explore(many, []) == ([], [0, 1, 2, 3], 256)
 
 
 def test_measured_costs_route_without_margin(toy):

@@ -80,8 +80,8 @@ OBSERVED_REPLAYS = 2
 one cold call is no price)."""
 EXPLORE_MS = 1.0
 """A replay costing more than this (ms) may lose to the model's own eager forward (a compute-bound pack, or a
-batched eager call with no padding): the first calls whose largest budget is such a one run wholly eagerly,
-timed, to calibrate :meth:`eager_cost` (the capture-time estimate times the graph-less static forward, whose
+batched eager call with no padding): the first calls of each size class (:func:`size_class`) whose largest
+budget is such a one run wholly eagerly, timed, to calibrate :meth:`eager_cost` (the capture-time estimate times the graph-less static forward, whose
 padding and launches an eager call does not have). Exploring never costs more than eager: it is the eager call."""
 
 
@@ -243,8 +243,8 @@ class EncoderCudaGraphManager:
         self._observed_replays: dict[int, list[float]] = {}
         """Times (ms) of the first real replays per budget (see :meth:`_observe_replay`)."""
         self.eager_timings: dict[int, list[tuple[int, float]]] = {}
-        """Real eager calls timed to calibrate :meth:`eager_cost`, by the largest budget of the call they replaced:
-        (output tokens, ms) each. Filled on CUDA when ``route_eager`` (see :data:`EXPLORE_MS`)."""
+        """Real eager calls timed to calibrate :meth:`eager_cost`, by the size class of the call they replaced
+        (:func:`size_class`): (output tokens, ms) each. Filled on CUDA when ``route_eager`` (see :data:`EXPLORE_MS`)."""
         self.stats = ManagerStats()
         self._forward_seconds = 0.0
         self._pool = None
@@ -303,9 +303,9 @@ class EncoderCudaGraphManager:
 
     @property
     def eager_samples(self) -> dict[int, tuple[int, float]]:
-        """Per budget of :attr:`eager_timings`, its fastest timing per token: one cold call is no price."""
-        return {budget: min(seen, key=lambda sample: sample[1] / max(sample[0], 1))
-                for budget, seen in self.eager_timings.items() if seen}
+        """Per size class of :attr:`eager_timings`, its fastest timing per token: one cold call is no price."""
+        return {size: min(seen, key=lambda sample: sample[1] / max(sample[0], 1))
+                for size, seen in self.eager_timings.items() if seen}
 
     def eager_cost(self, tokens: int) -> float | None:
         """Estimated cost of one eager forward of ``tokens`` output tokens: :attr:`eager_costs` interpolated,
@@ -579,15 +579,19 @@ class EncoderCudaGraphManager:
 
     def _explore(self, packs: list[PackPlan], eager: list[int]) -> tuple[list[PackPlan], list[int], int | None]:
         """On CUDA with ``route_eager``, when nothing else runs eagerly: the whole call runs eagerly instead, to be
-        timed, while the call's largest budget has fewer than :data:`OBSERVED_REPLAYS` such samples and its replay
-        costs over :data:`EXPLORE_MS` (one call calibrates every decision it holds, the whole-call one included).
-        Returns the packs, the eager items and that budget (None when nothing is explored)."""
+        timed, while the call's size class (:func:`size_class` of its tokens) has fewer than
+        :data:`OBSERVED_REPLAYS` such samples and its largest budget's replay costs over :data:`EXPLORE_MS` (one
+        call calibrates every decision it holds, the whole-call one included). Per size class, not per budget: an
+        eager call's cost is far from proportional to its tokens (8 images batched cost 2.7x one, not 8x, on the
+        H100's Gemma 4 tower), so a small call's timing cannot price a call eight times larger. Returns the packs,
+        the eager items and that size class (None when nothing is explored)."""
         if not (self.route_eager and self.use_cuda_graphs and self.eager_costs) or eager or not packs:
             return packs, eager, None
-        largest = max(p.budget for p in packs)
-        if len(self.eager_timings.get(largest, ())) >= OBSERVED_REPLAYS or self.replay_cost(largest) <= EXPLORE_MS:
+        size = size_class(sum(p.tokens for p in packs))
+        if (len(self.eager_timings.get(size, ())) >= OBSERVED_REPLAYS
+                or self.replay_cost(max(p.budget for p in packs)) <= EXPLORE_MS):
             return packs, eager, None
-        return [], [i for p in packs for i in p.indices], largest
+        return [], [i for p in packs for i in p.indices], size
 
     def _nonfinite_items(self, mm_kwargs: Mapping[str, Any], count: int) -> list[int]:
         """The items whose floating inputs hold NaN or inf. All inputs are checked at once first (one
@@ -649,6 +653,11 @@ class EncoderCudaGraphManager:
                 output = self.model.encoder_cudagraph_forward({**entry.inputs.values}, path=DEFAULT_PATH)
         self._forward_seconds += time.perf_counter() - tic
         return output, entry.inputs.values
+
+
+def size_class(tokens: int) -> int:
+    """The power of two at or above ``tokens``: calls within a factor of two of each other share eager timings."""
+    return 1 << max(tokens - 1, 0).bit_length()
 
 
 def _finite(kwargs: Mapping[str, Any], exact: bool = False) -> bool:
