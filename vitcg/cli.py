@@ -237,6 +237,8 @@ def bench(
     no_compile: Annotated[bool, typer.Option("--no-compile", help="Skip torch.compile (its first call per "
                                              "shape takes seconds).")] = False,
     max_num_batched_tokens: Annotated[int, typer.Option(help="Engine limit: largest budget.")] = 8192,
+    budgets: Annotated[str | None, typer.Option(help="Token budgets, comma-separated (e.g. the ladder `vitcg plan` "
+                                                "prints), instead of the default ladder.")] = None,
     roofline: Annotated[bool, typer.Option("--roofline", help="Measure the device's matmul rate and copy "
                                            "bandwidth first and give each workload its floor (FLOPs counted on "
                                            "the eager forward, weights read once).")] = False,
@@ -276,9 +278,12 @@ def bench(
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in dtypes or size not in ("tiny", "real") or iters < 1 or warmup < 0:
         raise UsageError("--dtype must be bfloat16/float16/float32, --size tiny/real, --iters >= 1, --warmup >= 0")
+    from .tools.compile_config import parse_budgets
+
+    token_budgets = parse_budgets(budgets)
     chosen = _select_specs(specs, all_specs, specs_dir)
     run = run_bench(chosen, workloads=workload or list(WORKLOADS), device=device, size=size, dtype=dtypes[dtype],
-                    iters=iters, warmup=warmup, compile_eager=not no_compile,
+                    iters=iters, warmup=warmup, compile_eager=not no_compile, token_budgets=token_budgets,
                     max_num_batched_tokens=max_num_batched_tokens, roofline=roofline,
                     command="vitcg " + " ".join(sys.argv[1:]),
                     json_out=json_out, log=typer.echo, warn=lambda line: typer.echo(line, err=True))

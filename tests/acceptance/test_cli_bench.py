@@ -45,3 +45,14 @@ def test_a_failing_spec_is_reported_and_the_others_still_run(tmp_path: Path):
 def test_bench_usage_errors():
     assert vitcg("bench", "qwen2_vl", "--workload", "1x999", *SMOKE).returncode == 2
     assert vitcg("bench", "qwen2_vl", "--device", "cpu", "--iters", "0").returncode == 2
+    run = vitcg("bench", "qwen2_vl", "--budgets", "64,x", *SMOKE)
+    assert run.returncode == 2 and "--budgets must be comma-separated integers" in run.stderr
+
+
+def test_bench_budgets_replace_the_default_ladder(tmp_path: Path):
+    out = tmp_path / "bench.json"
+    run = vitcg("bench", "siglip", *SMOKE, "--workload", "8x224", "--budgets", "16,64", "--json", str(out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    spec = json.loads(out.read_text())["specs"][0]
+    assert spec["budgets"] == [16, 64]
+    assert spec["workloads"][0]["max_rel_error"] <= 1e-5

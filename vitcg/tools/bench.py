@@ -126,15 +126,18 @@ class SpecBench:
 def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: str = "real",
                dtype: torch.dtype = torch.bfloat16, iters: int = 20, warmup: int = 3,
                compile_eager: bool = True, max_num_batched_tokens: int = 8192, max_model_len: int = 32768,
-               ceilings: Ceilings | None = None, log: Callable[[str], None] = print) -> SpecBench:
-    """Measure every method on every workload for one spec. Raises on a correctness failure. With ``ceilings``,
-    each workload also gets its roofline floor."""
+               token_budgets: Sequence[int] | None = None, ceilings: Ceilings | None = None,
+               log: Callable[[str], None] = print) -> SpecBench:
+    """Measure every method on every workload for one spec. Raises on a correctness failure. ``token_budgets``:
+    the ladder of the vitcg managers (default: the manager's own). With ``ceilings``, each workload also gets its
+    roofline floor."""
     torch_device = torch.device(device)
     cuda = torch_device.type == "cuda"
     module = build_encoder(spec, size, device=device, dtype=dtype)
     adapter = adapter_for(spec, module)
-    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=max_num_batched_tokens,
-                                      max_model_len=max_model_len, device=device, dtype=dtype, progress=False)
+    limits = {"max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
+              "token_budgets": list(token_budgets) if token_budgets else None}
+    manager = EncoderCudaGraphManager(adapter, **limits, device=device, dtype=dtype, progress=False)
     report = manager.capture()
     result = SpecBench(spec.name, size, str(dtype).removeprefix("torch."), list(manager.budgets),
                        manager.plan.max_items, round(report.seconds, 3), round(report.pool_bytes / 2**20, 1),
@@ -147,9 +150,8 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
         compiled = torch.compile(getattr(module, spec.encoder.method), mode="reduce-overhead")
         tic = time.perf_counter()
         try:
-            inductor = EncoderCudaGraphManager(adapter_for(spec, module, compile_forward=True),
-                                               max_num_batched_tokens=max_num_batched_tokens,
-                                               max_model_len=max_model_len, device=device, dtype=dtype)
+            inductor = EncoderCudaGraphManager(adapter_for(spec, module, compile_forward=True), **limits,
+                                               device=device, dtype=dtype)
             _, cache = capture_compiled(inductor, spec)
             result.inductor_capture_s = round(time.perf_counter() - tic, 1)
             result.inductor_cache_hit = cache.loaded
