@@ -491,11 +491,13 @@ class EncoderCudaGraphManager:
             raise SpecRuntimeError(
                 f"the {source} returned {rows} rows for {len(indices)} items, but their output_tokens sum to "
                 f"{wanted}: check the spec's items.output_tokens formula and its merge geometry")
+        # a graph's output buffer is overwritten by its next replay: its rows are cloned; an eager (exact) output
+        # is a fresh tensor, whose rows each item may keep as views
         postprocess = getattr(self.model, "postprocess_encoder_output", None)
         if postprocess is None:
-            postprocess_by_rows({DEFAULT_PATH: output}, indices, tokens, dest, clone=True)
+            postprocess_by_rows({DEFAULT_PATH: output}, indices, tokens, dest, clone=not exact)
         else:
-            postprocess({DEFAULT_PATH: output}, indices, tokens, dest, clone=True, batch_mm_kwargs=selected)
+            postprocess({DEFAULT_PATH: output}, indices, tokens, dest, clone=not exact, batch_mm_kwargs=selected)
 
     def _execute(self, mm_kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         if all(value is None for value in mm_kwargs.values()):
