@@ -63,6 +63,9 @@ PADDINGS: Mapping[str, PaddingRule] = MappingProxyType({r.name: r for r in (
     PaddingRule("trailing_segment", "boundaries first; padding rows form trailing segments of their own and "
                                     "unused slots repeat the last offset"),
     PaddingRule("identity", "indices first, then every padding slot maps to itself"),
+    PaddingRule("square_mask", "an attention mask over the rows on its rows dimension and again on its last: the "
+                               "value's mask top-left, padding rows attend only to themselves, real rows never to "
+                               "padding"),
     PaddingRule("fixed", "a host integer fixed at capture, never refilled", refilled=False),
 )})
 

@@ -221,6 +221,7 @@ def _buffers(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, geome
     found.add(buf.required_providers(loaded, entries, style, scoped))
     found.add(buf.eager_args_agree(loaded, entries, out, encoder.args, style))
     found.add(buf.grid_buffer_width(loaded, entries, out, modalities))
+    found.add(buf.square_masks(loaded, entries, out))
     return out
 
 

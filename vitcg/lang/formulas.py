@@ -55,6 +55,10 @@ class Formula:
     def __str__(self) -> str:
         return self.source
 
+    def same_as(self, other: Formula) -> bool:
+        """Whether ``other`` is the same expression, whatever its spacing and parentheses."""
+        return ast.dump(self._tree) == ast.dump(other._tree)
+
 
 def parse(source: Any, vocabulary: Iterable[str], *, allow_config: bool = False) -> Formula:
     """Parse ``source`` into a :class:`Formula` whose names all come from ``vocabulary``.

@@ -11,6 +11,9 @@ manager (vLLM's too) calls without knowing the rule:
   padding rows are computed so no uninitialized memory turns into NaN, and no long padding segment costs
   quadratic attention); without padding the free slots repeat the last offset;
 - ``identity``: indices first, then each padding slot maps to itself;
+- ``square_mask``: an attention mask whose rows are both its first (stored) and its last dimension, padded on
+  both: the value's mask top-left, each padding row attends only to itself, real rows never to padding (a
+  block-diagonal mask such as Pixtral's keeps its blocks, and padding adds one-row blocks);
 - ``fixed``: a host integer fixed at capture, never refilled (no padding logic).
 """
 
@@ -102,6 +105,40 @@ def pad_identity(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str)
         torch.arange(n, dest.shape[0], out=dest[n:])
 
 
+def mask_values(dtype: torch.dtype) -> tuple[bool | int | float, bool | int | float]:
+    """``(attend, masked)`` entries of an attention mask of ``dtype``: boolean and integer masks keep what is
+    true (1); floating masks are additive, as transformers builds them (0 attends, the dtype's lowest value
+    masks)."""
+    if dtype.is_floating_point:
+        return 0.0, torch.finfo(dtype).min
+    return (True, False) if dtype == torch.bool else (1, 0)
+
+
+@padding_rule("square_mask")
+def pad_square_mask(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
+    """``src`` is an ``(n, ..., n)`` mask (rows first, then whatever lies between, then the same rows as
+    columns); ``dest`` is ``(N, ..., N)``. The value lands top-left; every other entry masks, except that each
+    padding row attends to itself, so its softmax is never empty (no NaN) and no real row sees it."""
+    size = dest.shape[0]
+    if dest.ndim < 2 or dest.shape[-1] != size:
+        raise InputError(f"buffer {key!r}: capture buffer {tuple(dest.shape)} is no square mask (its first and "
+                         "last dimensions differ)")
+    n = src.shape[0]
+    if src.ndim != dest.ndim or src.shape[-1] != n or src.shape[1:-1] != dest.shape[1:-1]:
+        raise InputError(f"buffer {key!r}: value of shape {tuple(src.shape)} is no square mask fitting capture "
+                         f"buffer {tuple(dest.shape)}; expected ({n}, {', '.join(map(str, dest.shape[1:-1]))}"
+                         f"{', ' if dest.ndim > 2 else ''}{n})")
+    if n > size:
+        raise InputError(f"buffer {key!r}: {n} rows do not fit the capture buffer of {size} rows; the spec's "
+                         "buffer shape is too small for this budget")
+    attend, masked = mask_values(dest.dtype)
+    dest.fill_(masked)
+    dest[:n, ..., :n].copy_(src, non_blocking=True)
+    if n < size:
+        padding = torch.arange(n, size, device=dest.device)
+        dest[padding, ..., padding] = attend
+
+
 class _Empty:
     def __repr__(self) -> str:
         return "EMPTY"
@@ -114,8 +151,12 @@ EMPTY = _Empty()
 def fill(rule: str, dest: torch.Tensor, src: torch.Tensor | None, capacity: int, key: str) -> None:
     """Write ``src`` into ``dest`` by ``rule``; ``src=None`` or EMPTY writes the all-padding value."""
     if src is None or src is EMPTY:
-        src = (torch.zeros(1, dtype=dest.dtype) if rule == "trailing_segment"
-               else dest.new_zeros((0, *dest.shape[1:])))
+        if rule == "trailing_segment":
+            src = torch.zeros(1, dtype=dest.dtype)
+        elif rule == "square_mask":
+            src = dest.new_zeros((0, *dest.shape[1:-1], 0))
+        else:
+            src = dest.new_zeros((0, *dest.shape[1:]))
     PADDING_RULES[rule](dest, src, capacity, key)
 
 

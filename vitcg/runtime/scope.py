@@ -120,6 +120,12 @@ class Scope:
         for name, value in arguments.items():
             if name in covered or value is None:
                 continue
+            if name == HIDDEN_STATES_FLAG and self.stack:
+                if _last_layer_only(value):
+                    continue
+                raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes {name}={value!r}, but graph_scope "
+                                       f"{self.spec.graph_scope!r} is one graph for the whole stack: only the last "
+                                       "layer's output exists, so only -1 can be asked for")
             param = self.signature.parameters.get(name)
             default = param.default if param is not None else inspect.Parameter.empty
             if not isinstance(value, torch.Tensor) and default is not inspect.Parameter.empty and value == default:
@@ -190,6 +196,19 @@ class Scope:
             raise SpecRuntimeError(f"{self.spec.name}: only {state['next']} of the {len(self.layers)} layers of graph_scope "
                              f"{self.spec.graph_scope!r} ran; the stack cannot be one graph")
         return output, state["calls"]
+
+
+HIDDEN_STATES_FLAG = "output_hidden_states"
+"""transformers' request for layer outputs, which reaches every layer through ``**kwargs`` although output
+capture reads them with hooks on the layers: the layers compute the same either way. A stack's graph has only
+its last layer's output (every layer's hook sees that), so the flag passes when it asks for the last alone."""
+
+
+def _last_layer_only(value: Any) -> bool:
+    """Whether an ``output_hidden_states`` value selects the last layer's output and nothing else."""
+    if isinstance(value, (list, tuple)):
+        return len(value) == 1 and _last_layer_only(value[0])
+    return not isinstance(value, bool) and value == -1
 
 
 def _same(a: Any, b: Any) -> bool:

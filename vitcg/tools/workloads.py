@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..lang.catalogue import buffer_names
+from ..lang.catalogue import GRID_COLUMNS, buffer_names
 from ..lang.model import Modality, Spec
 from ..runtime.adapter import SpecAdapter
 from .sizes import MIXED_SIZES, WORKLOADS, Workload
@@ -76,6 +76,9 @@ class InputBuilder:
         else:
             counts = torch.tensor(sizes, dtype=torch.int64).reshape(-1, *style.empty_counts_shape()[1:])
         rows = sum(self.adapter.item_spec(m, row).input_size for row in counts.tolist())
+        if style.segmented and m.grid_columns != GRID_COLUMNS:  # the grid as the model gives it: its own columns
+            counts = torch.tensor([m.encoder_grid(row) for row in counts.tolist()],
+                                  dtype=torch.int64).reshape(-1, len(m.grid_columns))
         kwargs = {key: self._fill(role, rows) for role, key in m.inputs.items() if key != m.count_key}
         if m.count_key is not None:
             kwargs[m.count_key] = counts

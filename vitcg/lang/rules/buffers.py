@@ -233,3 +233,30 @@ def grid_buffer_width(loaded: LoadedYaml, entries: Sequence[Entry], buffers: Seq
             yield error(loaded, ("buffers", position, "shape", 1),
                         f"the grid buffer holds {width} columns per row, but the grid rows are "
                         f"({', '.join(columns)})", hint=f"shape: [..., {len(columns)}]")
+
+
+def square_masks(loaded: LoadedYaml, entries: Sequence[Entry], buffers: Sequence[Buffer]) -> Iterator[Diagnostic]:
+    """A buffer padded by ``square_mask`` holds the call's rows twice: on its rows dimension and on its last
+    dimension, the same formula both times and the same as the rows of the call's row buffer."""
+    rows = next((b for b in buffers if cat.PADDINGS[b.padding].row_wise and b.shape is not None), None)
+    for buffer in buffers:
+        if buffer.padding != "square_mask" or buffer.shape is None or None in buffer.shape:
+            continue
+        index = next(i for i, e in enumerate(entries) if e["name"] == buffer.name)
+        shape, d = buffer.shape, buffer.rows_dim
+        if len(shape) < 2 or d >= len(shape) - 1:
+            yield error(loaded, ("buffers", index, "shape"),
+                        f"padding 'square_mask' pads the rows on dimension {d} (rows_dim) and again on the last "
+                        f"dimension, but this shape has {len(shape)} dimension{'s' if len(shape) > 1 else ''}"
+                        + (" and its rows are the last" if len(shape) > 1 else ""),
+                        hint="a (1, 1, rows, rows) attention mask: shape: [1, 1, <rows>, <rows>], "
+                             "params: {rows_dim: 2}")
+        elif not shape[d].same_as(shape[-1]):
+            yield error(loaded, ("buffers", index, "shape", len(shape) - 1),
+                        f"a square_mask's last dimension must be its rows: {str(shape[-1])!r} is not "
+                        f"{str(shape[d])!r} (dimension {d}, rows_dim)", hint=f"shape: [..., {shape[d]}]")
+        elif rows is not None and not shape[d].same_as(rows.shape[rows.rows_dim]):
+            yield error(loaded, ("buffers", index, "shape", d),
+                        f"a square_mask masks the call's rows, {str(rows.shape[rows.rows_dim])!r} (buffer "
+                        f"{rows.name!r}), not {str(shape[d])!r}",
+                        hint=f"shape: [..., {rows.shape[rows.rows_dim]}, {rows.shape[rows.rows_dim]}]")
