@@ -76,7 +76,10 @@ class InputBuilder:
         else:
             counts = torch.tensor(sizes, dtype=torch.int64).reshape(-1, *style.empty_counts_shape()[1:])
         rows = sum(self.adapter.item_spec(m, row).input_size for row in counts.tolist())
-        kwargs = {key: self._fill(role, rows) for role, key in m.inputs.items() if key != m.count_key}
+        kwargs = {key: self._fill(role, rows) for role, key in m.inputs.items()
+                  if key != m.count_key and role not in m.per_item}
+        for role, value in m.item_defaults(self.geometry).items():  # one value per item: its per_item value
+            kwargs[m.inputs[role]] = torch.full((counts.shape[0],), value, dtype=torch.int64)
         if m.count_key is not None:
             kwargs[m.count_key] = counts
         return kwargs
