@@ -71,4 +71,5 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "smolvlm",
     "step3p7",
     "unlimited_ocr",
+    "video_llama_3",
 ]

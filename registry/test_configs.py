@@ -738,6 +738,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=[],
     ),
+    "video_llama_3": VitCudagraphTestConfig(
+        model="lkhl/VideoLLaMA3-2B-Image-HF",
+        modalities=["image", "video"],
+        image_prompt="<|im_start|>user\n<|image_pad|>What is in this image?<|im_end|>\n<|im_start|>assistant\n",
+        video_prompt="<|im_start|>user\n<|video_pad|>Describe this video in one sentence.<|im_end|>\n<|im_start|>assistant\n",
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
 }
 
 

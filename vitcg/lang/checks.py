@@ -96,8 +96,8 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
     found.add(geo.segments_apply(loaded, style))
     segments = data["attention"].get("segments")
     segments = segments if segments in style.segments else style.segments[0]
-    modalities = _modalities(loaded, found, style)
-    item_vocab = [*style.item_names, *names]
+    modalities = _modalities(loaded, found, style, names)
+    item_vocab = [*style.item_names, *names, *dict.fromkeys(r for m in modalities for r in m.item_roles)]
     valid = _valid(loaded, found, modalities, item_vocab)
     input_size = found.formula(("items", "input_size"), item_vocab)
     output_tokens = found.formula(("items", "output_tokens"), [*item_vocab, *(["valid"] if valid else [])])
@@ -153,7 +153,8 @@ def _valid(loaded: LoadedYaml, found: _Found, modalities: Sequence[Modality],
     return ValidRows(entry["role"], entry["padding"], full) if full is not None else None
 
 
-def _modalities(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle) -> list[Modality]:
+def _modalities(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle,
+                geometry: list[str]) -> list[Modality]:
     entries = loaded.data["modalities"]
     out = []
     for name, entry in entries.items():
@@ -162,10 +163,15 @@ def _modalities(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle) ->
         found.add(mod.frames_per_video(loaded, name, entry))
         found.add(mod.grid_options_apply(loaded, name, entry, style))
         found.add(mod.split_needs_frames(loaded, name, entry))
+        found.add(mod.per_item_roles_apply(loaded, name, entry))
+        per_item = {role: found.formula(("modalities", name, "per_item", role), geometry)
+                    for role in entry.get("per_item", {})}
         out.append(Modality(name, freeze(entry["inputs"]), entry.get("max_frames_per_video") or 1,
-                            tuple(entry.get("grid_columns", cat.GRID_COLUMNS)), entry.get("split")))
+                            tuple(entry.get("grid_columns", cat.GRID_COLUMNS)), entry.get("split"),
+                            MappingProxyType(per_item)))
     found.add(mod.input_keys_unique(loaded, entries))
     found.add(mod.extra_roles_agree(loaded, entries))
+    found.add(mod.per_item_roles_agree(loaded, entries))
     found.add(mod.grid_columns_agree(loaded, entries))
     return out
 
@@ -271,7 +277,8 @@ def _vlm(entry: dict | None) -> VlmTest | None:
                    token=placeholder["token"], before=tuple(placeholder.get("before", ())),
                    after=tuple(placeholder.get("after", ())), skip=entry.get("skip"),
                    architecture=entry.get("architecture"), processor_class=entry.get("processor_class"),
-                   transformers=entry.get("transformers"), video=_placeholder(entry.get("video_placeholder")))
+                   transformers=entry.get("transformers"), video=_placeholder(entry.get("video_placeholder")),
+                   video_processor=freeze(entry.get("video_processor", {})))
 
 
 def _placeholder(entry: dict | None) -> Placeholder | None:

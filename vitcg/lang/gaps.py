@@ -25,11 +25,6 @@ GAPS: tuple[Gap, ...] = (
         "message (a host sync inside the "
         "captured part); needs a graph scope that leaves the check outside, or the use_vit_merger=False mode "
         "(grid_columns: [h, w] already covers its tgt_sizes)."),
-    Gap(("video_llama_3",),
-        "the merge splits rows by grid_thw.prod(dim=1).tolist() and loops over items (pixel_unshuffle, "
-        "interpolate), which is no row selection, so epilogue: masked_rows does not fit; a layer-stack "
-        "graph_scope would leave the loop to the model, but the tower also takes merge_sizes, one value per item, "
-        "and extra input roles are aligned with pixel rows: needs an item-aligned input role."),
     Gap(("perception_lm", "fast_vlm"),
         "timm towers (TimmWrapper); timm needs torchvision, which does not load beside the CPU build of torch "
         "that CI uses, so they cannot be built or checked here."),

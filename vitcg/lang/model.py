@@ -42,6 +42,10 @@ class Modality:
     split: str | None = None
     """``frames``: the encoder receives one grid row ``(1, h, w)`` per frame of each item row; None: the item
     rows as given."""
+    per_item: Mapping[str, Formula] = field(default_factory=lambda: MappingProxyType({}))
+    """Item-aligned extra roles (``per_item``): role -> its value for an item where no input is at hand (a
+    formula over geometry). Such an input holds one integer per item, not one row per pixel row; item formulas
+    read it by the role's name."""
 
     def item_row(self, given: Sequence[int]) -> list[int]:
         """One grid row as given (in :attr:`grid_columns`) as a full ``(t, h, w)`` row; a missing column is 1."""
@@ -77,7 +81,16 @@ class Modality:
     @property
     def extra_roles(self) -> tuple[str, ...]:
         """Roles of extra inputs aligned with the pixels on dim 0 (masks, per-image shapes)."""
-        return tuple(r for r in self.inputs if r not in STANDARD_ROLES)
+        return tuple(r for r in self.inputs if r not in STANDARD_ROLES and r not in self.per_item)
+
+    @property
+    def item_roles(self) -> tuple[str, ...]:
+        """Roles of extra inputs aligned with the items: one integer per item (``per_item``)."""
+        return tuple(self.per_item)
+
+    def item_defaults(self, geometry: Mapping[str, int]) -> dict[str, int]:
+        """Each item role's value for an item where no input is at hand (``per_item``), at ``geometry``."""
+        return {role: formula.evaluate(geometry) for role, formula in self.per_item.items()}
 
 
 @dataclass(frozen=True)
@@ -197,6 +210,9 @@ class VlmTest:
     """The oldest transformers release whose config classes take ``config`` (older: the stage is skipped)."""
     video: Placeholder | None = None
     """How ``input_ids`` hold a video (``tests.vlm.video_placeholder``); None: the stage feeds images only."""
+    video_processor: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Keyword arguments of the image processor call that makes the frames of composed videos
+    (``tests.vlm.video_processor``)."""
 
     @property
     def image(self) -> Placeholder:
@@ -317,11 +333,14 @@ class Spec:
         return row if self.attention_style.segmented else row[0]
 
     def item_sizes(self, modality: str, row: Any, geometry: Mapping[str, int],
-                   valid: int | None = None) -> tuple[int, int, int]:
+                   valid: int | None = None, values: Mapping[str, int] | None = None) -> tuple[int, int, int]:
         """``(input_size, output_tokens, frames)`` of one item from its count row (a grid row or a tile
         count): the ``items`` formulas at ``geometry``; frames are 0 for images. ``valid``: the item's
-        non-padding rows (``items.valid``); None: those of an item without padding (``items.valid.full``)."""
-        names = {**self.attention_style.names(row), **geometry}
+        non-padding rows (``items.valid``); None: those of an item without padding (``items.valid.full``).
+        ``values``: the item's values of the modality's item roles (``per_item``); None: their defaults."""
+        m = self.modality(modality)
+        per_item = m.item_defaults(geometry) if m is not None else {}
+        names = {**self.attention_style.names(row), **geometry, **per_item, **(values or {})}
         if self.valid is not None:
             names["valid"] = self.valid.full.evaluate(names) if valid is None else valid
         frames = self.frames.evaluate(names) if modality == "video" else 0
@@ -352,7 +371,8 @@ class Spec:
             "modalities": {
                 m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video,
                          **({"grid_columns": list(m.grid_columns)} if m.grid_columns != GRID_COLUMNS else {}),
-                         **({"split": m.split} if m.split else {})}
+                         **({"split": m.split} if m.split else {}),
+                         **({"per_item": {r: str(f) for r, f in m.per_item.items()}} if m.per_item else {})}
                 for m in self.modalities
             },
             "items": {

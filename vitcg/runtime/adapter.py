@@ -108,6 +108,8 @@ class _Adapter:
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._configs = configs_of(module)
         self._splits = any(m.split for m in spec.modalities)
+        self._item_roles = {r for m in spec.modalities for r in m.item_roles}
+        """Extra roles aligned with the items (``per_item``): their buffers hold a row per item."""
         """Whether the encoder may see more grid rows than items (a modality split by frames)."""
         self._rows_buffer = spec.rows_buffer
         """The buffer whose first dimension is the row (or tile) capacity: where padding segments end."""
@@ -127,20 +129,24 @@ class _Adapter:
     def _inputs(self, mm_kwargs: Mapping[str, Any]) -> list[Input]:
         return self._reader.read(mm_kwargs)
 
-    def _item(self, modality: Modality, row, valid: int | None = None) -> tuple[EncoderItemSpec, int]:
-        key = (modality.name, tuple(row) if isinstance(row, (list, tuple)) else row, valid)
+    def _item(self, modality: Modality, row, valid: int | None = None,
+              values: tuple[tuple[str, int], ...] | None = None) -> tuple[EncoderItemSpec, int]:
+        key = (modality.name, tuple(row) if isinstance(row, (list, tuple)) else row, valid, values)
         cached = self._item_cache.get(key)
         if cached is None:
             if len(self._item_cache) >= ITEM_CACHE_SIZE:
                 self._item_cache.clear()
-            input_size, output_tokens, frames = self.spec.item_sizes(modality.name, row, self.geometry, valid)
+            input_size, output_tokens, frames = self.spec.item_sizes(modality.name, row, self.geometry, valid,
+                                                                     dict(values) if values else None)
             cached = self._item_cache[key] = (EncoderItemSpec(input_size, output_tokens), frames)
         return cached
 
-    def item_spec(self, modality: Modality, row, valid: int | None = None) -> EncoderItemSpec:
+    def item_spec(self, modality: Modality, row, valid: int | None = None,
+                  values: tuple[tuple[str, int], ...] | None = None) -> EncoderItemSpec:
         """The item spec of one grid row (or tile count) of ``modality``; ``valid``: its rows that are not
-        padding (``items.valid``; None: an item without padding)."""
-        return self._item(modality, row, valid)[0]
+        padding (``items.valid``; None: an item without padding); ``values``: its ``(role, value)`` pairs of
+        the item-aligned inputs (``per_item``; None: their defaults)."""
+        return self._item(modality, row, valid, values)[0]
 
     def get_input_modality(self, mm_kwargs: Mapping[str, Any]) -> str:
         """``image`` or ``video``; ``image+video`` when both are present (vitcg extension)."""
@@ -154,11 +160,11 @@ class _Adapter:
         return video.max_frames_per_video if video else 1
 
     def get_encoder_cudagraph_item_specs(self, mm_kwargs: Mapping[str, Any]) -> list[EncoderItemSpec]:
-        return [self.item_spec(i.modality, row, valid) for i in self._inputs(mm_kwargs) for row, valid in i.items()]
+        return [self.item_spec(i.modality, *item) for i in self._inputs(mm_kwargs) for item in i.items()]
 
     def get_encoder_cudagraph_item_frames(self, mm_kwargs: Mapping[str, Any]) -> list[int]:
         """Video frames of each item (0 for images), in item order (vitcg extension)."""
-        return [self._item(i.modality, row, valid)[1] for i in self._inputs(mm_kwargs) for row, valid in i.items()]
+        return [self._item(i.modality, *item)[1] for i in self._inputs(mm_kwargs) for item in i.items()]
 
     def is_encoder_cudagraph_scoped(self) -> bool:
         return self._scope is not None
@@ -189,7 +195,8 @@ class _Adapter:
             if not local and (indices or k):  # no items here; an empty selection keeps the first modality
                 continue
             rows = inp.counts_cpu.tolist()
-            sizes = [self.item_spec(inp.modality, row).input_size for row in rows]  # pixel rows match: read checked
+            sizes = [self.item_spec(inp.modality, row, None, values).input_size  # pixel rows match: read checked
+                     for row, _, values in inp.items()]
             offsets = [0]
             for size in sizes:
                 offsets.append(offsets[-1] + size)
@@ -198,9 +205,11 @@ class _Adapter:
                 key = inp.modality.inputs[role]
                 selected[key] = tensor if everything else (
                     torch.cat([tensor[offsets[i]:offsets[i + 1]] for i in local]) if local else tensor[:0])
-            if inp.counts is not None:
-                selected[inp.modality.count_key] = inp.counts if everything else inp.counts[
-                    torch.tensor(local, dtype=torch.long, device=inp.counts.device)]
+            per_item = [(inp.modality.count_key, inp.counts)] if inp.counts is not None else []
+            per_item += [(inp.modality.inputs[role], tensor) for role, tensor in inp.item_inputs.items()]
+            for key, tensor in per_item:  # one entry per item: indexed, not sliced by rows
+                selected[key] = tensor if everything else tensor[
+                    torch.tensor(local, dtype=torch.long, device=tensor.device)]
         return selected
 
     def postprocess_encoder_output(
@@ -240,7 +249,7 @@ class _Adapter:
         ``max_frames_per_batch`` frames. Shape formulas may read ``max_segments``, the most attention
         segments such a pack has (``min(budget, max_items + max_frames)``: every segment has at least one
         output token); whatever a spec's shape says, a segment buffer gets a slot per possible segment plus
-        the leading zero and a padding segment, and a grid buffer a row per item."""
+        the leading zero and a padding segment, and a grid buffer or an item role's buffer a row per item."""
         _check_path(path)
         device = torch.device(device) if device is not None else self.device
         dtype = dtype or self.dtype
@@ -261,6 +270,8 @@ class _Adapter:
                 shape = (max(shape[0], segments + 2), *shape[1:])
             elif buffer.provider == "grid":  # a row per item, or per segment when a modality splits its rows
                 shape = (max(shape[0], segments if self._splits else max_batch_size), *shape[1:])
+            elif buffer.provider == "aligned" and buffer.params.get("role") in self._item_roles:  # a row per item
+                shape = (max(shape[0], max_batch_size), *shape[1:])
             if self._scope is not None:
                 shape = self._scope.storage_shape(buffer, shape)
             values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else providers.DTYPES[kind],
@@ -278,7 +289,7 @@ class _Adapter:
 
     def _pack(self, mm_kwargs: Mapping[str, Any]) -> tuple[providers.Pack, list[EncoderItemSpec]]:
         inputs = self._inputs(mm_kwargs)
-        items = [self.item_spec(i.modality, row, valid) for i in inputs for row, valid in i.items()]
+        items = [self.item_spec(i.modality, *item) for i in inputs for item in i.items()]
         def joined(parts: list[torch.Tensor]) -> torch.Tensor:
             return torch.cat(parts) if len(parts) > 1 else parts[0]
 
@@ -286,6 +297,7 @@ class _Adapter:
             pixels = joined([i.pixels for i in inputs])
             counts = torch.cat([i.encoder_counts for i in inputs])
             extras = {role: joined([i.extras[role] for i in inputs]) for role in inputs[0].extras}
+            extras.update({role: joined([i.item_inputs[role] for i in inputs]) for role in inputs[0].item_inputs})
         else:
             pixels, extras = torch.zeros(0), {}
             counts = torch.zeros(self.spec.attention_style.empty_counts_shape(), dtype=torch.int64)
@@ -363,7 +375,8 @@ class _Adapter:
             pixels = _after_ones(inp.pixels.to(self.device, self.dtype), self.spec.pixels_rows_dim)
             by_role = {"pixels": pixels, self.spec.attention_style.count_role: counts,
                        **{role: value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
-                          for role, value in inp.extras.items()}}
+                          for role, value in inp.extras.items()},
+                       **{role: value.to(self.device) for role, value in inp.item_inputs.items()}}
             calls.append({**{arg: by_role[role] for arg, role in self.spec.encoder.args.items()},
                           **self._call_kwargs})
         return calls

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -14,9 +14,9 @@ from ..lang.catalogue import BUFFER_NAMES, GRID_COLUMNS, MERGE_NAME, buffer_name
 from ..lang.model import Modality, Spec
 from .protocol import EncoderItemSpec
 
-ItemSpec = Callable[[Modality, Any, "int | None"], EncoderItemSpec]
-"""The item spec of one count row (a grid row or a tile count) of a modality and its non-padding rows (None
-without ``items.valid``): the adapter's, cached."""
+ItemSpec = Callable[..., EncoderItemSpec]
+"""The item spec of one count row (a grid row or a tile count) of a modality, its non-padding rows (None
+without ``items.valid``) and its item-role values (None: the ``per_item`` defaults): the adapter's, cached."""
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,17 @@ class Input:
     """Extra inputs by role, aligned with the pixels on dim 0."""
     valid: tuple[int, ...] | None = None
     """Per item, its rows that are not padding (``items.valid``); None without it."""
+    item_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Item-aligned inputs by role (``per_item``): one integer per item, as given."""
+    item_values: tuple[tuple[tuple[str, int], ...], ...] | None = None
+    """Per item, its ``(role, value)`` pairs of the item-aligned inputs; None when the modality has none."""
 
-    def items(self) -> list[tuple[Any, int | None]]:
-        """``(count row, valid rows or None)`` per item, in input order."""
+    def items(self) -> list[tuple[Any, int | None, tuple[tuple[str, int], ...] | None]]:
+        """``(count row, valid rows or None, item-role values or None)`` per item, in input order."""
         rows = self.counts_cpu.tolist()
-        return list(zip(rows, self.valid if self.valid is not None else [None] * len(rows)))
+        none = [None] * len(rows)
+        return list(zip(rows, self.valid if self.valid is not None else none,
+                        self.item_values if self.item_values is not None else none))
 
 
 def pixel_row(spec: Spec, geometry: Mapping[str, int]) -> tuple[int | None, ...] | None:
@@ -134,12 +140,20 @@ class InputReader:
             counts, counts_cpu = self._counts(modality, mm_kwargs, pixels)
             extras = {role: self._aligned(modality, role, mm_kwargs[modality.inputs[role]], pixels)
                       for role in modality.extra_roles}
-            valid = self._check_items(modality, counts_cpu, pixels, self._valid_rows(extras))
+            item_inputs = {role: self._per_item(modality, role, mm_kwargs[modality.inputs[role]], counts_cpu)
+                           for role in modality.item_roles}
+            item_values = None
+            if item_inputs:
+                columns = {role: value.tolist() for role, value in item_inputs.items()}  # one host read
+                item_values = tuple(tuple((role, columns[role][i]) for role in item_inputs)
+                                    for i in range(counts_cpu.shape[0]))
+            valid = self._check_items(modality, counts_cpu, pixels, self._valid_rows(extras), item_values)
             encoder_counts = counts_cpu
             if modality.split is not None and self.spec.attention_style.segmented:
                 rows = [r for row in counts_cpu.tolist() for r in modality.encoder_rows(row)]
                 encoder_counts = torch.tensor(rows, dtype=torch.int64).reshape(-1, counts_cpu.shape[1])
-            found.append(Input(modality, pixels, counts, counts_cpu, encoder_counts, extras, valid))
+            found.append(Input(modality, pixels, counts, counts_cpu, encoder_counts, extras, valid, item_inputs,
+                               item_values))
         return found
 
     def _check_keys(self, mm_kwargs: Mapping[str, Any]) -> None:
@@ -215,6 +229,20 @@ class InputReader:
                              f"0, {modality.pixels_key!r} has {pixels.shape[0]}; they must align")
         return value
 
+    def _per_item(self, modality: Modality, role: str, value: Any, counts_cpu: torch.Tensor) -> torch.Tensor:
+        """An item-aligned input (``per_item``): an integer tensor of shape ``(items,)``."""
+        key = modality.inputs[role]
+        value = self._tensor(key, value)
+        self._check_device(key, value)
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise self._error(key, f"expected an integer dtype (one value per item, per_item), got {value.dtype}")
+        items = counts_cpu.shape[0]
+        if tuple(value.shape) != (items,):
+            raise self._error(key, f"expected shape ({items},) (one value per item of "
+                                   f"{modality.count_key or modality.pixels_key!r}, per_item), got "
+                                   f"{_shape(tuple(value.shape))}")
+        return value
+
     def _valid_rows(self, extras: Mapping[str, torch.Tensor]) -> list[int] | None:
         """Per row on dim 0 (a tile or a patch row), its patches that are not padding (``items.valid``): dim 1
         indexes the patches of a row and any later dimensions hold one patch's values (a patch is padding
@@ -227,7 +255,7 @@ class InputReader:
         return (patches != self.spec.valid.padding).any(dim=-1).sum(dim=-1).tolist()
 
     def _check_items(self, modality: Modality, counts_cpu: torch.Tensor, pixels: torch.Tensor,
-                     valid_rows: list[int] | None) -> tuple[int, ...] | None:
+                     valid_rows: list[int] | None, item_values: tuple | None = None) -> tuple[int, ...] | None:
         """Checks each item's counts and sizes; returns each item's non-padding rows (None without
         ``items.valid``)."""
         key = modality.count_key or modality.pixels_key
@@ -242,15 +270,17 @@ class InputReader:
             if off:
                 raise self._error(key, f"item {index} is {row}: expected {' and '.join(self.merged)} to be "
                                        f"multiples of {MERGE_NAME} {self.merge}, {' and '.join(off)} is not")
+            values = item_values[index] if item_values is not None else None
             try:
-                item = self._item_spec(modality, row, None)
+                item = self._item_spec(modality, row, None, values)
                 if valid_rows is not None:  # input_size never reads valid: it locates the item's rows
                     valid.append(sum(valid_rows[total:total + item.input_size]))
-                    item = self._item_spec(modality, row, valid[-1])
+                    item = self._item_spec(modality, row, valid[-1], values)
             except FormulaError as exc:
-                raise self._error(key, f"item {index} is {row}: {exc}") from None
+                raise self._error(key, f"item {index} is {row}{_described(values)}: {exc}") from None
             if item.input_size < 1 or item.output_tokens < 1:
-                raise self._error(key, f"item {index} is {row}: expected a positive input_size and output_tokens "
+                raise self._error(key, f"item {index} is {row}{_described(values)}: expected a positive input_size "
+                                       "and output_tokens "
                                        f"(items: {self.spec.input_size}, {self.spec.output_tokens}), got "
                                        f"{item.input_size} and {item.output_tokens}")
             total += item.input_size
@@ -259,3 +289,8 @@ class InputReader:
                 f"{self.spec.name}: {modality.pixels_key!r} has {pixels.shape[0]} rows but {key!r} describes "
                 f"{total} (items.input_size: {self.spec.input_size})")
         return tuple(valid) if valid_rows is not None else None
+
+
+def _described(values: tuple[tuple[str, int], ...] | None) -> str:
+    """An item's item-role values for a message: `` (merge_sizes=2)``, or nothing."""
+    return f" ({', '.join(f'{k}={v}' for k, v in values)})" if values else ""

@@ -124,14 +124,17 @@ def compose_videos(spec: Spec, processor: Any, videos: list[np.ndarray]) -> dict
     """Video inputs of the spec's video modality made by the model's image processor: each video's frames
     (``(frames, height, width, 3)``) become image rows of one size, concatenated frame after frame on a
     ``(frames, h, w)`` grid row. That is the packed, t-major layout a video processor gives a video whose
-    frames each repeat ``temporal_patch_size`` times (video processors need torchvision). Raises Unavailable
-    when the image processor does not give one ``(1, h, w)`` row per frame under the image modality's keys."""
+    frames each repeat ``temporal_patch_size`` times (video processors need torchvision). The frames are made
+    with ``tests.vlm.video_processor`` as call arguments; an item-aligned role (``per_item``) of the video takes
+    the value its frames share under the image modality's key. Raises Unavailable when the image processor
+    does not give one ``(1, h, w)`` row per frame under the image modality's keys."""
     image, video = spec.modality("image"), spec.modality("video")
     if image is None or "grid" not in image.inputs:
         raise Unavailable("videos are composed through the image modality's grid, and the spec has none")
     pixels, grids = [], []
+    per_item: dict[str, list[int]] = {role: [] for role in video.item_roles}
     for frames in videos:
-        made = processor(images=list(frames), return_tensors="pt")
+        made = processor(images=list(frames), return_tensors="pt", **thaw(spec.tests.vlm.video_processor))
         rows, grid = made.get(image.pixels_key), made.get(image.inputs["grid"])
         if not isinstance(rows, torch.Tensor) or not isinstance(grid, torch.Tensor) or grid.ndim != 2:
             raise Unavailable(f"the image processor gives no {image.pixels_key!r} and {image.inputs['grid']!r}")
@@ -141,7 +144,14 @@ def compose_videos(spec: Spec, processor: Any, videos: list[np.ndarray]) -> dict
                               "(1, h, w) row each")
         pixels.append(rows)
         grids.append(video.encoder_grid([len(full), *full[0][1:]]))
-    return {video.pixels_key: torch.cat(pixels), video.inputs["grid"]: torch.tensor(grids, dtype=torch.int64)}
+        for role, values in per_item.items():
+            given = made.get(image.inputs.get(role, ""))
+            shared = set(given.tolist()) if isinstance(given, torch.Tensor) and given.ndim == 1 else set()
+            if len(shared) != 1:
+                raise Unavailable(f"the image processor gives no single {role!r} value for the frames of a video")
+            values.append(shared.pop())
+    return {video.pixels_key: torch.cat(pixels), video.inputs["grid"]: torch.tensor(grids, dtype=torch.int64),
+            **{video.inputs[role]: torch.tensor(values, dtype=torch.int64) for role, values in per_item.items()}}
 
 
 def _prompt(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -79,7 +79,10 @@ class InputBuilder:
         if style.segmented and m.grid_columns != GRID_COLUMNS:  # the grid as the model gives it: its own columns
             counts = torch.tensor([m.encoder_grid(row) for row in counts.tolist()],
                                   dtype=torch.int64).reshape(-1, len(m.grid_columns))
-        kwargs = {key: self._fill(role, rows) for role, key in m.inputs.items() if key != m.count_key}
+        kwargs = {key: self._fill(role, rows) for role, key in m.inputs.items()
+                  if key != m.count_key and role not in m.per_item}
+        for role, value in m.item_defaults(self.geometry).items():  # one value per item: its per_item value
+            kwargs[m.inputs[role]] = torch.full((counts.shape[0],), value, dtype=torch.int64)
         if m.count_key is not None:
             kwargs[m.count_key] = counts
         return kwargs

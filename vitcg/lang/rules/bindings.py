@@ -150,6 +150,15 @@ def budget_order(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str, int]) ->
 def items_positive(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str, int]) -> Iterator[Diagnostic]:
     """input_size, output_tokens and frames evaluate to positive values for a sample item."""
     item = spec.attention_style.sample(geometry)
+    for modality in spec.modalities:  # each item role at its per_item value
+        for role, formula in modality.per_item.items():
+            try:
+                item[role] = formula.evaluate(geometry)
+            except FormulaError as exc:
+                yield formula_diagnostic(loaded, ("modalities", modality.name, "per_item", role), exc)
+                return
+        if modality.per_item:
+            break
     sample = {**item, **geometry}
     checks = [("input_size", spec.input_size), ("output_tokens", spec.output_tokens), ("frames", spec.frames)]
     if spec.valid is not None:  # an item without padding: output_tokens reads its full rows

@@ -128,6 +128,11 @@ def valid_role_is_extra(loaded: LoadedYaml, valid: Mapping[str, Any],
                     f"{role!r} is a standard input role; items.valid reads an extra role that marks padding",
                     hint="e.g. the role of a patch mask or of patch positions")
         return
+    if any(role in m.per_item for m in modalities):
+        yield error(loaded, ("items", "valid", "role"),
+                    f"{role!r} is a per_item role (one value per item); items.valid counts the padding patches of "
+                    "a role aligned with the pixel rows")
+        return
     lacking = [m.name for m in modalities if role not in m.inputs]
     if lacking:
         extras = sorted({r for m in modalities for r in m.extra_roles})
@@ -135,3 +140,33 @@ def valid_role_is_extra(loaded: LoadedYaml, valid: Mapping[str, Any],
                     f"items.valid reads input role {role!r}, which modality {lacking[0]} does not name",
                     hint=suggest(role, extras) or (f"extra roles: {', '.join(extras)}" if extras
                                                    else f"add it to modalities.{lacking[0]}.inputs"))
+
+
+def per_item_roles_apply(loaded: LoadedYaml, name: str, entry: Mapping[str, Any]) -> Iterator[Diagnostic]:
+    """Each ``per_item`` role is an extra input role of the modality, and a modality that splits its rows by
+    frames has none (the encoder would see more grid rows than item values)."""
+    extras = [r for r in entry["inputs"] if r not in cat.STANDARD_ROLES]
+    for role in entry.get("per_item", {}):
+        if role in cat.STANDARD_ROLES:
+            yield error(loaded, ("modalities", name, "per_item", role),
+                        f"{role!r} is a standard input role; per_item names extra roles aligned with the items",
+                        key=True)
+        elif role not in extras:
+            yield error(loaded, ("modalities", name, "per_item", role),
+                        f"per_item role {role!r} is not an input of modality {name}", key=True,
+                        hint=suggest(role, extras) or f"add it to modalities.{name}.inputs")
+    if entry.get("per_item") and entry.get("split"):
+        yield error(loaded, ("modalities", name, "split"),
+                    "split: frames gives the encoder one grid row per frame, but per_item inputs hold one value "
+                    "per item", hint="drop split, or pass the role aligned with the pixel rows")
+
+
+def per_item_roles_agree(loaded: LoadedYaml, modalities: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
+    """Every modality names the same ``per_item`` roles: items formulas, shared by all, read them."""
+    roles = {name: sorted(entry.get("per_item", {})) for name, entry in modalities.items()}
+    if len({tuple(v) for v in roles.values()}) > 1:
+        last = list(roles)[-1]
+        yield error(loaded, ("modalities", last, "per_item") if "per_item" in modalities[last]
+                    else ("modalities", last),
+                    "every modality must name the same per_item roles, got "
+                    + "; ".join(f"{k}: {', '.join(v) or 'none'}" for k, v in roles.items()))

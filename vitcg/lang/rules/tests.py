@@ -15,8 +15,10 @@ from .common import error, parse_at
 
 
 def example_roles(modalities: Sequence[Modality]) -> list[str]:
-    """The input roles ``tests.inputs`` may describe: pixels and the extra roles (not grid or tiles)."""
-    return sorted({role for m in modalities for role in m.inputs if role not in cat.STANDARD_ROLES[1:]})
+    """The input roles ``tests.inputs`` may describe: pixels and the extra roles aligned with the pixel rows (not
+    grid or tiles, nor ``per_item`` roles: check feeds their ``per_item`` values)."""
+    return sorted({role for m in modalities for role in m.inputs
+                   if role not in cat.STANDARD_ROLES[1:] and role not in m.per_item})
 
 
 def example_roles_exist(loaded: LoadedYaml, tests: Mapping[str, Any],
@@ -24,7 +26,10 @@ def example_roles_exist(loaded: LoadedYaml, tests: Mapping[str, Any],
     """Each role ``tests.inputs`` describes is pixels or an extra input role of the modalities."""
     roles = example_roles(modalities)
     for role in tests.get("inputs", {}):
-        if role not in roles:
+        if any(role in m.per_item for m in modalities):
+            yield error(loaded, ("tests", "inputs", role), f"{role!r} is a per_item role; vitcg check feeds each "
+                        "item its per_item value", key=True, hint=f"remove tests.inputs.{role}")
+        elif role not in roles:
             yield error(loaded, ("tests", "inputs", role), f"{role!r} is not an input role of the modalities",
                         key=True, hint=suggest(role, roles) or f"roles: {', '.join(roles)}")
 
