@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, tests-gpu, ttft, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, bench-plan, profile, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, tests-gpu, ttft, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -11,6 +11,7 @@ if [ -d .whl ]; then
     || { echo "wheel install failed"; exit 1; }
   export PYTHONPATH=/tmp/site:$PWD
 fi
+EXTRA=${EXTRA:-}
 export PYTHONUNBUFFERED=1 VITCG_CACHE_DIR=/tmp/vitcg-cache
 run() { local limit=$1 log=$2; shift 2; echo "== $* (limit ${limit}s)" | tee -a "$OUT/$log"; \
   ( time timeout "$limit" "$@" ) 2>&1 | tee -a "$OUT/$log"; }
@@ -47,6 +48,10 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       --device cuda --json "$OUT/bench_new_b.json" ;;
     check-real-new) run 240 check.log python3 -m vitcg check glm4v glm4v_moe mlcd cohere2_vision aya_vision molmo2 \
       llava_next llava_onevision paddleocr_vl gemma4 --device cuda --size real ;;
+    check-real-s3) run 280 check.log python3 -m vitcg check pixtral lighton_ocr video_llama_3 clip gemma4 $EXTRA \
+      --device cuda --size real ;;
+    bench-s3) run 500 bench.log python3 -m vitcg bench gemma4 molmo2 clip pixtral video_llama_3 $EXTRA --no-compile \
+      --iters 10 --device cuda --json "$OUT/bench_s3.json" ;;
     check-real-all) run 300 check.log python3 -m vitcg check --all --device cuda --size real ;;
     bench-smoke) run 120 bench.log python3 -m vitcg bench hunyuan_vl siglip2 idefics3 --size tiny --no-compile --iters 2 \
       --device cuda --json "$OUT/bench_smoke.json" ;;
