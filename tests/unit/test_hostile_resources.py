@@ -32,3 +32,19 @@ def test_check_sizes_a_spec_bounded_by_max_model_len_for_a_small_engine(monkeypa
     report = cases.check_spec(spec)
     assert "stopped before capture" in report.error
     assert ranges == [(64, 4 * 64)]
+
+
+def test_check_proves_the_graphs_with_eager_routing_off(monkeypatch):
+    # On CUDA the router runs the first calls of each size eagerly, to time them; every case of a check is such
+    # a call, so with routing on `check --device cuda` compared eager with eager and proved no graph.
+    spec = spec_from_text((SPECS / "qwen2_vl.yaml").read_text(), "qwen2_vl.yaml", Bindings())
+    seen = []
+
+    class Stop(cases.EncoderCudaGraphManager):
+        def __init__(self, adapter, **kwargs):
+            seen.append(kwargs.get("route_eager", True))
+            raise VitcgError("stopped before capture")
+
+    monkeypatch.setattr(cases, "EncoderCudaGraphManager", Stop)
+    cases.check_spec(spec)
+    assert seen == [False]

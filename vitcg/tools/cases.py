@@ -145,8 +145,10 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
         min_budget, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 30,
                                                                     "max_model_len": 1 << 30})
         limit = budget_multiple * min_budget
+        # route_eager off: a check proves the graphs, so every pack that fits a budget replays (on CUDA the
+        # router would run the first calls of each size eagerly, to time them, and a check makes only such calls)
         manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=limit, max_model_len=limit,
-                                          device=device, dtype=dtype)
+                                          device=device, dtype=dtype, route_eager=False)
         report.budgets, report.max_items = manager.budgets, manager.plan.max_items
         manager.capture()
         generator = torch.Generator().manual_seed(seed)
