@@ -163,8 +163,10 @@ def _modalities(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle) ->
         found.add(mod.grid_options_apply(loaded, name, entry, style))
         found.add(mod.split_needs_frames(loaded, name, entry))
         out.append(Modality(name, freeze(entry["inputs"]), entry.get("max_frames_per_video") or 1,
-                            tuple(entry.get("grid_columns", cat.GRID_COLUMNS)), entry.get("split")))
+                            tuple(entry.get("grid_columns", cat.GRID_COLUMNS)), entry.get("split"),
+                            bool(entry.get("separate", False))))
     found.add(mod.input_keys_unique(loaded, entries))
+    found.add(mod.separate_needs_another(loaded, entries))
     found.add(mod.extra_roles_agree(loaded, entries))
     found.add(mod.grid_columns_agree(loaded, entries))
     return out

@@ -22,9 +22,6 @@ GAPS: tuple[Gap, ...] = (
         "image_sizes inside the forward (a Python loop over host sizes, and cu_seqlens copied to the device on "
         "every call): no attention style takes variable-size images in one tensor; needs a packed-pixels input "
         "layout, or a graph scope over the transformer layers (not attempted)."),
-    Gap(("kimi_k25",),
-        "needs frame_index and temporal_merge_index providers, and a batch mixing images (t = 1) and videos "
-        "(t > 1) fails even eagerly, so images and videos would need packs of their own."),
     Gap(("minicpmv4_6", "minicpmv4_7", "minicpm_ocr"),
         "(one tower code in all three) a check in the merger formats the target_sizes tensor into its "
         "message (a host sync inside the "

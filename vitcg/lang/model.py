@@ -42,6 +42,9 @@ class Modality:
     split: str | None = None
     """``frames``: the encoder receives one grid row ``(1, h, w)`` per frame of each item row; None: the item
     rows as given."""
+    separate: bool = False
+    """Items of this modality never share an encoder call (a graph pack or an eager call) with another
+    modality's items; the adapter then offers one capture axis over the modalities."""
 
     def item_row(self, given: Sequence[int]) -> list[int]:
         """One grid row as given (in :attr:`grid_columns`) as a full ``(t, h, w)`` row; a missing column is 1."""
@@ -274,6 +277,11 @@ class Spec:
         return tuple(m.name for m in self.modalities)
 
     @property
+    def separate_modalities(self) -> bool:
+        """Whether a modality says ``separate``: then no encoder call mixes modalities."""
+        return any(m.separate for m in self.modalities)
+
+    @property
     def grid_columns(self) -> tuple[str, ...]:
         """The columns of the grid the encoder receives (every modality with a grid agrees on them)."""
         return next((m.grid_columns for m in self.modalities if "grid" in m.inputs), GRID_COLUMNS)
@@ -352,7 +360,8 @@ class Spec:
             "modalities": {
                 m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video,
                          **({"grid_columns": list(m.grid_columns)} if m.grid_columns != GRID_COLUMNS else {}),
-                         **({"split": m.split} if m.split else {})}
+                         **({"split": m.split} if m.split else {}),
+                         **({"separate": True} if m.separate else {})}
                 for m in self.modalities
             },
             "items": {

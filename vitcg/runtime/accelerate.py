@@ -120,8 +120,14 @@ class _Layout:
                 if not spec.attention_style.segmented:
                     dims.append(0)  # tiles: the tile batch is dim 0
                     continue
+                if t.numel() // shape[-1] != rows:
+                    return None
                 matching = [d for d in range(len(shape) - 1) if shape[d] == rows]
-                if len(matching) != 1 or t.numel() // shape[-1] != rows:
+                if not matching and shape[0] > 1:
+                    # no dimension holds the rows: they come in blocks, one block per leading index
+                    # (Kimi-K2.5's pooler: (tokens, merge**2, hidden), a row per block element)
+                    matching = [0]
+                if len(matching) != 1:
                     return None
                 dims.append(matching[0])
             entries.append((name, index, length, isinstance(value, (list, tuple)), [tuple(t.shape) for t in tensors],

@@ -11,6 +11,8 @@ manager (vLLM's too) calls without knowing the rule:
   padding rows are computed so no uninitialized memory turns into NaN, and no long padding segment costs
   quadratic attention); without padding the free slots repeat the last offset;
 - ``identity``: indices first, then each padding slot maps to itself;
+- ``repeat``: value rows first, each one's dim 1 repeated to fill the buffer's (which it must divide), zero
+  rows after them;
 - ``fixed``: a host integer fixed at capture, never refilled (no padding logic).
 """
 
@@ -100,6 +102,18 @@ def pad_identity(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str)
     dest[:n].copy_(src, non_blocking=True)
     if n < dest.shape[0]:
         torch.arange(n, dest.shape[0], out=dest[n:])
+
+
+@padding_rule("repeat")
+def pad_repeat(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
+    """Value rows whose dim 1 divides the buffer's, repeated along it to fill it (a mean over dim 1 is
+    unchanged: a gather index of frames, each frame in the same number of slots); zero rows after them."""
+    if src.dim() < 2 or dest.dim() != src.dim() or dest.shape[1] % max(src.shape[1], 1):
+        raise InputError(f"buffer {key!r}: value of shape {tuple(src.shape)} does not repeat into capture buffer "
+                         f"{tuple(dest.shape)}: its dim 1 must divide the buffer's (give the buffer a multiple of "
+                         "every frame count)")
+    pad_zeros(dest, src.repeat(1, dest.shape[1] // src.shape[1], *(1,) * (src.dim() - 2)) if src.shape[1] else
+              src.new_zeros((src.shape[0], *dest.shape[1:])), capacity, key)
 
 
 class _Empty:
