@@ -5,9 +5,9 @@ the data objects: if an adapter works here, it works under an engine that knows 
 
 Calling sequence: config -> budget range from a ``vllm_config``-shaped object -> doubling ladder and the
 item cap -> capture per budget (and per combination of capture axis keys), largest first, with ``path`` and
-``axis_keys`` passed positionally -> item
-specs -> smallest-first packing (closing a pack when an item alone outweighs it) -> select with the pack's
-unsorted index list, popping the axis keys it returns -> the graph of that budget and those keys -> replay buffers -> padding callables (or zero + copy) -> forward -> postprocess
+``axis_keys`` passed positionally -> item specs -> smallest-first packing (closing a pack when an item alone
+outweighs it) -> select with the pack's unsorted index list, popping the axis keys it returns -> the graph of
+that budget and those keys -> replay buffers -> padding callables (or zero + copy) -> forward -> postprocess
 into a ``dest`` dict. ``execute_dp`` simulates data-parallel ranks: items are load-balanced across ranks
 by input size, each rank selects its unsorted share and runs it locally, results are scattered back.
 """

@@ -151,3 +151,29 @@ def test_output_rows_in_blocks_are_rebuilt_in_blocks():
     rebuilt = layout.build(torch.arange(40 * 8.0).view(40, 8))
     assert rebuilt["pooler_output"].shape == (10, 4, 8)
     assert torch.equal(rebuilt["pooler_output"].reshape(40, 8), torch.arange(40 * 8.0).view(40, 8))
+
+
+def test_accelerate_never_gives_the_manager_images_and_videos_in_one_call():
+    """Under vitcg.accelerate the VLM reaches the tower through get_image_features and get_video_features, one
+    modality per call: a forward with images and (one-frame) video chunks routes each apart, as it should."""
+    from vitcg.runtime.accelerate import accelerate
+    from vitcg.tools.vlm import build_vlm
+
+    spec = SPECS["kimi_k25"]
+    vlm = build_vlm(spec)
+    image = grid_inputs(None, "image", [[1, 4, 4], [1, 2, 4]])
+    video = grid_inputs(None, "video", [[1, 2, 2]])  # transformers 5.23 splits t > 1 chunks wrongly itself
+    with torch.no_grad():
+        want = [vlm.model.get_image_features(image["pixel_values"], image["image_grid_thw"]).pooler_output,
+                vlm.model.get_video_features(video["pixel_values_videos"], video["video_grid_thw"]).pooler_output]
+    handle = accelerate(vlm, spec=spec, max_num_batched_tokens=1024, max_model_len=1024)
+    calls = []
+    execute = handle.manager.execute
+    handle.manager.execute = lambda mm: calls.append(sorted(mm)) or execute(mm)
+    with torch.no_grad():
+        vlm.model.get_image_features(image["pixel_values"], image["image_grid_thw"])  # learns the layout
+        got = [vlm.model.get_image_features(image["pixel_values"], image["image_grid_thw"]).pooler_output,
+               vlm.model.get_video_features(video["pixel_values_videos"], video["video_grid_thw"]).pooler_output]
+    assert calls == [["image_grid_thw", "pixel_values"], ["pixel_values_videos", "video_grid_thw"]]
+    for got_items, want_items in zip(got, want):
+        assert all(relative_error(g, w) <= 1e-5 for g, w in zip(got_items, want_items, strict=True))

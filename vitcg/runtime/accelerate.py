@@ -274,7 +274,7 @@ class Accelerated:
                     continue
                 original = getattr(owner, name, None)
                 if callable(original):
-                    self._patch(owner, name, _with_modality(original, modality))
+                    self._patch(owner, name, _with_modality(original, modality, self.spec.modality_names))
         self.model._vitcg = self
 
     @property
@@ -407,10 +407,14 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _with_modality(method: Callable, modality: str) -> Callable:
+def _with_modality(method: Callable, modality: str, known: tuple[str, ...]) -> Callable:
+    """``method`` telling the router which modality it asks for. Inside an outer call of a modality in ``known``
+    (the spec's), the outer one stays: Kimi-K2.5's ``get_video_features`` encodes through
+    ``get_image_features``, and its videos must reach the video graphs."""
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
-        token = _MODALITY.set(modality)
+        outer = _MODALITY.get()
+        token = _MODALITY.set(outer if outer in known else modality)
         try:
             return method(*args, **kwargs)
         finally:

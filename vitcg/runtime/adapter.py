@@ -260,7 +260,9 @@ class _Adapter:
         ``max_frames_per_batch`` frames. Shape formulas may read ``max_segments``, the most attention
         segments such a pack has (``min(budget, max_items + max_frames)``: every segment has at least one
         output token); whatever a spec's shape says, a segment buffer gets a slot per possible segment plus
-        the leading zero and a padding segment, and a grid buffer a row per item."""
+        the leading zero and a padding segment, and a grid buffer a row per item. ``axis_keys``: with
+        ``separate`` modalities, the modality these graphs serve (the capture axis); a modality other than video
+        sees ``max_frames`` 0."""
         _check_path(path)
         device = torch.device(device) if device is not None else self.device
         dtype = dtype or self.dtype
