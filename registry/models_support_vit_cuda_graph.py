@@ -36,6 +36,7 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "instructblipvideo",
     "internvl",
     "janus",
+    "kimi_k25",
     "kosmos-2",
     "lfm2_vl",
     "lighton_ocr",

@@ -378,6 +378,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=["core_model"],
     ),
+    "kimi_k25": VitCudagraphTestConfig(
+        model="moonshotai/Kimi-K2.5",
+        modalities=["image", "video"],
+        image_prompt="<|im_user|>user<|im_middle|><|media_begin|>image<|media_content|><|media_pad|><|media_end|>What is in this image?<|im_end|><|im_assistant|>assistant<|im_middle|>",
+        video_prompt="<|im_user|>user<|im_middle|><|media_begin|>video<|media_content|><|kimi_k25_video_placeholder|><|media_end|>Describe this video in one sentence.<|im_end|><|im_assistant|>assistant<|im_middle|>",
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "kosmos2": VitCudagraphTestConfig(
         model="microsoft/kosmos-2-patch14-224",
         modalities=["image"],

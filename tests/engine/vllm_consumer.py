@@ -4,15 +4,17 @@ Written from the facts in shared/VLLM_PROTOCOL.md, not from vLLM's code. It impo
 the data objects: if an adapter works here, it works under an engine that knows only the protocol.
 
 Calling sequence: config -> budget range from a ``vllm_config``-shaped object -> doubling ladder and the
-item cap -> capture per budget, largest first, with ``path`` and ``axis_keys`` passed positionally -> item
-specs -> smallest-first packing (closing a pack when an item alone outweighs it) -> select with the pack's
-unsorted index list -> replay buffers -> padding callables (or zero + copy) -> forward -> postprocess
+item cap -> capture per budget (and per combination of capture axis keys), largest first, with ``path`` and
+``axis_keys`` passed positionally -> item specs -> smallest-first packing (closing a pack when an item alone
+outweighs it) -> select with the pack's unsorted index list, popping the axis keys it returns -> the graph of
+that budget and those keys -> replay buffers -> padding callables (or zero + copy) -> forward -> postprocess
 into a ``dest`` dict. ``execute_dp`` simulates data-parallel ranks: items are load-balanced across ranks
 by input size, each rank selects its unsorted share and runs it locally, results are scattered back.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -41,7 +43,8 @@ class ProtocolConsumer:
         frames = options.encoder_cudagraph_max_frames_per_batch
         self.max_frames_per_batch = (frames if frames is not None
                                      else self.max_batch_size * self.config.max_frames_per_video)
-        self.graphs: dict[int, dict[str, Any]] = {}
+        self.graphs: dict[tuple, dict[str, Any]] = {}
+        """By (budget, axis keys): the keys are () for a model without capture axes."""
         self.pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.hits = self.misses = 0
 
@@ -56,9 +59,10 @@ class ProtocolConsumer:
         return out
 
     def capture(self) -> None:
-        for budget in sorted(self.budgets, reverse=True):
+        for budget, keys in itertools.product(sorted(self.budgets, reverse=True),
+                                              itertools.product(*self.config.capture_axes)):
             inputs = self.model.prepare_encoder_cudagraph_capture_inputs(
-                budget, self.max_batch_size, self.max_frames_per_batch, self.device, self.dtype, "default", ())
+                budget, self.max_batch_size, self.max_frames_per_batch, self.device, self.dtype, "default", keys)
             values = inputs.values
             entry: dict[str, Any] = {"values": values}
             if self.cuda_graphs:
@@ -69,7 +73,7 @@ class ProtocolConsumer:
                 with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
                     entry["out"].copy_(self.model.encoder_cudagraph_forward({**values}, path="default"))
                 entry["graph"] = graph
-            self.graphs[budget] = entry
+            self.graphs[(budget, keys)] = entry
 
     def fit(self, tokens: int) -> int | None:
         return next((b for b in self.budgets if b >= tokens), None)
@@ -94,8 +98,8 @@ class ProtocolConsumer:
             packs.append(current)
         return packs
 
-    def replay(self, budget: int, selected: dict) -> torch.Tensor:
-        entry = self.graphs[budget]
+    def replay(self, budget: int, keys: tuple, selected: dict) -> torch.Tensor:
+        entry = self.graphs[(budget, keys)]
         fresh = self.model.prepare_encoder_cudagraph_replay_buffers(
             selected, self.max_batch_size, self.max_frames_per_batch, "default")
         for key, buffer in entry["values"].items():
@@ -115,24 +119,26 @@ class ProtocolConsumer:
         with torch.inference_mode():
             return self.model.encoder_cudagraph_forward({**entry["values"]}, path="default")
 
-    def select(self, mm_kwargs: dict, indices: list[int]) -> dict:
+    def select(self, mm_kwargs: dict, indices: list[int]) -> tuple[dict, tuple]:
+        """The selection and the capture axis keys it names (one per axis)."""
         selected = dict(self.model.select_encoder_cudagraph_items(mm_kwargs, indices))
-        assert selected.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, ()) == ()
-        return selected
+        keys = tuple(selected.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, ()))
+        assert len(keys) == len(self.config.capture_axes)
+        return selected, keys
 
     def execute(self, mm_kwargs: dict) -> list[torch.Tensor]:
         specs = self.model.get_encoder_cudagraph_item_specs(mm_kwargs)
         tokens = [s.output_tokens for s in specs]
         dest: dict[int, torch.Tensor] = {}
         for pack in self.packs(tokens):
-            selected = self.select(mm_kwargs, pack)
+            selected, keys = self.select(mm_kwargs, pack)
             budget = self.fit(sum(tokens[i] for i in pack))
             if budget is None:
                 with torch.inference_mode():
                     out = self.model.encoder_eager_forward(selected, path="default")
                 self.misses += len(pack)
             else:
-                out = self.replay(budget, selected)
+                out = self.replay(budget, keys, selected)
                 self.hits += len(pack)
             self.model.postprocess_encoder_output({"default": out}, pack, tokens, dest, clone=True,
                                                   batch_mm_kwargs=selected)
@@ -150,6 +156,6 @@ class ProtocolConsumer:
             load[r] += sizes[i]
         results: dict[int, torch.Tensor] = {}
         for share in shares:
-            local = self.execute(self.select(mm_kwargs, share))
+            local = self.execute(self.select(mm_kwargs, share)[0])
             results.update(zip(share, local))
         return [results[i] for i in range(len(sizes))]

@@ -7,6 +7,7 @@ import torch
 
 from vitcg.lang import load_registry
 from vitcg.runtime.adapter import adapter_for
+from vitcg.runtime.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, _item_size, make_inputs, on_device
 
@@ -28,7 +29,10 @@ def test_every_spec_gets_inputs_the_adapter_accepts(name):
         items = adapter.get_encoder_cudagraph_item_specs(inputs)
         assert len(items) == len(workload.images) + len(workload.videos)  # one item per image or video
         # rows agree with the counts (select raises otherwise), every role is present
-        everything = adapter.select_encoder_cudagraph_items(inputs, list(range(len(items))))
+        everything = {}  # a spec with separate modalities selects each one apart and names its graphs
+        for group in adapter.get_encoder_cudagraph_item_groups(inputs):
+            everything.update(adapter.select_encoder_cudagraph_items(inputs, group))
+        everything.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, None)
         assert sorted(everything) == sorted(inputs)
     assert shaped >= 1
 

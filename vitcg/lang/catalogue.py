@@ -66,6 +66,9 @@ PADDINGS: Mapping[str, PaddingRule] = MappingProxyType({r.name: r for r in (
     PaddingRule("square_mask", "an attention mask over the rows on its rows dimension and again on its last: the "
                                "value's mask top-left, padding rows attend only to themselves, real rows never to "
                                "padding"),
+    PaddingRule("repeat", "value rows first, each one's entries along dim 1 repeated to fill the buffer's dim 1 "
+                          "(which they must divide: a mean over it is unchanged), zero rows after them",
+                row_wise=True),
     PaddingRule("fixed", "a host integer fixed at capture, never refilled", refilled=False),
 )})
 
@@ -250,6 +253,14 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
              ("num_grid_per_side", "spatial_merge_size"), _INTERP),
     Provider("interp_weights", "tensor", SEGMENTED, ("zeros",), "float32",
              "weights of those taps; zero for padding rows", ("num_grid_per_side", "spatial_merge_size"), _INTERP),
+    Provider("frame_index", "tensor", SEGMENTED, ("zeros",), "int64",
+             "each row's frame in its item, counted from 1, into a temporal table whose row 0 adds nothing: 0 "
+             "for every row of a one-frame item (an image), f + 1 for frame f of a longer one"),
+    Provider("temporal_merge_index", "tensor", SEGMENTED, ("repeat",), "int64",
+             "(merged tokens, frame slots, merge**2) gather index: per merged token, the rows of its merge block "
+             "in every frame of its item, each frame in the same number of slots, so that a mean over dim 1 "
+             "pools the item's frames (slots: a multiple of every frame count, e.g. 12 for 1 to 4 frames)",
+             ("spatial_merge_size",)),
     Provider("aligned", "tensor", ALL, ("zeros", "ones"), "param",
              "an extra input aligned with the pixels on dim 0 (a per-tile mask, per-image shapes), sliced and "
              "padded like them", (),

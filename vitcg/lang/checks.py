@@ -168,8 +168,10 @@ def _modalities(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle,
                     for role in entry.get("per_item", {})}
         out.append(Modality(name, freeze(entry["inputs"]), entry.get("max_frames_per_video") or 1,
                             tuple(entry.get("grid_columns", cat.GRID_COLUMNS)), entry.get("split"),
-                            MappingProxyType(per_item)))
+                            MappingProxyType(per_item),
+                            bool(entry.get("separate", False))))
     found.add(mod.input_keys_unique(loaded, entries))
+    found.add(mod.separate_needs_another(loaded, entries))
     found.add(mod.extra_roles_agree(loaded, entries))
     found.add(mod.per_item_roles_agree(loaded, entries))
     found.add(mod.grid_columns_agree(loaded, entries))

@@ -17,9 +17,6 @@ class Gap:
 
 
 GAPS: tuple[Gap, ...] = (
-    Gap(("kimi_k25",),
-        "needs frame_index and temporal_merge_index providers, and a batch mixing images (t = 1) and videos "
-        "(t > 1) fails even eagerly, so images and videos would need packs of their own."),
     Gap(("minicpmv4_6", "minicpmv4_7", "minicpm_ocr"),
         "(one tower code in all three) a check in the merger formats the target_sizes tensor into its "
         "message (a host sync inside the "

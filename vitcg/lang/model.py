@@ -46,6 +46,9 @@ class Modality:
     """Item-aligned extra roles (``per_item``): role -> its value for an item where no input is at hand (a
     formula over geometry). Such an input holds one integer per item, not one row per pixel row; item formulas
     read it by the role's name."""
+    separate: bool = False
+    """Items of this modality never share an encoder call (a graph pack or an eager call) with another
+    modality's items; the adapter then offers one capture axis over the modalities."""
 
     def item_row(self, given: Sequence[int]) -> list[int]:
         """One grid row as given (in :attr:`grid_columns`) as a full ``(t, h, w)`` row; a missing column is 1."""
@@ -290,6 +293,11 @@ class Spec:
         return tuple(m.name for m in self.modalities)
 
     @property
+    def separate_modalities(self) -> bool:
+        """Whether a modality says ``separate``: then no encoder call mixes modalities."""
+        return any(m.separate for m in self.modalities)
+
+    @property
     def grid_columns(self) -> tuple[str, ...]:
         """The columns of the grid the encoder receives (every modality with a grid agrees on them)."""
         return next((m.grid_columns for m in self.modalities if "grid" in m.inputs), GRID_COLUMNS)
@@ -372,7 +380,8 @@ class Spec:
                 m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video,
                          **({"grid_columns": list(m.grid_columns)} if m.grid_columns != GRID_COLUMNS else {}),
                          **({"split": m.split} if m.split else {}),
-                         **({"per_item": {r: str(f) for r, f in m.per_item.items()}} if m.per_item else {})}
+                         **({"per_item": {r: str(f) for r, f in m.per_item.items()}} if m.per_item else {}),
+                         **({"separate": True} if m.separate else {})}
                 for m in self.modalities
             },
             "items": {

@@ -120,8 +120,14 @@ class _Layout:
                 if not spec.attention_style.segmented:
                     dims.append(0)  # tiles: the tile batch is dim 0
                     continue
+                if t.numel() // shape[-1] != rows:
+                    return None
                 matching = [d for d in range(len(shape) - 1) if shape[d] == rows]
-                if len(matching) != 1 or t.numel() // shape[-1] != rows:
+                if not matching and shape[0] > 1:
+                    # no dimension holds the rows: they come in blocks, one block per leading index
+                    # (Kimi-K2.5's pooler: (tokens, merge**2, hidden), a row per block element)
+                    matching = [0]
+                if len(matching) != 1:
                     return None
                 dims.append(matching[0])
             entries.append((name, index, length, isinstance(value, (list, tuple)), [tuple(t.shape) for t in tensors],
@@ -268,7 +274,7 @@ class Accelerated:
                     continue
                 original = getattr(owner, name, None)
                 if callable(original):
-                    self._patch(owner, name, _with_modality(original, modality))
+                    self._patch(owner, name, _with_modality(original, modality, self.spec.modality_names))
         self.model._vitcg = self
 
     @property
@@ -401,10 +407,14 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _with_modality(method: Callable, modality: str) -> Callable:
+def _with_modality(method: Callable, modality: str, known: tuple[str, ...]) -> Callable:
+    """``method`` telling the router which modality it asks for. Inside an outer call of a modality in ``known``
+    (the spec's), the outer one stays: Kimi-K2.5's ``get_video_features`` encodes through
+    ``get_image_features``, and its videos must reach the video graphs."""
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
-        token = _MODALITY.set(modality)
+        outer = _MODALITY.get()
+        token = _MODALITY.set(outer if outer in known else modality)
         try:
             return method(*args, **kwargs)
         finally:

@@ -38,6 +38,7 @@ from .inputs import Input, InputReader
 from .padding import BufferPadding, Capacities, fill
 from .protocol import (
     DEFAULT_PATH,
+    ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
     EncoderCudaGraphCaptureInputs,
     EncoderCudaGraphConfig,
     EncoderCudaGraphReplayBuffers,
@@ -166,6 +167,18 @@ class _Adapter:
         """Video frames of each item (0 for images), in item order (vitcg extension)."""
         return [self._item(i.modality, *item)[1] for i in self._inputs(mm_kwargs) for item in i.items()]
 
+    def get_encoder_cudagraph_item_groups(self, mm_kwargs: Mapping[str, Any]) -> list[list[int]]:
+        """Item indices (canonical) that may share an encoder call, one list per group: one group per modality
+        present when the spec keeps modalities ``separate``, else one group of every item (vitcg extension)."""
+        groups, start = [], 0
+        for inp in self._inputs(mm_kwargs):
+            count = inp.counts_cpu.shape[0]
+            groups.append(list(range(start, start + count)))
+            start += count
+        if not self.spec.separate_modalities:
+            return [[i for group in groups for i in group]] if groups else []
+        return groups
+
     def is_encoder_cudagraph_scoped(self) -> bool:
         return self._scope is not None
 
@@ -186,6 +199,10 @@ class _Adapter:
         if len(set(indices)) != len(indices):
             raise InputError(f"{self.spec.name}: item indices {indices} repeat an item")
         owner = [bisect.bisect_right(starts, i) - 1 for i in indices]
+        if self.spec.separate_modalities and len(set(owner)) > 1:
+            raise InputError(f"{self.spec.name}: indices {indices} select {' and '.join(i.modality.name for i in inputs)} "
+                             "items together, but the spec keeps modalities separate (modalities.*.separate); "
+                             "select each modality's items apart")
         if owner != sorted(owner):
             raise InputError(f"{self.spec.name}: indices {indices} interleave modalities; with image and video "
                              "in one call, list the image items first")
@@ -210,6 +227,8 @@ class _Adapter:
             for key, tensor in per_item:  # one entry per item: indexed, not sliced by rows
                 selected[key] = tensor if everything else tensor[
                     torch.tensor(local, dtype=torch.long, device=tensor.device)]
+            if self.spec.separate_modalities:  # the graphs of this modality (the capture axis)
+                selected[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] = [inp.modality.name]
         return selected
 
     def postprocess_encoder_output(
@@ -233,6 +252,7 @@ class _Adapter:
             out_hidden_size=self.geometry["out_hidden_size"],
             padding_logics=dict(self._padding),
             max_frames_per_video=self.get_max_frames_per_video(),
+            capture_axes=(self.spec.modality_names,) if self.spec.separate_modalities else (),
         )
 
     def _is_segment_buffer(self, buffer) -> bool:
@@ -249,10 +269,14 @@ class _Adapter:
         ``max_frames_per_batch`` frames. Shape formulas may read ``max_segments``, the most attention
         segments such a pack has (``min(budget, max_items + max_frames)``: every segment has at least one
         output token); whatever a spec's shape says, a segment buffer gets a slot per possible segment plus
-        the leading zero and a padding segment, and a grid buffer or an item role's buffer a row per item."""
+        the leading zero and a padding segment, and a grid buffer or an item role's buffer a row per item. ``axis_keys``: with
+        ``separate`` modalities, the modality these graphs serve (the capture axis); a modality other than video
+        sees ``max_frames`` 0."""
         _check_path(path)
         device = torch.device(device) if device is not None else self.device
         dtype = dtype or self.dtype
+        if axis_keys and self.spec.separate_modalities and axis_keys[0] != "video":
+            max_frames_per_batch = 0  # the graphs of a modality kept apart from video never see frames
         names = {**buffer_names(token_budget, max_batch_size, max_frames_per_batch), **self.geometry}
         segments = names["max_segments"]
         values: dict[str, torch.Tensor | int] = {}

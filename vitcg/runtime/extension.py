@@ -6,7 +6,9 @@ members, each optional in effect (the manager checks :class:`SupportsVitcgExtens
 - frames per item, so a pack never holds more video frames than ``max_frames_per_batch`` and a video
   longer than that runs eagerly (vLLM packs by items and tokens only);
 - image and video in one call: ``get_input_modality`` may answer ``image+video``; selections are then
-  asked for in ascending index order (images first);
+  asked for in ascending index order (images first). A model whose encoder must not see both in one call
+  offers ``get_encoder_cudagraph_item_groups(mm_kwargs) -> list[list[int]]`` (looked up by name, optional):
+  the manager encodes each group apart, packs and eager calls alike (a spec's ``separate``);
 - graph scope: the graphs capture one submodule call and the model's own forward runs eagerly around it
   (:meth:`encoder_scoped_forward`). A scoped model cannot be driven by a protocol-only manager, so a
   scoped adapter does not claim :class:`~vitcg.runtime.protocol.SupportsEncoderCudaGraph`.

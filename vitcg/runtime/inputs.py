@@ -12,7 +12,7 @@ import torch
 from ..errors import FormulaError, InputError, suggest
 from ..lang.catalogue import BUFFER_NAMES, GRID_COLUMNS, MERGE_NAME, buffer_names
 from ..lang.model import Modality, Spec
-from .protocol import EncoderItemSpec
+from .protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, EncoderItemSpec
 
 ItemSpec = Callable[..., EncoderItemSpec]
 """The item spec of one count row (a grid row or a tile count) of a modality, its non-padding rows (None
@@ -157,7 +157,9 @@ class InputReader:
         return found
 
     def _check_keys(self, mm_kwargs: Mapping[str, Any]) -> None:
-        unknown = [k for k, v in mm_kwargs.items() if v is not None and k not in self.known]
+        # the protocol reserves the axis keys' name: a selection carries them for the manager to pop
+        unknown = [k for k, v in mm_kwargs.items()
+                   if v is not None and k not in self.known and k != ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG]
         if not unknown:
             return
         hint = suggest(str(unknown[0]), self.known)

@@ -14,6 +14,8 @@ manager (vLLM's too) calls without knowing the rule:
 - ``square_mask``: an attention mask whose rows are both its first (stored) and its last dimension, padded on
   both: the value's mask top-left, each padding row attends only to itself, real rows never to padding (a
   block-diagonal mask such as Pixtral's keeps its blocks, and padding adds one-row blocks);
+- ``repeat``: value rows first, each one's dim 1 repeated to fill the buffer's (which it must divide), zero
+  rows after them;
 - ``fixed``: a host integer fixed at capture, never refilled (no padding logic).
 """
 
@@ -137,6 +139,16 @@ def pad_square_mask(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: s
     if n < size:
         padding = torch.arange(n, size, device=dest.device)
         dest[padding, ..., padding] = attend
+@padding_rule("repeat")
+def pad_repeat(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
+    """Value rows whose dim 1 divides the buffer's, repeated along it to fill it (a mean over dim 1 is
+    unchanged: a gather index of frames, each frame in the same number of slots); zero rows after them."""
+    if src.dim() < 2 or dest.dim() != src.dim() or dest.shape[1] % max(src.shape[1], 1):
+        raise InputError(f"buffer {key!r}: value of shape {tuple(src.shape)} does not repeat into capture buffer "
+                         f"{tuple(dest.shape)}: its dim 1 must divide the buffer's (give the buffer a multiple of "
+                         "every frame count)")
+    pad_zeros(dest, src.repeat(1, dest.shape[1] // src.shape[1], *(1,) * (src.dim() - 2)) if src.shape[1] else
+              src.new_zeros((src.shape[0], *dest.shape[1:])), capacity, key)
 
 
 class _Empty:

@@ -7,6 +7,7 @@ is not precomputed). :mod:`vitcg.runtime.padding` writes such a value into a fix
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,6 +153,40 @@ def _interp(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.
     device = pack.cache.device
     return (_cat([p[0] for p in parts], (0, taps), torch.int64, device),
             _cat([p[1] for p in parts], (0, taps), torch.float32, device))
+
+
+@provider("frame_index")
+def _frame_index(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    """Per row: 0 in a one-frame item, f + 1 in frame f of a longer one (row 0 of the temporal table is zero)."""
+    def one(grid: torch.Tensor) -> torch.Tensor:
+        t, h, w = grid[0].tolist()
+        return (torch.arange(t, dtype=torch.int64) + int(t > 1)).repeat_interleave(h * w)
+
+    return _cat([_per_row(pack, "frame_index", {}, row, one) for row in pack.rows], (0,), torch.int64,
+                pack.cache.device)
+
+
+@provider("temporal_merge_index")
+def _temporal_merge_index(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    """Per merged token, the packed rows of its ``m x m`` block in each frame of its item: ``(tokens, slots,
+    m * m)`` with ``slots`` the least common multiple of the pack's frame counts, each of an item's t frames in
+    ``slots / t`` of them, so a mean over dim 1 is the mean over the item's frames. The ``repeat`` padding
+    widens dim 1 to the buffer's."""
+    m = pack.geometry["spatial_merge_size"]
+    rows = pack.rows
+    slots = math.lcm(*(row[0] for row in rows)) if rows else 1
+
+    def one(grid: torch.Tensor) -> torch.Tensor:
+        t, h, w = grid[0].tolist()
+        index = torch.arange(t * h * w, dtype=torch.int64).view(t, h // m, m, w // m, m)
+        return index.permute(1, 3, 0, 2, 4).reshape((h // m) * (w // m), t, m * m)
+
+    parts, start = [], 0
+    for row in rows:
+        index = _per_row(pack, "temporal_merge_index", {}, row, one)
+        parts.append(index.repeat(1, slots // row[0], 1) + start)
+        start += row[0] * row[1] * row[2]
+    return _cat(parts, (0, slots, m * m), torch.int64, pack.cache.device)
 
 
 @provider("pixels")

@@ -81,6 +81,15 @@ def split_needs_frames(loaded: LoadedYaml, name: str, entry: Mapping[str, Any]) 
                     hint="drop split (an (h, w) grid has one frame per row) or declare grid_columns [t, h, w]")
 
 
+def separate_needs_another(loaded: LoadedYaml, modalities: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
+    """``separate`` keeps a modality's items apart from another modality's: the spec must have another."""
+    for name, entry in modalities.items():
+        if entry.get("separate") and len(modalities) < 2:
+            yield error(loaded, ("modalities", name, "separate"),
+                        f"separate keeps {name} items apart from another modality's, but the spec has no other "
+                        "modality", hint="remove separate", key=True)
+
+
 def grid_columns_agree(loaded: LoadedYaml, modalities: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
     """Every modality gives its grid in the same columns: one grid buffer feeds the encoder for all of them."""
     columns = {name: list(entry.get("grid_columns", cat.GRID_COLUMNS)) for name, entry in modalities.items()
