@@ -177,3 +177,15 @@ def test_accelerate_never_gives_the_manager_images_and_videos_in_one_call():
     assert calls == [["image_grid_thw", "pixel_values"], ["pixel_values_videos", "video_grid_thw"]]
     for got_items, want_items in zip(got, want):
         assert all(relative_error(g, w) <= 1e-5 for g, w in zip(got_items, want_items, strict=True))
+
+
+def test_a_half_precision_check_of_separate_modalities_compares_with_float32():
+    """The float32 reference of a half-precision check is fed the selection, capture axis key included (a list,
+    not a tensor): the H100 run of check found it converting every value as a tensor."""
+    from vitcg.tools.cases import check_spec
+
+    report = check_spec(SPECS["kimi_k25"], dtype=torch.bfloat16, size="tiny")
+    spec_cases = [c for c in report.cases if c.stage == "spec" and not c.skipped]
+    assert report.error is None and spec_cases
+    assert all(c.ok and c.graph_vs_fp32 is not None for c in spec_cases if c.items), \
+        [(c.name, c.error) for c in spec_cases]

@@ -184,7 +184,8 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
                 case.max_error = max(case.max_error, error)
                 if reference is not None:
                     exact = reference.encoder_eager_forward(
-                        {k: v.float() if v.is_floating_point() else v for k, v in selected.items()})
+                        {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                         for k, v in selected.items()})  # not the capture axis key list
                     graph32, eager32 = relative_error(got, exact), relative_error(want, exact)
                     case.graph_vs_fp32 = max(case.graph_vs_fp32 or 0.0, graph32)
                     case.eager_vs_fp32 = max(case.eager_vs_fp32 or 0.0, eager32)
