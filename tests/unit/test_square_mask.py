@@ -144,3 +144,23 @@ def test_a_stack_scope_takes_only_the_last_hidden_state(pixtral):
     for asked in (True, -2, [0, -1]):
         with pytest.raises(SpecRuntimeError, match="only the last layer's output exists"):
             scope._values({**arguments, "output_hidden_states": asked})
+
+
+def test_a_scoped_specs_real_replays_are_timed_for_routing(pixtral):
+    """The manager prices a scope's replay by its first real replays, as for whole-encoder specs (capture-time
+    replays run padding rows only): the H100 found VideoLLaMA3's scoped 1x448 slower than eager, unrouted."""
+    from vitcg.runtime.manager import OBSERVED_REPLAYS, EncoderCudaGraphManager
+
+    spec, module = pixtral
+    manager = EncoderCudaGraphManager(adapter_for(spec, module), max_num_batched_tokens=256)
+    manager.capture()
+    manager.replay_costs = {b: 0.5 for b in manager.budgets}
+    manager.use_cuda_graphs = True  # the decision alone: the timing below is injected
+    manager._synced_ms = lambda fn: (fn(), 9.0)
+    inputs = {"pixel_values": torch.randn(1, 3, 96, 96), "image_sizes": torch.tensor([[32, 48]])}
+    manager._route_eager = lambda items, packs, eager: (packs, eager)  # keep the replay: it is what is timed
+    manager._explore = lambda packs, eager: (packs, eager, None)
+    for _ in range(OBSERVED_REPLAYS):
+        manager.execute(inputs)
+    (budget,) = [b for b, seen in manager._observed_replays.items() if seen]
+    assert manager._observed_replays[budget] == [9.0] * OBSERVED_REPLAYS and manager.replay_costs[budget] == 9.0

@@ -530,20 +530,14 @@ class EncoderCudaGraphManager:
             selected, axis_keys = self._select(mm_kwargs, indices)
             entry = self.graphs[(pack.budget, axis_keys) if self.axes else pack.budget]
             if self.scoped:
-                output = self.extension.encoder_scoped_forward(selected, lambda values, e=entry: self._run(e, values))
+                output = self.extension.encoder_scoped_forward(
+                    selected, lambda values, e=entry, b=pack.budget: self._replay(e, values, b))
                 self._postprocess(output, indices, tokens, dest, selected, exact=True,
                                   source=f"forward around the budget {pack.budget} graph")
             else:
                 fresh = self.model.prepare_encoder_cudagraph_replay_buffers(
                     selected, self.plan.max_items, self.plan.max_frames, DEFAULT_PATH)
-                if self._observe_replay(pack.budget):
-                    output, ms = self._synced_ms(lambda e=entry, v=fresh.values: self._run(e, v)[0])
-                    seen = self._observed_replays.setdefault(pack.budget, [])
-                    seen.append(ms)
-                    if len(seen) == OBSERVED_REPLAYS:  # the fastest of a few: one cold replay is no price
-                        self.replay_costs[pack.budget] = max(self.replay_costs[pack.budget], min(seen))
-                else:
-                    output = self._run(entry, fresh.values)[0]
+                output = self._replay(entry, fresh.values, pack.budget)[0]
                 self._postprocess(output, indices, tokens, dest, selected, exact=False,
                                   source=f"budget {pack.budget} graph")
             self.stats.replays += 1
@@ -583,6 +577,18 @@ class EncoderCudaGraphManager:
             selected, _ = self._select(mm_kwargs, group)
             results.update(zip(group, self._execute(selected)))
         return [results[i] for i in range(len(results))]
+
+    def _replay(self, entry: _BudgetGraph, values: Mapping[str, Any], budget: int) -> tuple[Any, Mapping]:
+        """:meth:`_run`, timed while the budget's real replays are still observed (:meth:`_observe_replay`), a
+        graph-scoped spec's included: its scope's replay is what routing prices against the eager scope."""
+        if not self._observe_replay(budget):
+            return self._run(entry, values)
+        result, ms = self._synced_ms(lambda: self._run(entry, values))
+        seen = self._observed_replays.setdefault(budget, [])
+        seen.append(ms)
+        if len(seen) == OBSERVED_REPLAYS:  # the fastest of a few: one cold replay is no price
+            self.replay_costs[budget] = max(self.replay_costs[budget], min(seen))
+        return result
 
     def _synced_ms(self, fn: Callable[[], Any]) -> tuple[Any, float]:
         """``fn()`` and its wall time in ms with the device synchronized on both sides (a one-off timing)."""
