@@ -239,6 +239,9 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
              "rotary (h, w) or (t, h, w) position ids in merge-block order (`get_vision_position_ids`; "
              "`spatial_merge_size: 1` gives raster order)",
              ("spatial_merge_size",), {"include_temporal": {"type": "boolean"}, "spatial_merge_size": _MERGE}),
+    Provider("nearest_position_ids", "tensor", SEGMENTED, ("zeros",), "int64",
+             "flat indices into a learned `num_grid_per_side ** 2` position table, each (h, w) grid mapped to its "
+             "nearest buckets in raster order (`get_vision_nearest_position_ids`, MiniCPM-V)", ("num_grid_per_side",)),
     Provider("window_index", "tensor", frozenset({"windowed"}), ("identity",), "int64",
              "window order of merged units (`get_vision_window_index`); padding units map to themselves",
              ("spatial_merge_size", "window_size", "patch_size")),

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .catalogue import GRID_COLUMNS, PADDINGS, STANDARD_ROLES, STYLES, AttentionStyle
+from .catalogue import GRID_COLUMNS, PADDINGS, STANDARD_ROLES, STYLES, AttentionStyle, buffer_names
 from .formulas import Formula
 
 
@@ -145,6 +145,47 @@ class Buffer:
         """The dimension of the call's argument that holds the rows (``params.rows_dim``, default 0); the
         buffer itself is stored rows-first."""
         return int(self.params.get("rows_dim", 0))
+
+    def pixel_layout(self, names: Mapping[str, int]) -> PixelLayout:
+        """Where the rows of this (pixels) buffer lie in the call's argument, for geometry and buffer ``names``:
+        see :class:`PixelLayout`. Raises FormulaError for a shape formula that does not evaluate."""
+        k = self.rows_dim
+        ones = 0
+        while ones < k and self.shape[ones].source.strip() == "1":
+            ones += 1
+        one = {**names, "budget": 1}
+        return PixelLayout(ones, tuple(f.evaluate(one) for f in self.shape[ones:k]),
+                           self.shape[k].evaluate(one) if k else 1,
+                           tuple(f.evaluate(one) for f in self.shape[k + 1:]))
+
+
+@dataclass(frozen=True)
+class PixelLayout:
+    """How the call's pixel argument holds its rows, and the shape of one row as the graphs and the inputs hold
+    it (rows first). The argument's shape is ``(1,) * ones + lead + (rows * width,) + trail``: after ``ones``
+    leading dimensions of size 1 (a batch of one), each row owns ``lead`` and ``trail`` and ``width`` entries of
+    the rows dimension. PaddleOCR-VL's tower takes ``(1, rows, C, p, p)`` (ones 1, width 1); MiniCPM-V's takes
+    the patches side by side, ``(1, C, p, rows * p)`` (ones 1, lead ``(C, p)``, width p). Without ``rows_dim``
+    the rows are dim 0."""
+
+    ones: int
+    lead: tuple[int, ...]
+    width: int
+    trail: tuple[int, ...]
+
+    @property
+    def row(self) -> tuple[int, ...]:
+        """One row, rows-first: ``lead``, then ``width`` (only where a row spans several entries), then
+        ``trail``."""
+        return (*self.lead, *((self.width,) if self.width != 1 else ()), *self.trail)
+
+    @property
+    def plain(self) -> bool:
+        """Whether the call's argument is the rows-first tensor behind leading dimensions of 1 (a view)."""
+        return not self.lead and self.width == 1
+
+    def call_shape(self, rows: int) -> tuple[int, ...]:
+        return (*(1,) * self.ones, *self.lead, rows * self.width, *self.trail)
 
 
 @dataclass(frozen=True)
@@ -316,10 +357,17 @@ class Spec:
 
     @property
     def pixels_rows_dim(self) -> int:
-        """How many leading dimensions of size 1 the encoder's pixel argument has before its rows (the pixel
-        buffer's ``rows_dim``; 0 without one): PaddleOCR-VL's tower takes ``(1, rows, C, p, p)``."""
+        """The dimension of the encoder's pixel argument that holds the rows (the pixel buffer's ``rows_dim``; 0
+        without one): PaddleOCR-VL's tower takes ``(1, rows, C, p, p)``."""
         buffer = self.providers().get("pixels")
         return buffer.rows_dim if buffer is not None else 0
+
+    def pixel_layout(self, geometry: Mapping[str, int]) -> PixelLayout | None:
+        """The pixel buffer's :class:`PixelLayout` under ``geometry``; None without a pixel buffer with a shape."""
+        buffer = self.providers().get("pixels")
+        if buffer is None or buffer.shape is None:
+            return None
+        return buffer.pixel_layout({**buffer_names(1, 1, 1), **geometry})
 
     def resolve_geometry(self, config: Mapping[str, Any]) -> dict[str, int]:
         """Evaluate every geometry formula against ``config`` (a ``to_dict()`` snapshot). Raises FormulaError."""

@@ -32,7 +32,7 @@ from ..errors import InputError, SpecRuntimeError, UsageError
 from ..lang import Registry, load_registry
 from ..lang.bindings import import_object
 from ..lang.model import Spec
-from .adapter import adapter_for, output_entry, per_item
+from .adapter import adapter_for, output_entry, per_item, pixels_to_rows
 from .compile_cache import CompileCacheUse, capture_compiled
 from .manager import EncoderCudaGraphManager, ManagerStats
 
@@ -348,12 +348,12 @@ class Accelerated:
         pixels = mm.get(modality.pixels_key)
         if not isinstance(pixels, torch.Tensor):
             return None, "no pixel tensor"
-        lead = self.spec.pixels_rows_dim
-        if lead:  # the call takes its rows after leading dims of 1: the graphs take rows first
-            if pixels.dim() <= lead or any(d != 1 for d in pixels.shape[:lead]):
-                return None, (f"pixels of shape {tuple(pixels.shape)}: the spec's pixel buffer expects rows on dim "
-                              f"{lead} after dimensions of size 1 (rows_dim)")
-            pixels = mm[modality.pixels_key] = pixels.reshape(pixels.shape[lead:])
+        if self.spec.pixels_rows_dim:  # the call's own pixel layout: the graphs take rows first
+            rows = pixels_to_rows(self.adapter.pixel_layout, pixels)
+            if rows is None:
+                return None, (f"pixels of shape {tuple(pixels.shape)} do not fit the spec's pixel buffer, whose rows "
+                              f"lie on dimension {self.spec.pixels_rows_dim} (rows_dim)")
+            pixels = mm[modality.pixels_key] = rows
         if pixels.shape[0] == 0:
             return None, "empty batch"
         style = self.spec.attention_style

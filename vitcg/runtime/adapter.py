@@ -28,7 +28,7 @@ from torch import nn
 from ..errors import InputError, SpecRuntimeError, UnsupportedError
 from ..lang.bindings import config_snapshot
 from ..lang.catalogue import PROVIDERS, buffer_names
-from ..lang.model import Modality, Spec, thaw
+from ..lang.model import Modality, PixelLayout, Spec, thaw
 from . import providers
 from .attention import ATTENTION_NAME, configs_of, register, use_attention
 from .engine import read_limits
@@ -81,10 +81,33 @@ def adapter_for(spec: Spec, module: nn.Module, **options: Any) -> SpecAdapter | 
     return (ScopedSpecAdapter if spec.graph_scope else SpecAdapter)(spec, module, **options)
 
 
-def _after_ones(tensor: torch.Tensor, lead: int) -> torch.Tensor:
-    """``tensor`` behind ``lead`` leading dimensions of size 1 (pixel rows on dim ``lead``, as some calls take
-    them; the graphs and the inputs hold them rows-first)."""
-    return tensor.reshape(*(1,) * lead, *tensor.shape) if lead else tensor
+def pixels_to_call(layout: PixelLayout | None, rows: torch.Tensor) -> torch.Tensor:
+    """Rows-first pixels ``(rows, *row)`` (as the graphs and the inputs hold them) in the call's layout
+    (:class:`~vitcg.lang.model.PixelLayout`): behind leading dimensions of 1, or laid side by side on the rows
+    dimension (a copy)."""
+    if layout is None or not layout.ones and layout.plain:
+        return rows
+    count = rows.shape[0]
+    if not layout.plain:
+        rows = rows.reshape(count, *layout.lead, layout.width, *layout.trail).movedim(0, len(layout.lead))
+    return rows.reshape(layout.call_shape(count))
+
+
+def pixels_to_rows(layout: PixelLayout | None, given: torch.Tensor) -> torch.Tensor | None:
+    """The inverse of :func:`pixels_to_call`: a call's pixel argument as rows-first pixels, or None when its shape
+    does not fit ``layout``."""
+    if layout is None or not layout.ones and layout.plain:
+        return given
+    k = layout.ones + len(layout.lead)
+    shape = tuple(given.shape)
+    if (len(shape) != k + 1 + len(layout.trail) or any(d != 1 for d in shape[:layout.ones])
+            or shape[layout.ones:k] != layout.lead or shape[k + 1:] != layout.trail or shape[k] % layout.width):
+        return None
+    count = shape[k] // layout.width
+    if layout.plain:
+        return given.reshape(count, *layout.row)
+    return given.reshape(*layout.lead, count, layout.width, *layout.trail).movedim(len(layout.lead), 0).reshape(
+        count, *layout.row)
 
 
 def _check_path(path: str) -> None:
@@ -112,6 +135,8 @@ class _Adapter:
         self._item_roles = {r for m in spec.modalities for r in m.item_roles}
         """Extra roles aligned with the items (``per_item``): their buffers hold a row per item."""
         """Whether the encoder may see more grid rows than items (a modality split by frames)."""
+        self.pixel_layout = spec.pixel_layout(self.geometry)
+        """Where the call's pixel argument holds its rows (the graphs and the inputs hold them rows-first)."""
         self._rows_buffer = spec.rows_buffer
         """The buffer whose first dimension is the row (or tile) capacity: where padding segments end."""
         parameter = next(module.parameters())
@@ -288,8 +313,13 @@ class _Adapter:
             if kind == "param":
                 kind = buffer.params.get("dtype", "model")
             shape = tuple(f.evaluate(names) for f in buffer.shape)
-            if buffer.provider == "pixels":  # stored as the inputs come: without the call's leading dims of 1
-                shape = shape[buffer.rows_dim:]
+            if buffer.provider == "pixels" and buffer.rows_dim:  # stored rows-first, as the inputs come
+                layout = self.pixel_layout
+                if shape[buffer.rows_dim] % layout.width:
+                    raise SpecRuntimeError(f"{self.spec.name}: pixel buffer dimension {buffer.rows_dim} is "
+                                           f"{shape[buffer.rows_dim]}, not a multiple of one row's {layout.width} "
+                                           "entries")
+                shape = (shape[buffer.rows_dim] // layout.width, *layout.row)
             if self._is_segment_buffer(buffer):  # the leading zero, the segments, one padding segment
                 shape = (max(shape[0], segments + 2), *shape[1:])
             elif buffer.provider == "grid":  # a row per item, or per segment when a modality splits its rows
@@ -370,8 +400,8 @@ class _Adapter:
         return torch.cat([t.reshape(-1, t.shape[-1]) for t in value])
 
     def _call_view(self, buffer, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` (stored rows-first) as the call takes it: pixels after ``rows_dim`` leading dims of 1."""
-        return _after_ones(tensor, buffer.rows_dim) if buffer.provider == "pixels" else tensor
+        """``tensor`` (stored rows-first) as the call takes it: pixels in the call's layout."""
+        return pixels_to_call(self.pixel_layout, tensor) if buffer.provider == "pixels" else tensor
 
     def encoder_cudagraph_forward(self, inputs: Mapping[str, torch.Tensor | int], path: str = DEFAULT_PATH) -> Any:
         """The fixed-shape forward: the combined output tensor, or with ``graph_scope`` the scoped
@@ -396,7 +426,7 @@ class _Adapter:
             if counts is not None and inp.modality.reshapes_grid:  # the rows the encoder sees (split, columns)
                 counts = providers.encoder_grid(inp.encoder_counts, inp.modality.grid_columns).to(
                     self.device, counts.dtype)
-            pixels = _after_ones(inp.pixels.to(self.device, self.dtype), self.spec.pixels_rows_dim)
+            pixels = pixels_to_call(self.pixel_layout, inp.pixels.to(self.device, self.dtype))
             by_role = {"pixels": pixels, self.spec.attention_style.count_role: counts,
                        **{role: value.to(self.device, self.dtype if value.is_floating_point() else value.dtype)
                           for role, value in inp.extras.items()},

@@ -58,8 +58,11 @@ def pixel_row(spec: Spec, geometry: Mapping[str, int]) -> tuple[int | None, ...]
     if buffer is None or buffer.shape is None:
         return None
     names = {**buffer_names(1, 1, 1), **geometry}
-    return tuple(None if f.names & set(BUFFER_NAMES) else f.evaluate(names)
-                 for f in buffer.shape[buffer.rows_dim + 1:])
+    trail = tuple(None if f.names & set(BUFFER_NAMES) else f.evaluate(names) for f in buffer.shape[buffer.rows_dim + 1:])
+    if not buffer.rows_dim:
+        return trail
+    layout = buffer.pixel_layout(names)  # the dimensions before the rows belong to each row, as its width does
+    return (*layout.lead, *((layout.width,) if layout.width != 1 else ()), *trail)
 
 
 def _version(value: Any) -> Any:

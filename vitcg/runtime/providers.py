@@ -122,6 +122,18 @@ def _position_ids(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
     return _cat(parts, (0, 3 if temporal else 2), torch.int64, pack.cache.device)
 
 
+@provider("nearest_position_ids")
+def _nearest_position_ids(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    """``get_vision_nearest_position_ids`` per (h, w) item (cached), once per frame."""
+    side = pack.geometry["num_grid_per_side"]
+
+    def one(grid: torch.Tensor) -> torch.Tensor:
+        return vision_utils.get_vision_nearest_position_ids(grid[:, 1:], side).repeat(int(grid[0, 0]))
+
+    parts = [_per_row(pack, "nearest_position_ids", params, row, one) for row in pack.rows]
+    return _cat(parts, (0,), torch.int64, pack.cache.device)
+
+
 def _window(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """``get_vision_window_index`` per item (cached), shifted into place: the same result as the batch call.
     The index is composed on the device; the boundaries stay on the host (the padding rule reads them)."""

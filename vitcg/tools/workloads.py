@@ -51,7 +51,7 @@ class InputBuilder:
         budget = self.spec.budget_min.evaluate({**self.geometry, "max_num_batched_tokens": 1 << 20,
                                                 "max_model_len": 1 << 20})
         names = {**buffer_names(budget, 1, 1), **self.geometry}
-        return tuple(f.evaluate(names) for f in pixels.shape[pixels.rows_dim + 1:])
+        return pixels.pixel_layout(names).row if pixels.rows_dim else tuple(f.evaluate(names) for f in pixels.shape[1:])
 
     def _fill(self, role: str, rows: int) -> torch.Tensor:
         example = self.spec.tests.inputs.get(role)

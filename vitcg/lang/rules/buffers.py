@@ -9,6 +9,7 @@ Rules on one entry take its index and its raw mapping; rules on the whole list t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -107,17 +108,26 @@ def rows_dim_in_range(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[
 
 
 def pixels_leading_dims(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
-    """A pixels buffer with ``rows_dim`` k has k leading dimensions of size 1: the graphs store the rows first
-    (as the inputs come) and the call gets them after those dimensions."""
+    """A pixels buffer with ``rows_dim`` k: its dimensions before k are leading 1s (a batch of one) or dimensions
+    of each row (MiniCPM-V's ``(1, C, p, rows * p)``), so none reads a buffer name: the graphs store the rows
+    first (as the inputs come), and the call gets them back in its own layout. Dimension k reads ``budget``."""
     rows_dim = entry.get("params", {}).get("rows_dim", 0)
-    if entry["provider"] != "pixels" or not rows_dim or rows_dim >= len(entry.get("shape", ())):
+    shape = entry.get("shape", ())
+    if entry["provider"] != "pixels" or not rows_dim or rows_dim >= len(shape):
         return
-    for j, dim in enumerate(entry["shape"][:rows_dim]):
-        if dim not in (1, "1"):
+    for j, dim in enumerate(shape[:rows_dim]):
+        read = [n for n in cat.BUFFER_NAMES if n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(dim))]
+        if read:
             yield error(loaded, ("buffers", index, "shape", j),
-                        f"dimension {j} is {dim!r}, but a pixels buffer's dimensions before rows_dim "
-                        f"{rows_dim} must be 1 (the call gets the rows after leading dimensions of size 1)",
-                        hint=f"shape: [{', '.join(['1'] * rows_dim)}, <rows>, ...]")
+                        f"dimension {j} is {dim!r}, but a pixels buffer's dimensions before rows_dim {rows_dim} "
+                        f"are leading 1s or belong to each row, so they cannot read {read[0]!r}",
+                        hint=f"shape: [1, <row dims>..., <rows: budget or budget * width>, ...] with rows on "
+                             f"dimension {rows_dim}")
+    if "budget" not in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(shape[rows_dim])):
+        yield error(loaded, ("buffers", index, "shape", rows_dim),
+                    f"dimension {rows_dim} (rows_dim) is {shape[rows_dim]!r}, but it holds the rows: budget, or "
+                    "budget times the entries of one row",
+                    hint="budget * patch_size, where each row is patch_size entries wide on that dimension")
 
 
 def host_or_tensor(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
