@@ -62,6 +62,9 @@ PADDINGS: Mapping[str, PaddingRule] = MappingProxyType({r.name: r for r in (
                 row_wise=True),
     PaddingRule("trailing_segment", "boundaries first; padding rows form trailing segments of their own and "
                                     "unused slots repeat the last offset"),
+    PaddingRule("trailing_item", "grid rows first, then one row making the padding rows an item of their own "
+                                 "(spatial_merge_size by the rest), then zero rows: for encoders that derive their "
+                                 "attention segments from the grid"),
     PaddingRule("identity", "indices first, then every padding slot maps to itself"),
     PaddingRule("square_mask", "an attention mask over the rows on its rows dimension and again on its last: the "
                                "value's mask top-left, padding rows attend only to themselves, real rows never to "
@@ -224,13 +227,18 @@ _DTYPE = {"enum": list(DTYPES), "description": "the buffer's dtype (default mode
 _ROWS_DIM = {"type": "integer", "minimum": 0, "maximum": 3,
              "description": "the dimension of the call's argument holding the rows (default 0); the buffer is "
                             "stored rows-first"}
+_ROW_WIDTH = {"type": ["integer", "string"],
+              "description": "a formula over geometry: how many entries of the rows dimension (rows_dim) one row "
+                             "spans, its patches laid side by side (default 1)"}
 
 PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
     Provider("pixels", "tensor", ALL, ("zeros",), "model",
              "pixel rows (packed) or tiles (dim 0) of the pack, zero rows after them; `rows_dim: k` passes them "
-             "to the encoder after k leading dimensions of size 1", (), {"rows_dim": _ROWS_DIM}),
-    Provider("grid", "tensor", SEGMENTED, ("zeros", "ones"), "int64",
-             "the items' t/h/w rows (`ones` padding when the encoder divides by them)"),
+             "to the encoder on its dimension k, `row_width` entries each (default 1)", (),
+             {"rows_dim": _ROWS_DIM, "row_width": _ROW_WIDTH}),
+    Provider("grid", "tensor", SEGMENTED, ("zeros", "ones", "trailing_item"), "int64",
+             "the items' t/h/w rows (`ones` padding when the encoder divides by them, `trailing_item` when it "
+             "derives its attention segments from them)"),
     Provider("cu_seqlens", "tensor", SEGMENTED, ("trailing_segment",), "int32",
              "segment boundaries per frame or per clip (`get_vision_cu_seqlens`)"),
     Provider("max_seqlen", "host", SEGMENTED, ("fixed",), "int64",
@@ -242,12 +250,12 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
     Provider("nearest_position_ids", "tensor", SEGMENTED, ("zeros",), "int64",
              "flat indices into a learned `num_grid_per_side ** 2` position table, each (h, w) grid mapped to its "
              "nearest buckets in raster order (`get_vision_nearest_position_ids`, MiniCPM-V)", ("num_grid_per_side",)),
-    Provider("window_index", "tensor", frozenset({"windowed"}), ("identity",), "int64",
+    Provider("window_index", "tensor", SEGMENTED, ("identity",), "int64",
              "window order of merged units (`get_vision_window_index`); padding units map to themselves",
-             ("spatial_merge_size", "window_size", "patch_size")),
-    Provider("cu_window_seqlens", "tensor", frozenset({"windowed"}), ("trailing_segment",), "int32",
+             ("spatial_merge_size", "window_size", "patch_size"), {"spatial_merge_size": _MERGE}),
+    Provider("cu_window_seqlens", "tensor", SEGMENTED, ("trailing_segment",), "int32",
              "window boundaries (`get_vision_window_index`); padding forms trailing windows",
-             ("spatial_merge_size", "window_size", "patch_size")),
+             ("spatial_merge_size", "window_size", "patch_size"), {"spatial_merge_size": _MERGE}),
     Provider("max_window_seqlen", "host", frozenset({"windowed"}), ("fixed",), "int64",
              "worst-case window length for the budget, fixed at capture"),
     Provider("interp_indices", "tensor", SEGMENTED, ("zeros",), "int64",

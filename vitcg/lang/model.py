@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .catalogue import GRID_COLUMNS, PADDINGS, STANDARD_ROLES, STYLES, AttentionStyle, buffer_names
-from .formulas import Formula
+from .formulas import Formula, parse
 
 
 def freeze(value: Any) -> Any:
@@ -153,10 +153,9 @@ class Buffer:
         ones = 0
         while ones < k and self.shape[ones].source.strip() == "1":
             ones += 1
-        one = {**names, "budget": 1}
-        return PixelLayout(ones, tuple(f.evaluate(one) for f in self.shape[ones:k]),
-                           self.shape[k].evaluate(one) if k else 1,
-                           tuple(f.evaluate(one) for f in self.shape[k + 1:]))
+        width = parse(self.params.get("row_width", 1), names).evaluate(names)
+        return PixelLayout(ones, tuple(f.evaluate(names) for f in self.shape[ones:k]), width,
+                           tuple(f.evaluate(names) for f in self.shape[k + 1:]))
 
 
 @dataclass(frozen=True)
@@ -164,7 +163,7 @@ class PixelLayout:
     """How the call's pixel argument holds its rows, and the shape of one row as the graphs and the inputs hold
     it (rows first). The argument's shape is ``(1,) * ones + lead + (rows * width,) + trail``: after ``ones``
     leading dimensions of size 1 (a batch of one), each row owns ``lead`` and ``trail`` and ``width`` entries of
-    the rows dimension. PaddleOCR-VL's tower takes ``(1, rows, C, p, p)`` (ones 1, width 1); MiniCPM-V's takes
+    the rows dimension (``params.row_width``, default 1). PaddleOCR-VL's tower takes ``(1, rows, C, p, p)`` (ones 1, width 1); MiniCPM-V's takes
     the patches side by side, ``(1, C, p, rows * p)`` (ones 1, lead ``(C, p)``, width p). Without ``rows_dim``
     the rows are dim 0."""
 

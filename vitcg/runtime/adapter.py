@@ -19,6 +19,7 @@ what vitcg's manager needs and raises :class:`~vitcg.errors.UnsupportedError` fo
 from __future__ import annotations
 
 import bisect
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from torch import nn
 
 from ..errors import InputError, SpecRuntimeError, UnsupportedError
 from ..lang.bindings import config_snapshot
-from ..lang.catalogue import PROVIDERS, buffer_names
+from ..lang.catalogue import MERGE_NAME, PROVIDERS, buffer_names
 from ..lang.model import Modality, PixelLayout, Spec, thaw
 from . import providers
 from .attention import ATTENTION_NAME, configs_of, register, use_attention
@@ -46,6 +47,7 @@ from .protocol import (
     postprocess_by_rows,
 )
 from .scope import Scope
+from .syncs import tensor_text_without_data
 
 ITEM_CACHE_SIZE = 4096
 
@@ -129,6 +131,7 @@ class _Adapter:
         self._scope = Scope(spec, module) if spec.graph_scope else None
         graph_call = self._scope.forward if self._scope is not None else self._call
         self._graph_call = torch.compile(graph_call, dynamic=True) if compile_forward else graph_call
+        self._compiled = compile_forward
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._configs = configs_of(module)
         self._splits = any(m.split for m in spec.modalities)
@@ -147,7 +150,8 @@ class _Adapter:
         """Item spec and frames by (modality, grid row): serving sees the same image sizes again and again."""
         self._metadata_cache = providers.RowCache(self.device)
         self._capacities = Capacities()
-        self._padding = {b.name: BufferPadding(b.name, b.padding, self._capacities)
+        merge = self.geometry.get(MERGE_NAME, 1)
+        self._padding = {b.name: BufferPadding(b.name, b.padding, self._capacities, merge)
                          for b in spec.buffers if not b.is_host}
         self._reader = InputReader(spec, self.geometry, self.device, self.item_spec)
         register()
@@ -323,7 +327,9 @@ class _Adapter:
             if self._is_segment_buffer(buffer):  # the leading zero, the segments, one padding segment
                 shape = (max(shape[0], segments + 2), *shape[1:])
             elif buffer.provider == "grid":  # a row per item, or per segment when a modality splits its rows
-                shape = (max(shape[0], segments if self._splits else max_batch_size), *shape[1:])
+                # (and one for the padding item)
+                rows = (segments if self._splits else max_batch_size) + (buffer.padding == "trailing_item")
+                shape = (max(shape[0], rows), *shape[1:])
             elif buffer.provider == "aligned" and buffer.params.get("role") in self._item_roles:  # a row per item
                 shape = (max(shape[0], max_batch_size), *shape[1:])
             if self._scope is not None:
@@ -334,7 +340,7 @@ class _Adapter:
         for buffer in self.spec.buffers:
             if not buffer.is_host:
                 self._capacities.record(values[buffer.name], capacity)
-                fill(buffer.padding, values[buffer.name], None, capacity, buffer.name)
+                fill(buffer.padding, values[buffer.name], None, capacity, buffer.name, self._padding[buffer.name].merge)
         return EncoderCudaGraphCaptureInputs(values)
 
     def row_capacity(self, values: Mapping[str, torch.Tensor | int]) -> int:
@@ -410,7 +416,9 @@ class _Adapter:
         _check_path(path)
         # tensors the model creates without a device (SAM's torch.arange index) must not be host tensors
         # copied in during capture: the encoder's device is the default one here
-        with use_attention(self._configs, ATTENTION_NAME), torch.no_grad(), torch.device(self.device):
+        # messages the model formats from tensors (before its checks run) must not read them on the host
+        text = contextlib.nullcontext() if self._compiled else tensor_text_without_data()
+        with use_attention(self._configs, ATTENTION_NAME), torch.no_grad(), torch.device(self.device), text:
             if self._scope is not None:
                 return self._graph_call(inputs)
             kwargs = {b.arg: self._call_view(b, inputs[b.name]) for b in self.spec.buffers}

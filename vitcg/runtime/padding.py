@@ -10,6 +10,8 @@ manager (vLLM's too) calls without knowing the rule:
   at the buffer set's row capacity, spread over the free slots (real tokens never attend to padding,
   padding rows are computed so no uninitialized memory turns into NaN, and no long padding segment costs
   quadratic attention); without padding the free slots repeat the last offset;
+- ``trailing_item``: grid rows first, then one row making the padding rows an item of their own (encoders that
+  derive their segments from the grid), then zero rows;
 - ``identity``: indices first, then each padding slot maps to itself;
 - ``square_mask``: an attention mask whose rows are both its first (stored) and its last dimension, padded on
   both: the value's mask top-left, each padding row attends only to itself, real rows never to padding (a
@@ -80,13 +82,13 @@ def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, k
     padding, the free slots repeat the last offset (zero-length segments).
     """
     n, slots = src.shape[0], dest.shape[0]
-    if n >= slots:
-        raise InputError(f"buffer {key!r}: {n - 1} segments leave no slot for padding ({slots - 1} slots); "
-                         "the spec's buffer shape is too small for this pack")
     end = int(src[-1])
     padding = capacity - end
     if padding < 0:
         raise InputError(f"buffer {key!r}: segments end at row {end}, beyond the buffer's {capacity} rows")
+    if n > slots or n == slots and padding:
+        raise InputError(f"buffer {key!r}: {n - 1} segments leave no slot for padding ({slots - 1} slots); "
+                         "the spec's buffer shape is too small for this pack")
     full = torch.empty(slots, dtype=dest.dtype, device=src.device)
     full[:n] = src
     free = slots - n
@@ -96,6 +98,32 @@ def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, k
     else:
         full[n:] = capacity
     dest.copy_(full, non_blocking=True)
+
+
+@padding_rule("trailing_item")
+def pad_trailing_item(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str, merge: int = 1) -> None:
+    """Grid rows (``(t, h, w)`` or ``(h, w)``) first, then one more row holding the padding rows as an item of
+    their own, ``(1, merge, P // merge)`` (without t: ``(merge, P // merge)``), then zero rows. An encoder that
+    takes its attention segments from its grid (a cumulative sum of the rows' products) computes the padding
+    rows as a segment of their own, and still does after dividing its grid by ``merge`` (a merge inside the
+    encoder: ``P // merge ** 2`` rows)."""
+    _check_fits(dest, src, key)
+    n = src.shape[0]
+    real = int(src.prod(dim=1).sum()) if n else 0
+    padding = capacity - real
+    if padding < 0:
+        raise InputError(f"buffer {key!r}: grid rows of {real} rows exceed the buffer set's {capacity} rows")
+    if padding % (merge * merge):
+        raise InputError(f"buffer {key!r}: {padding} padding rows are no multiple of {merge * merge} "
+                         f"(spatial_merge_size {merge} squared); the grid rows cannot end in a padding item")
+    if padding and n >= dest.shape[0]:
+        raise InputError(f"buffer {key!r}: {n} grid rows leave no row for the padding item ({dest.shape[0]} rows); "
+                         "the spec's buffer shape is too small for this pack")
+    dest[:n].copy_(src, non_blocking=True)
+    dest[n:].zero_()
+    if padding:
+        item = (merge, padding // merge) if dest.shape[1] == 2 else (1, merge, padding // merge)
+        dest[n].copy_(torch.tensor(item, dtype=dest.dtype))
 
 
 @padding_rule("identity")
@@ -160,8 +188,9 @@ EMPTY = _Empty()
 """A replay value meaning "no data": the buffer gets its all-padding value (an absent mask: all ones)."""
 
 
-def fill(rule: str, dest: torch.Tensor, src: torch.Tensor | None, capacity: int, key: str) -> None:
-    """Write ``src`` into ``dest`` by ``rule``; ``src=None`` or EMPTY writes the all-padding value."""
+def fill(rule: str, dest: torch.Tensor, src: torch.Tensor | None, capacity: int, key: str, merge: int = 1) -> None:
+    """Write ``src`` into ``dest`` by ``rule``; ``src=None`` or EMPTY writes the all-padding value. ``merge``: the
+    spec's spatial_merge_size (``trailing_item`` shapes its padding item by it)."""
     if src is None or src is EMPTY:
         if rule == "trailing_segment":
             src = torch.zeros(1, dtype=dest.dtype)
@@ -169,7 +198,10 @@ def fill(rule: str, dest: torch.Tensor, src: torch.Tensor | None, capacity: int,
             src = dest.new_zeros((0, *dest.shape[1:-1], 0))
         else:
             src = dest.new_zeros((0, *dest.shape[1:]))
-    PADDING_RULES[rule](dest, src, capacity, key)
+    if rule == "trailing_item":
+        pad_trailing_item(dest, src, capacity, key, merge)
+    else:
+        PADDING_RULES[rule](dest, src, capacity, key)
 
 
 class Capacities:
@@ -200,7 +232,10 @@ class BufferPadding:
     key: str
     rule: str
     capacities: Capacities
+    merge: int = 1
+    """The spec's spatial_merge_size (``trailing_item``)."""
 
     def __call__(self, dest: torch.Tensor, src: torch.Tensor | None) -> None:
-        capacity = self.capacities.of(dest, self.key) if self.rule == "trailing_segment" else dest.shape[0]
-        fill(self.rule, dest, src, capacity, self.key)
+        ends_at_capacity = self.rule in ("trailing_segment", "trailing_item")
+        capacity = self.capacities.of(dest, self.key) if ends_at_capacity else dest.shape[0]
+        fill(self.rule, dest, src, capacity, self.key, self.merge)

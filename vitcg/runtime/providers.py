@@ -138,15 +138,16 @@ def _window(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.
     """``get_vision_window_index`` per item (cached), shifted into place: the same result as the batch call.
     The index is composed on the device; the boundaries stay on the host (the padding rule reads them)."""
     g = pack.geometry
-    m = g["spatial_merge_size"]
+    m = _merge(pack, params)
 
     def one(grid: torch.Tensor):
         return vision_utils.get_vision_window_index(grid, m, g["window_size"], g["patch_size"])
 
     indices, bounds, units, rows = [], [torch.zeros(1, dtype=torch.int32)], 0, 0
     for row in pack.rows:
-        indices.append(_per_row(pack, "window", {}, row, lambda grid: one(grid)[0]) + units)
-        bounds.append(_per_row(pack, "window_bounds", {}, row, lambda grid: one(grid)[1], on_device=False)[1:] + rows)
+        indices.append(_per_row(pack, "window", params, row, lambda grid: one(grid)[0]) + units)
+        bounds.append(_per_row(pack, "window_bounds", params, row, lambda grid: one(grid)[1], on_device=False)[1:]
+                      + rows)
         t, h, w = row
         units += t * (h // m) * (w // m)
         rows += t * h * w

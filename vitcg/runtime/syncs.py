@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import HostSyncError
 
-__all__ = ["HostSyncError", "no_host_syncs"]
+__all__ = ["HostSyncError", "no_host_syncs", "tensor_text_without_data"]
 
 
 _ALWAYS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "argwhere",
@@ -28,6 +28,8 @@ def _offending(func, args, kwargs) -> str | None:
     name = getattr(func, "__name__", str(func))
     if name in _ALWAYS:
         return name
+    if name in ("__format__", "__repr__", "__str__"):  # printing reads the values on the host
+        return f"{name} (a tensor formatted into text)"
     if name == "repeat_interleave" and "output_size" not in (kwargs or {}):
         repeats = args[1] if len(args) > 1 else (kwargs or {}).get("repeats")
         if isinstance(repeats, torch.Tensor) and repeats.numel() > 1:
@@ -65,4 +67,26 @@ class _NoHostSyncs(TorchFunctionMode):
 def no_host_syncs() -> Iterator[None]:
     """Inside the block, host syncs and data-dependent shapes raise :class:`HostSyncError`."""
     with _NoHostSyncs():
+        yield
+
+
+_TEXT = frozenset({"__format__", "__repr__", "__str__"})
+
+
+class _TensorText(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in _TEXT and args and isinstance(args[0], torch.Tensor):
+            tensor = args[0]
+            return f"tensor(shape={tuple(tensor.shape)}, dtype={tensor.dtype}, device={tensor.device})"
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def tensor_text_without_data() -> Iterator[None]:
+    """Inside the block, a tensor turned into text (``f"{t}"``, ``str(t)``, ``repr(t)``) reads no data: it reads
+    as its shape, dtype and device. Models build check messages before the check runs (MiniCPM-V's window merger
+    formats ``f"Patch grids {target_sizes} ..."`` on every call), and printing a tensor copies it to the host: a
+    sync no CUDA graph captures, and one that :func:`no_host_syncs` cannot see, since the copy happens inside
+    ``Tensor.__format__``. Only such messages lose their values: a graph forward computes nothing from text."""
+    with _TensorText():
         yield

@@ -121,13 +121,13 @@ def pixels_leading_dims(loaded: LoadedYaml, index: int, entry: Entry) -> Iterato
             yield error(loaded, ("buffers", index, "shape", j),
                         f"dimension {j} is {dim!r}, but a pixels buffer's dimensions before rows_dim {rows_dim} "
                         f"are leading 1s or belong to each row, so they cannot read {read[0]!r}",
-                        hint=f"shape: [1, <row dims>..., <rows: budget or budget * width>, ...] with rows on "
-                             f"dimension {rows_dim}")
+                        hint=f"shape: [1, <dims of one row>..., <rows>, ...] with the rows on dimension {rows_dim}")
     if "budget" not in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(shape[rows_dim])):
         yield error(loaded, ("buffers", index, "shape", rows_dim),
-                    f"dimension {rows_dim} (rows_dim) is {shape[rows_dim]!r}, but it holds the rows: budget, or "
-                    "budget times the entries of one row",
-                    hint="budget * patch_size, where each row is patch_size entries wide on that dimension")
+                    f"dimension {rows_dim} (rows_dim) is {shape[rows_dim]!r}, but it holds the rows, so it reads "
+                    "budget",
+                    hint="budget, or budget * patch_size with params.row_width: patch_size where each row spans "
+                         "patch_size entries of it")
 
 
 def host_or_tensor(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
@@ -206,11 +206,15 @@ def row_wise_buffer(loaded: LoadedYaml, buffers: Sequence[Buffer]) -> Iterator[D
 
 def required_providers(loaded: LoadedYaml, entries: Sequence[Entry], style: cat.AttentionStyle,
                        scoped: bool) -> Iterator[Diagnostic]:
-    """Without graph_scope, a buffer is filled by each provider the attention style requires."""
+    """Without graph_scope, a buffer is filled by each provider the attention style requires; a grid padded
+    ``trailing_item`` stands for ``cu_seqlens`` (the encoder derives its segments from it)."""
     if scoped:
         return
     providers = _unique_providers(entries)
+    segments_from_grid = any(e.get("provider") == "grid" and e.get("padding") == "trailing_item" for e in entries)
     for needed in style.required_providers:
+        if needed == "cu_seqlens" and segments_from_grid:
+            continue
         if needed not in providers:
             yield error(loaded, ("buffers",), f"{style.name} style needs a buffer filled by provider {needed!r}",
                         hint=cat.PROVIDERS[needed].doc)
