@@ -240,3 +240,34 @@ def test_per_item_outputs_join_on_the_rows(paddle):
         adapter._combine(_Features(pooler_output=torch.ones(4, 64)))
     with pytest.raises(SpecRuntimeError, match="do not share a last dimension"):
         adapter._combine(_Features(pooler_output=(torch.ones(4, 64), torch.ones(2, 32))))
+
+
+def test_navit_pixels_lie_side_by_side_in_the_call():
+    """MiniCPM-V's tower takes (1, C, p, rows * p): each row is a (C, p, p) block of p columns."""
+    from vitcg.lang.model import PixelLayout
+    from vitcg.runtime.adapter import pixels_to_call, pixels_to_rows
+
+    layout = PixelLayout(ones=1, lead=(3, 14), width=14, trail=())
+    rows = torch.randn(5, 3, 14, 14)
+    call = pixels_to_call(layout, rows)
+    assert call.shape == (1, 3, 14, 70)
+    assert torch.equal(call[0, :, :, 28:42], rows[2])
+    assert torch.equal(pixels_to_rows(layout, call), rows)
+    assert pixels_to_rows(layout, call[..., :69]) is None  # not a whole number of rows
+    assert pixels_to_rows(layout, call.reshape(3, 14, 70)) is None  # no leading dimension of 1
+    plain = PixelLayout(ones=1, lead=(), width=1, trail=(3, 14, 14))  # PaddleOCR-VL: a view, no copy
+    assert pixels_to_call(plain, rows).shape == (1, 5, 3, 14, 14)
+    assert pixels_to_call(plain, rows).data_ptr() == rows.data_ptr()
+
+
+@pytest.mark.skipif(SPECS["minicpmv4_6"].unavailable is not None, reason="needs transformers 5.23")
+def test_navit_capture_buffers_hold_rows_first_and_a_row_for_the_padding_item():
+    spec = SPECS["minicpmv4_6"]
+    adapter = SpecAdapter(spec, build_encoder(spec))
+    values = adapter.prepare_encoder_cudagraph_capture_inputs(256, 3, 3).values
+    assert values["pixel_values"].shape == (1024, 3, 14, 14)  # 256 tokens after the tower's 2x2 merge
+    assert values["target_sizes"].tolist() == [[2, 512], [0, 0], [0, 0], [0, 0]]  # all padding: one item
+    assert values["cu_window_seqlens"].shape == (257,)  # one slot per window, as the merger checks
+    rows = torch.randn(32, 3, 14, 14)
+    (call,) = adapter.eager_calls({"pixel_values": rows, "target_sizes": torch.tensor([[4, 8]])})
+    assert call["pixel_values"].shape == (1, 3, 14, 32 * 14) and call["use_vit_merger"] is True

@@ -96,3 +96,31 @@ def test_raster_and_merged_orders_differ():
     raster = compute(buffer("position_ids", spatial_merge_size=1), pack)
     assert not torch.equal(raster, compute(buffer("position_ids"), pack))
     assert raster[:5].tolist() == [[0, 0], [0, 1], [0, 2], [0, 3], [1, 0]]
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=ROWS)
+def test_nearest_position_ids(rows):
+    """Per (h, w) item, once per frame: the helper's nearest buckets into the num_grid_per_side ** 2 table."""
+    cache = RowCache()
+    for _ in range(2):
+        pack = pack_of(rows, cache=cache)
+        want = torch.cat([vision_utils.get_vision_nearest_position_ids(torch.tensor([[h, w]]), 8).repeat(t)
+                          for t, h, w in pack.counts.tolist()])
+        assert torch.equal(compute(buffer("nearest_position_ids"), pack), want)
+
+
+def test_nearest_position_ids_stretch_a_small_grid_over_the_table():
+    pack = pack_of([(1, 1, 2)])  # a 2x4 grid over an 8x8 table
+    assert compute(buffer("nearest_position_ids"), pack).tolist() == [0, 2, 4, 6, 32, 34, 36, 38]
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=ROWS)
+def test_window_providers_take_their_own_merge_size(rows):
+    """MiniCPM-V's window merger calls the helper on raster patches (merge 1, a window of 2 patches)."""
+    grid = pack_of(rows).counts
+    pack = Pack(torch.zeros(0), grid, {**GEOMETRY, "window_size": 28}, "clip", RowCache())
+    index, bounds = vision_utils.get_vision_window_index(grid, 1, 28, 14)
+    assert torch.equal(compute(buffer("window_index", spatial_merge_size=1), pack), index)
+    assert torch.equal(compute(buffer("cu_window_seqlens", spatial_merge_size=1), pack), bounds)

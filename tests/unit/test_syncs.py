@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.runtime.syncs import HostSyncError, no_host_syncs
+from vitcg.runtime.syncs import HostSyncError, no_host_syncs, tensor_text_without_data
 
 X = torch.tensor([1, 2, 3])
 INDEX = torch.tensor([0, 2])
@@ -25,6 +25,8 @@ POINTS = torch.arange(3)
     ("cpu", lambda: X.cpu()),
     ("tensor", lambda: torch.tensor([1, 2])),
     ("unique", lambda: torch.unique(X)),
+    ("__format__ (a tensor formatted into text)", lambda: f"grids {X}"),
+    ("__repr__ (a tensor formatted into text)", lambda: repr(X)),
 ])
 def test_offending_calls_raise(name, call):
     with pytest.raises(HostSyncError) as info, no_host_syncs():
@@ -50,3 +52,12 @@ def test_mode_ends_with_the_block():
     with no_host_syncs():
         pass
     assert X.tolist() == [1, 2, 3]
+
+
+def test_tensor_text_reads_no_data():
+    """A message built from a tensor (MiniCPM-V's f"Patch grids {target_sizes} ...") reads as the tensor's shape
+    inside the graph forward, so no_host_syncs (and a CUDA capture) sees no host read."""
+    with no_host_syncs(), tensor_text_without_data():
+        text = f"grids {X} and {str(X)} and {X!r}"
+    assert text == "grids " + " and ".join(["tensor(shape=(3,), dtype=torch.int64, device=cpu)"] * 3)
+    assert f"{X}" == "tensor([1, 2, 3])"  # only inside the block

@@ -17,11 +17,6 @@ class Gap:
 
 
 GAPS: tuple[Gap, ...] = (
-    Gap(("minicpmv4_6", "minicpmv4_7", "minicpm_ocr"),
-        "(one tower code in all three) a check in the merger formats the target_sizes tensor into its "
-        "message (a host sync inside the "
-        "captured part); needs a graph scope that leaves the check outside, or the use_vit_merger=False mode "
-        "(grid_columns: [h, w] already covers its tgt_sizes)."),
     Gap(("perception_lm", "fast_vlm"),
         "timm towers (TimmWrapper); timm needs torchvision, which does not load beside the CPU build of torch "
         "that CI uses, so they cannot be built or checked here."),

@@ -216,8 +216,11 @@ def required_providers(loaded: LoadedYaml, entries: Sequence[Entry], style: cat.
         if needed == "cu_seqlens" and segments_from_grid:
             continue
         if needed not in providers:
+            hint = cat.PROVIDERS[needed].doc
+            if needed == "cu_seqlens":
+                hint += "; or, for an encoder that derives its segments from its grid, padding: trailing_item there"
             yield error(loaded, ("buffers",), f"{style.name} style needs a buffer filled by provider {needed!r}",
-                        hint=cat.PROVIDERS[needed].doc)
+                        hint=hint)
 
 
 def eager_args_agree(loaded: LoadedYaml, entries: Sequence[Entry], buffers: Sequence[Buffer],
