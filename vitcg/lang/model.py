@@ -163,9 +163,9 @@ class PixelLayout:
     """How the call's pixel argument holds its rows, and the shape of one row as the graphs and the inputs hold
     it (rows first). The argument's shape is ``(1,) * ones + lead + (rows * width,) + trail``: after ``ones``
     leading dimensions of size 1 (a batch of one), each row owns ``lead`` and ``trail`` and ``width`` entries of
-    the rows dimension (``params.row_width``, default 1). PaddleOCR-VL's tower takes ``(1, rows, C, p, p)`` (ones 1, width 1); MiniCPM-V's takes
-    the patches side by side, ``(1, C, p, rows * p)`` (ones 1, lead ``(C, p)``, width p). Without ``rows_dim``
-    the rows are dim 0."""
+    the rows dimension (``params.row_width``, default 1). PaddleOCR-VL's tower takes ``(1, rows, C, p, p)``
+    (ones 1, width 1); MiniCPM-V's takes the patches side by side, ``(1, C, p, rows * p)`` (ones 1, lead
+    ``(C, p)``, width p). Without ``rows_dim`` the rows are dim 0."""
 
     ones: int
     lead: tuple[int, ...]
