@@ -244,3 +244,31 @@ def test_per_item_output_layout_rebuilds_a_tuple_per_image():
     assert len({g.shape for g in got}) > 1  # three images of different sizes
     for g, w in zip(got, want, strict=True):
         assert relative_error(g, w) <= 1e-5
+
+
+def test_minicpm_tower_takes_navit_pixels_in_one_downsample_mode():
+    """specs/minicpmv4_6.yaml captures the tower in the model's default 16x mode, fed the VLM's NaViT pixels
+    (1, C, p, rows * p) as rows; a 4x call (use_vit_merger=False) runs the original, saying why."""
+    from vitcg.lang import load_registry
+    from vitcg.tools.vlm import build_processor, build_vlm
+
+    spec = load_registry(["specs"], bindings=False)["minicpmv4_6"]
+    if spec.unavailable:
+        pytest.skip(f"minicpmv4_6: {spec.unavailable}")
+    vlm = build_vlm(spec)
+    rng = np.random.default_rng(0)
+    made = build_processor(spec, vlm)(images=[rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+                                              for h, w in ((56, 84), (112, 56), (84, 84))], return_tensors="pt")
+    inputs = {k: made[k] for k in ("pixel_values", "target_sizes")}
+    assert inputs["pixel_values"].shape[:3] == (1, 3, 14)
+    with torch.no_grad():
+        want = vlm.model.get_image_features(**inputs).pooler_output
+        want_4x = vlm.model.get_image_features(**inputs, downsample_mode="4x").pooler_output
+        with vitcg.accelerate(vlm, spec=spec, max_num_batched_tokens=1024) as handle:
+            vlm.model.get_image_features(**inputs)  # learns the layout
+            got = vlm.model.get_image_features(**inputs).pooler_output
+            assert handle.stats.routed == 1 and handle.stats.manager.hits == 3
+            got_4x = vlm.model.get_image_features(**inputs, downsample_mode="4x").pooler_output
+            assert any("use_vit_merger=False differs" in reason for reason in handle.stats.reasons)
+    for g, w in zip([*got, *got_4x], [*want, *want_4x], strict=True):
+        assert relative_error(g, w) <= 1e-5

@@ -351,8 +351,10 @@ class Accelerated:
         if self.spec.pixels_rows_dim:  # the call's own pixel layout: the graphs take rows first
             rows = pixels_to_rows(self.adapter.pixel_layout, pixels)
             if rows is None:
-                return None, (f"pixels of shape {tuple(pixels.shape)} do not fit the spec's pixel buffer, whose rows "
-                              f"lie on dimension {self.spec.pixels_rows_dim} (rows_dim)")
+                layout = self.adapter.pixel_layout
+                return None, (f"pixels of shape {tuple(pixels.shape)}: the spec's pixel buffer expects rows on dim "
+                              f"{self.spec.pixels_rows_dim} (rows_dim), {layout.width} entries each, after "
+                              f"{layout.ones} dimensions of size 1 and {tuple(layout.lead) or 'none'} before them")
             pixels = mm[modality.pixels_key] = rows
         if pixels.shape[0] == 0:
             return None, "empty batch"
