@@ -63,13 +63,16 @@ def main() -> None:
             with torch.inference_mode():
                 adapter.encoder_eager_forward(inputs)
         before = (manager.stats.replays, manager.stats.eager_calls)
+        def eager(inputs=inputs):
+            return adapter.encoder_eager_forward(inputs)
+
         row = {"workload": name, "items": count,
-               "eager_ms": median_ms(lambda: adapter.encoder_eager_forward(inputs), args.iters, cuda),
-               "execute_ms": median_ms(lambda: manager.execute(inputs), args.iters, cuda),
-               "select_all_ms": median_ms(lambda: adapter.select_encoder_cudagraph_items(inputs, every),
-                                          args.iters, cuda)}
+               "eager_ms": median_ms(eager, args.iters, cuda),
+               "execute_ms": median_ms(lambda inputs=inputs: manager.execute(inputs), args.iters, cuda),
+               "select_all_ms": median_ms(lambda inputs=inputs, every=every:
+                                          adapter.select_encoder_cudagraph_items(inputs, every), args.iters, cuda)}
         with torch.inference_mode():
-            row["eager_inference_mode_ms"] = median_ms(lambda: adapter.encoder_eager_forward(inputs), args.iters, cuda)
+            row["eager_inference_mode_ms"] = median_ms(eager, args.iters, cuda)
         row["replays_per_call"] = (manager.stats.replays - before[0]) / args.iters
         row["eager_calls_per_call"] = (manager.stats.eager_calls - before[1]) / args.iters
         row["ratio_eager_over_execute"] = row["eager_ms"] / row["execute_ms"]

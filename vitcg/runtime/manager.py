@@ -81,8 +81,9 @@ one cold call is no price)."""
 EXPLORE_MS = 1.0
 """A replay costing more than this (ms) may lose to the model's own eager forward (a compute-bound pack, or a
 batched eager call with no padding): the first calls of each size class (:func:`size_class`) whose largest
-budget is such a one run wholly eagerly, timed, to calibrate :meth:`eager_cost` (the capture-time estimate times the graph-less static forward, whose
-padding and launches an eager call does not have). Exploring never costs more than eager: it is the eager call."""
+budget is such a one run wholly eagerly, timed, to calibrate :meth:`eager_cost` (the capture-time estimate
+times the graph-less static forward, whose padding and launches an eager call does not have). Exploring never
+costs more than eager: it is the eager call."""
 
 
 @dataclass
