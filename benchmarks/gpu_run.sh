@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, tests-gpu, ttft, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, tests-gpu, ttft, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -52,6 +52,10 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       --device cuda --size real ;;
     bench-s3) run 500 bench.log python3 -m vitcg bench gemma4 molmo2 clip pixtral video_llama_3 $EXTRA --no-compile \
       --iters 10 --device cuda --json "$OUT/bench_s3.json" ;;
+    check-real-final) run 200 check.log python3 -m vitcg check minicpmv4_6 minicpmv4_7 minicpm_ocr kimi_k25 \
+      video_llama_3 --device cuda --size real ;;
+    bench-final) run 400 bench.log python3 -m vitcg bench minicpmv4_6 minicpm_ocr video_llama_3 lighton_ocr --no-compile \
+      --iters 10 --device cuda --json "$OUT/bench_final.json" ;;
     check-real-all) run 300 check.log python3 -m vitcg check --all --device cuda --size real ;;
     bench-smoke) run 120 bench.log python3 -m vitcg bench hunyuan_vl siglip2 idefics3 --size tiny --no-compile --iters 2 \
       --device cuda --json "$OUT/bench_smoke.json" ;;
