@@ -189,3 +189,14 @@ def test_a_half_precision_check_of_separate_modalities_compares_with_float32():
     assert report.error is None and spec_cases
     assert all(c.ok and c.graph_vs_fp32 is not None for c in spec_cases if c.items), \
         [(c.name, c.error) for c in spec_cases]
+
+
+def test_the_vlm_stage_on_cuda_sizes_its_engine_by_its_items():
+    """On CUDA the float32 vlm stage asks for four times its items' rows, not 8192 tokens: Kimi-K2.5's tiny tower
+    asked the H100 for 64 GiB of attention scores at 8192 tokens of rows."""
+    from vitcg.tools.vlm import _engine_tokens, build_vlm
+
+    spec = SPECS["kimi_k25"]
+    vlm = build_vlm(spec)
+    assert _engine_tokens(spec, vlm, 100, "cpu") == 8192
+    assert _engine_tokens(spec, vlm, 100, "cuda") == 400

@@ -191,6 +191,18 @@ def _resolve(root: nn.Module, path: str) -> tuple[list[Any], Any]:
     raise UsageError(f"{type(root).__name__} has no {path!r} (the spec's encoder.vlm_attribute)")
 
 
+def encoder_of(model: nn.Module, spec: Spec) -> tuple[list[Any], nn.Module]:
+    """The modules on the path to ``spec``'s encoder in ``model`` and the encoder itself. Raises UsageError when
+    the path is missing or leads to another class."""
+    expected = import_object(spec.encoder.class_path)
+    # a spec may capture a method of the VLM itself (its get_image_features): then the model is the encoder
+    owners, encoder = ([], model) if isinstance(model, expected) else _resolve(model, spec.encoder.vlm_attribute)
+    if not isinstance(encoder, expected):
+        raise UsageError(f"{spec.name}: {spec.encoder.vlm_attribute} of {type(model).__name__} is a "
+                         f"{type(encoder).__name__}, not the spec's {expected.__name__}")
+    return owners, encoder
+
+
 def _spec_for(model: nn.Module, spec: Spec | str | None, specs: Registry | str | Path | None) -> Spec:
     if isinstance(spec, Spec):
         return spec
@@ -447,12 +459,7 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Regis
     chosen = _spec_for(model, spec, specs)
     if chosen.unavailable:
         raise UsageError(f"{chosen.name}: {chosen.unavailable}")
-    expected = import_object(chosen.encoder.class_path)
-    # a spec may capture a method of the VLM itself (its get_image_features): then the model is the encoder
-    owners, encoder = ([], model) if isinstance(model, expected) else _resolve(model, chosen.encoder.vlm_attribute)
-    if not isinstance(encoder, expected):
-        raise UsageError(f"{chosen.name}: {chosen.encoder.vlm_attribute} of {type(model).__name__} is a "
-                         f"{type(encoder).__name__}, not the spec's {expected.__name__}")
+    owners, encoder = encoder_of(model, chosen)
     if progress is None:
         progress = sys.stderr.isatty()
     return Accelerated(model, chosen, [*owners, encoder], encoder, engine_limits, progress, compile)

@@ -23,7 +23,8 @@ import torch
 from ..errors import UsageError, VitcgError
 from ..lang.bindings import MISSING, import_object, release, transformers_version
 from ..lang.model import Placeholder, Spec, thaw
-from ..runtime.accelerate import accelerate
+from ..runtime.adapter import adapter_for
+from ..runtime.accelerate import accelerate, encoder_of
 from .workloads import relative_error
 
 IMAGE_SIZES = ((56, 84), (112, 56), (84, 84))
@@ -228,6 +229,22 @@ def check_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> tuple[int, floa
         return _check(spec, device, seed)
 
 
+def _engine_tokens(spec: Spec, vlm: torch.nn.Module, total: int, device: str) -> int:
+    """The stage's ``max_num_batched_tokens``: four times its items' rows, and at least 8192 (a resampler after
+    the encoder makes far fewer output rows than the encoder's own min budget). On CUDA the floor is the
+    spec's min budget instead: this float32 stage would otherwise capture towers whose attention materializes
+    its scores at up to 8192 tokens of rows (64 GiB for Kimi-K2.5's and MiniCPM-V's tiny towers)."""
+    wanted = max(4 * total, 8192)
+    if torch.device(device).type != "cuda":
+        return wanted
+    adapter = adapter_for(spec, encoder_of(vlm, spec)[1])
+    least, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 30,
+                                                           "max_model_len": 1 << 30})
+    smaller = max(4 * total, least)
+    _, top = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": smaller, "max_model_len": smaller})
+    return smaller if top >= least else wanted
+
+
 def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
     vlm = build_vlm(spec, device, seed)
     processor = build_processor(spec, vlm)
@@ -261,9 +278,8 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
         tokens = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
     total = sum(sum(r) for r in rows.values())
     try:
-        # at least 8192 tokens: a resampler after the encoder makes far fewer output rows than the encoder's
-        # own min budget
-        handle = accelerate(vlm, spec=spec, progress=False, max_num_batched_tokens=max(4 * total, 8192))
+        handle = accelerate(vlm, spec=spec, progress=False, max_num_batched_tokens=_engine_tokens(spec, vlm, total,
+                                                                                                device))
     except UsageError as exc:
         raise VitcgError(f"accelerate refused the VLM: {exc}") from None
     with handle:
