@@ -23,8 +23,8 @@ import torch
 from ..errors import UsageError, VitcgError
 from ..lang.bindings import MISSING, import_object, release, transformers_version
 from ..lang.model import Placeholder, Spec, thaw
-from ..runtime.adapter import adapter_for
 from ..runtime.accelerate import accelerate, encoder_of
+from ..runtime.adapter import adapter_for
 from .workloads import relative_error
 
 IMAGE_SIZES = ((56, 84), (112, 56), (84, 84))
