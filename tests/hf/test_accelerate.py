@@ -197,8 +197,8 @@ def test_internvl_generate_routes_its_get_image_features():
     assert torch.equal(got, want)
 
 
-def _paddle(spec_path: str, name: str):
-    """The tiny PaddleOCR-VL of a spec's tests.vlm, its processor's inputs for three images, and the spec."""
+def _tiny_vlm(spec_path: str, name: str, keys: tuple[str, ...] = ("pixel_values", "image_grid_thw")):
+    """The tiny VLM of a spec's tests.vlm, its processor's ``keys`` for three images, and the spec."""
     from vitcg.lang import load_registry
     from vitcg.tools.vlm import build_processor, build_vlm
 
@@ -209,13 +209,13 @@ def _paddle(spec_path: str, name: str):
     rng = np.random.default_rng(0)
     made = build_processor(spec, vlm)(images=[rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
                                               for h, w in ((56, 84), (112, 56), (84, 84))], return_tensors="pt")
-    return vlm, {k: made[k] for k in ("pixel_values", "image_grid_thw")}, spec
+    return vlm, {k: made[k] for k in keys}, spec
 
 
 def test_paddle_tower_takes_rows_on_dim_1():
     """specs/paddleocr_vl.yaml captures the tower, which the VLM calls with (1, rows, C, p, p) pixels: the router
     strips the leading 1 (the graphs hold rows first); a leading dim that is not 1 runs the original, saying why."""
-    vlm, inputs, spec = _paddle("specs/paddleocr_vl.yaml", "paddleocr_vl")
+    vlm, inputs, spec = _tiny_vlm("specs/paddleocr_vl.yaml", "paddleocr_vl")
     with torch.no_grad():
         want = vlm.model.get_image_features(**inputs).pooler_output
         with vitcg.accelerate(vlm, spec=spec, max_num_batched_tokens=1024) as handle:
@@ -233,7 +233,7 @@ def test_paddle_tower_takes_rows_on_dim_1():
 def test_per_item_output_layout_rebuilds_a_tuple_per_image():
     """A spec whose captured call returns pooler_output as one tensor per image (``pooler_output[*]``) gets such a
     tuple back from the router, each image's rows in its own tensor."""
-    vlm, inputs, spec = _paddle("tests/specs/valid/per_item_outputs.yaml", "per_item_outputs")
+    vlm, inputs, spec = _tiny_vlm("tests/specs/valid/per_item_outputs.yaml", "per_item_outputs")
     with torch.no_grad():
         want = vlm.model.get_image_features(**inputs).pooler_output
         with vitcg.accelerate(vlm, spec=spec, max_num_batched_tokens=1024) as handle:
@@ -249,17 +249,7 @@ def test_per_item_output_layout_rebuilds_a_tuple_per_image():
 def test_minicpm_tower_takes_navit_pixels_in_one_downsample_mode():
     """specs/minicpmv4_6.yaml captures the tower in the model's default 16x mode, fed the VLM's NaViT pixels
     (1, C, p, rows * p) as rows; a 4x call (use_vit_merger=False) runs the original, saying why."""
-    from vitcg.lang import load_registry
-    from vitcg.tools.vlm import build_processor, build_vlm
-
-    spec = load_registry(["specs"], bindings=False)["minicpmv4_6"]
-    if spec.unavailable:
-        pytest.skip(f"minicpmv4_6: {spec.unavailable}")
-    vlm = build_vlm(spec)
-    rng = np.random.default_rng(0)
-    made = build_processor(spec, vlm)(images=[rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
-                                              for h, w in ((56, 84), (112, 56), (84, 84))], return_tensors="pt")
-    inputs = {k: made[k] for k in ("pixel_values", "target_sizes")}
+    vlm, inputs, spec = _tiny_vlm("specs/minicpmv4_6.yaml", "minicpmv4_6", ("pixel_values", "target_sizes"))
     assert inputs["pixel_values"].shape[:3] == (1, 3, 14)
     with torch.no_grad():
         want = vlm.model.get_image_features(**inputs).pooler_output
