@@ -135,9 +135,9 @@ class _Adapter:
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._configs = configs_of(module)
         self._splits = any(m.split for m in spec.modalities)
+        """Whether the encoder may see more grid rows than items (a modality split by frames)."""
         self._item_roles = {r for m in spec.modalities for r in m.item_roles}
         """Extra roles aligned with the items (``per_item``): their buffers hold a row per item."""
-        """Whether the encoder may see more grid rows than items (a modality split by frames)."""
         self.pixel_layout = spec.pixel_layout(self.geometry)
         """Where the call's pixel argument holds its rows (the graphs and the inputs hold them rows-first)."""
         self._rows_buffer = spec.rows_buffer
@@ -298,9 +298,9 @@ class _Adapter:
         ``max_frames_per_batch`` frames. Shape formulas may read ``max_segments``, the most attention
         segments such a pack has (``min(budget, max_items + max_frames)``: every segment has at least one
         output token); whatever a spec's shape says, a segment buffer gets a slot per possible segment plus
-        the leading zero and a padding segment, and a grid buffer or an item role's buffer a row per item. ``axis_keys``: with
-        ``separate`` modalities, the modality these graphs serve (the capture axis); a modality other than video
-        sees ``max_frames`` 0."""
+        the leading zero and a padding segment, and a grid buffer or an item role's buffer a row per item.
+        ``axis_keys``: with ``separate`` modalities, the modality these graphs serve (the capture axis); a
+        modality other than video sees ``max_frames`` 0."""
         _check_path(path)
         device = torch.device(device) if device is not None else self.device
         dtype = dtype or self.dtype

@@ -167,6 +167,8 @@ def pad_square_mask(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: s
     if n < size:
         padding = torch.arange(n, size, device=dest.device)
         dest[padding, ..., padding] = attend
+
+
 @padding_rule("repeat")
 def pad_repeat(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
     """Value rows whose dim 1 divides the buffer's, repeated along it to fill it (a mean over dim 1 is
