@@ -504,8 +504,9 @@ class EncoderCudaGraphManager:
         if all(value is None for value in mm_kwargs.values()):
             return []
         mixed = self.model.get_input_modality(mm_kwargs) == MIXED  # also: a clear error for unknown keys
-        if mixed:
-            groups = self._groups(mm_kwargs)
+        groups = getattr(self.model, "get_encoder_cudagraph_item_groups", None) if mixed else None
+        if groups is not None:  # vitcg extension: items that may share an encoder call
+            groups = groups(mm_kwargs)
             if len(groups) > 1:
                 return self._execute_apart(mm_kwargs, groups)
         items = self.model.get_encoder_cudagraph_item_specs(mm_kwargs)
@@ -562,13 +563,6 @@ class EncoderCudaGraphManager:
         if missing:
             raise SpecRuntimeError(f"postprocess_encoder_output left items {missing} without output")
         return [dest[i] for i in range(len(items))]
-
-    def _groups(self, mm_kwargs: Mapping[str, Any]) -> list[list[int]]:
-        """The model's groups of items that may share an encoder call (vitcg extension); one group of every item
-        for a model without them."""
-        groups = getattr(self.model, "get_encoder_cudagraph_item_groups", None)
-        return groups(mm_kwargs) if groups is not None else [list(range(len(
-            self.model.get_encoder_cudagraph_item_specs(mm_kwargs))))]
 
     def _execute_apart(self, mm_kwargs: Mapping[str, Any], groups: list[list[int]]) -> list[torch.Tensor]:
         """Each group of items encoded by a call of its own (packs, eager calls), results in the caller's order: a
