@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -61,8 +62,8 @@ def pixel_row(spec: Spec, geometry: Mapping[str, int]) -> tuple[int | None, ...]
     trail = tuple(None if f.names & set(BUFFER_NAMES) else f.evaluate(names) for f in buffer.shape[buffer.rows_dim + 1:])
     if not buffer.rows_dim:
         return trail
-    layout = buffer.pixel_layout(names)  # the dimensions before the rows belong to each row, as its width does
-    return (*layout.lead, *((layout.width,) if layout.width != 1 else ()), *trail)
+    # the dimensions before the rows belong to each row, as its width does
+    return dataclasses.replace(buffer.pixel_layout(names), trail=trail).row
 
 
 def _version(value: Any) -> Any:

@@ -107,6 +107,11 @@ def rows_dim_in_range(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[
                     f"rows_dim {rows_dim} is beyond the buffer's {len(entry['shape'])} dimensions")
 
 
+def _names(formula: Any) -> set[str]:
+    """The names a raw (unparsed) formula mentions."""
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(formula)))
+
+
 def pixels_leading_dims(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
     """A pixels buffer with ``rows_dim`` k: its dimensions before k are leading 1s (a batch of one) or dimensions
     of each row (MiniCPM-V's ``(1, C, p, rows * p)``), so none reads a buffer name: the graphs store the rows
@@ -116,13 +121,13 @@ def pixels_leading_dims(loaded: LoadedYaml, index: int, entry: Entry) -> Iterato
     if entry["provider"] != "pixels" or not rows_dim or rows_dim >= len(shape):
         return
     for j, dim in enumerate(shape[:rows_dim]):
-        read = [n for n in cat.BUFFER_NAMES if n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(dim))]
+        read = [n for n in cat.BUFFER_NAMES if n in _names(dim)]
         if read:
             yield error(loaded, ("buffers", index, "shape", j),
                         f"dimension {j} is {dim!r}, but a pixels buffer's dimensions before rows_dim {rows_dim} "
                         f"are leading 1s or belong to each row, so they cannot read {read[0]!r}",
                         hint=f"shape: [1, <dims of one row>..., <rows>, ...] with the rows on dimension {rows_dim}")
-    if "budget" not in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(shape[rows_dim])):
+    if "budget" not in _names(shape[rows_dim]):
         yield error(loaded, ("buffers", index, "shape", rows_dim),
                     f"dimension {rows_dim} (rows_dim) is {shape[rows_dim]!r}, but it holds the rows, so it reads "
                     "budget",
