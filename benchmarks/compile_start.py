@@ -46,7 +46,8 @@ def child(spec_name: str, device: str, size: str) -> dict:
     sync()
     built = time.perf_counter()
     adapter = adapter_for(spec, module, compile_forward=True)
-    manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
+    # routing off: the check below must replay graphs, not explore its first call eagerly
+    manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype, route_eager=False)
     report, cache = capture_compiled(manager, spec)
     sync()
     ready = time.perf_counter()

@@ -445,9 +445,9 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Regis
     from ``specs`` (a folder or :class:`~vitcg.lang.Registry`; default :func:`default_specs_dir`).
     ``engine_limits``: the manager's engine options (``max_num_batched_tokens``, ``token_budgets``,
     ``max_items_per_batch``...). ``progress``: a capture progress bar (default: when stderr is a terminal).
-    ``compile``: compile the captured forward with inductor first (faster replays; the first capture takes
-    minutes, later processes load the kernels from vitcg's persistent compile cache, see
-    :mod:`vitcg.runtime.compile_cache`).
+    ``compile``: compile the encoder's repeated blocks with inductor before capture (faster replays; the first
+    capture compiles one block, later processes load its kernels from vitcg's persistent compile cache, see
+    :mod:`vitcg.runtime.regions` and :mod:`vitcg.runtime.compile_cache`).
 
     Build it after moving the model to its device and dtype; if the encoder moves later, the next call
     captures again. Calling it again on the same model restores the first routing and starts over.

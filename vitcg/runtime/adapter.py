@@ -46,6 +46,7 @@ from .protocol import (
     EncoderItemSpec,
     postprocess_by_rows,
 )
+from .regions import compile_blocks, compiled_blocks, repeated_blocks
 from .scope import Scope
 from .syncs import tensor_text_without_data
 
@@ -121,17 +122,24 @@ class _Adapter:
     """Everything both adapters share: items, selection, capture buffers, forwards."""
 
     def __init__(self, spec: Spec, module: nn.Module, *, compile_forward: bool = False):
-        """``compile_forward``: run the fixed-shape forward through ``torch.compile`` (inductor kernels, one
-        compilation with dynamic shapes for all budgets) before it is captured. Off by default: the first
-        capture then takes as long as a compilation."""
+        """``compile_forward``: run the encoder's repeated blocks through ``torch.compile`` (inductor kernels,
+        one compilation with dynamic shapes for every block and budget, :mod:`vitcg.runtime.regions`) when
+        they are captured; an encoder without repeated blocks has its whole fixed-shape forward compiled. Off by
+        default: the first capture then takes as long as a compilation."""
         self.spec = spec
         self.module = module
         self.geometry: dict[str, int] = spec.resolve_geometry(config_snapshot(module.config))
         self._call = getattr(module, spec.encoder.method)
         self._scope = Scope(spec, module) if spec.graph_scope else None
         graph_call = self._scope.forward if self._scope is not None else self._call
-        self._graph_call = torch.compile(graph_call, dynamic=True) if compile_forward else graph_call
-        self._compiled = compile_forward
+        self._blocks = compile_blocks(repeated_blocks(self._scope.target if self._scope else module)) \
+            if compile_forward else {}
+        """The compiled forward of each repeated block, patched in while the graph path runs."""
+        if self._scope is not None:
+            self._scope.use_forwards(self._blocks)
+        whole = compile_forward and not self._blocks
+        self._graph_call = torch.compile(graph_call, dynamic=True) if whole else graph_call
+        self._compiled = whole
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._configs = configs_of(module)
         self._splits = any(m.split for m in spec.modalities)
@@ -418,7 +426,8 @@ class _Adapter:
         # copied in during capture: the encoder's device is the default one here
         # messages the model formats from tensors (before its checks run) must not read them on the host
         text = contextlib.nullcontext() if self._compiled else tensor_text_without_data()
-        with use_attention(self._configs, ATTENTION_NAME), torch.no_grad(), torch.device(self.device), text:
+        with (use_attention(self._configs, ATTENTION_NAME), torch.no_grad(), torch.device(self.device), text,
+              compiled_blocks(self._blocks)):
             if self._scope is not None:
                 return self._graph_call(inputs)
             kwargs = {b.arg: self._call_view(b, inputs[b.name]) for b in self.spec.buffers}

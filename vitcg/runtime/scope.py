@@ -59,6 +59,11 @@ class Scope:
         self.rows = spec.rows_buffer
         """The buffer whose rows are the call's rows: it sets the capacity and how outputs are cut."""
 
+    def use_forwards(self, forwards: Mapping[nn.Module, Callable[..., Any]]) -> None:
+        """Run the layers in :meth:`forward` with ``forwards`` (compiled ones, :mod:`vitcg.runtime.regions`)
+        where given: the captured computation calls these, not whatever ``layer.forward`` is at the time."""
+        self._forwards = [forwards.get(layer, forward) for layer, forward in zip(self.layers, self._forwards)]
+
     def storage_shape(self, buffer: Buffer, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The call's shape of ``buffer`` with its rows moved first (how the buffer is stored)."""
         d = buffer.rows_dim

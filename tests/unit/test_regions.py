@@ -1,0 +1,126 @@
+"""Regional compilation (``compile_forward``): the repeated blocks are found, compiled once for all of them, used
+only while the graph path runs, and the graph path still matches eager. Dynamo runs with its ``eager`` backend
+here (the tracing and caching are what is tested; inductor's kernels are timed on the GPU)."""
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+
+from vitcg.lang import load_registry
+from vitcg.runtime import adapter as adapter_module
+from vitcg.runtime import regions
+from vitcg.runtime.adapter import adapter_for
+from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.tools import encoders
+from vitcg.tools.workloads import WORKLOADS, make_inputs
+
+
+class Block(nn.Module):
+    def __init__(self, width=8):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.inner = nn.ModuleList([nn.Linear(width, width), nn.Linear(width, width)])
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.linear(x)) + self.inner[1](self.inner[0](x))
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+        self.heads = nn.ModuleList([nn.Linear(8, 8), nn.LayerNorm(8)])  # two classes: no stack
+        self.single = nn.ModuleList([nn.Linear(8, 8)])  # one child: no stack
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.fixture
+def eager_backend(monkeypatch):
+    """torch.compile with dynamo's eager backend, dynamo's caches and counters fresh."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def test_repeated_blocks_are_the_same_class_stacks_outermost_first():
+    tower = Tower()
+    assert regions.repeated_blocks(tower) == list(tower.blocks)  # not the lists inside a block, nor heads
+    assert regions.repeated_blocks(tower.blocks[0]) == list(tower.blocks[0].inner)  # a block alone: its own list
+    assert regions.repeated_blocks(tower.blocks) == list(tower.blocks)  # the stack itself as root
+
+
+def test_compiled_blocks_are_patched_in_for_the_block_only():
+    tower = Tower()
+    marker = tower.blocks[1].forward
+    tower.blocks[1].forward = marker  # an instance attribute of its own, restored on exit
+    compiled = {block: (lambda x, i=i: x + i) for i, block in enumerate(tower.blocks)}
+    with regions.compiled_blocks(compiled):
+        assert torch.equal(tower(torch.zeros(2, 8)), torch.full((2, 8), 3.0))
+    assert "forward" not in vars(tower.blocks[0]) and vars(tower.blocks[1])["forward"] is marker
+    with pytest.raises(RuntimeError), regions.compiled_blocks(compiled):
+        raise RuntimeError  # restored on errors too
+    assert "forward" not in vars(tower.blocks[2])
+
+
+def test_one_compilation_serves_every_block(eager_backend):
+    """Under no_grad, as the graph path runs: with grad on, block 0's input differs from the others'."""
+    tower = Tower().eval()
+    x = torch.randn(5, 8)
+    expected = tower(x)
+    with regions.compiled_blocks(regions.compile_blocks(regions.repeated_blocks(tower))), torch.no_grad():
+        got = tower(x)
+        tower(torch.randn(9, 8))  # another token count: the dynamic graph holds
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def _manager(spec_name: str, **config):
+    spec = load_registry(["specs"]).get(spec_name)
+    config_obj = encoders.build_config(spec, "tiny")
+    for key, value in config.items():
+        setattr(config_obj, key, value)
+    torch.manual_seed(0)
+    module = encoders.import_object(spec.encoder.class_path)(config_obj).eval()
+    adapter = adapter_for(spec, module, compile_forward=True)
+    return adapter, EncoderCudaGraphManager(adapter, device="cpu", dtype=torch.float32)
+
+
+@pytest.mark.parametrize(("spec_name", "depth_key", "stack"), [("qwen2_vl", "depth", "blocks"),
+                                                              ("pixtral", "num_hidden_layers", "transformer.layers")])
+def test_compile_forward_compiles_the_blocks_and_matches_eager(eager_backend, spec_name, depth_key, stack):
+    """A whole-tower spec and a graph-scoped layer stack: four blocks compiled, far fewer dynamo graphs than
+    blocks, per-item outputs equal to eager (float32, 1e-5 relative), and the eager path left on the model's own
+    forwards (the reference must not run the compiled blocks)."""
+    adapter, manager = _manager(spec_name, **{depth_key: 4})
+    layers = list(adapter.module.get_submodule(stack))
+    assert len(layers) == 4 and set(adapter._blocks) == set(layers)
+    assert not adapter._compiled  # the whole forward is not compiled when blocks are
+    manager.capture()
+    for workload in ("1x224", "mixed"):
+        inputs = make_inputs(adapter, WORKLOADS[workload], torch.Generator().manual_seed(1))
+        got = manager.execute(inputs)
+        assert counters["stats"]["unique_graphs"] >= 1  # the compiled blocks ran
+        assert all("forward" not in vars(layer) for layer in layers)
+        graphs = counters["stats"]["unique_graphs"]
+        reference = adapter.encoder_eager_forward(inputs)
+        assert counters["stats"]["unique_graphs"] == graphs  # eager compiled nothing
+        torch.testing.assert_close(torch.cat(got), reference, rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] < len(layers) * 2
+
+
+def test_an_encoder_without_repeated_blocks_compiles_its_whole_forward(monkeypatch):
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: compiled.append(kwargs) or fn)
+    monkeypatch.setattr(adapter_module, "repeated_blocks", lambda root: [])
+    spec = load_registry(["specs"]).get("qwen2_vl")
+    adapter = adapter_for(spec, encoders.build_encoder(spec, "tiny"), compile_forward=True)
+    assert adapter._compiled and not adapter._blocks and compiled == [{"dynamic": True}]
