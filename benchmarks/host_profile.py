@@ -49,6 +49,17 @@ def main() -> None:
                 torch.cuda.synchronize()
         profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(14)
+        if cuda:  # the CUDA runtime calls one execute makes, and their host time
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    manager.execute(inputs)
+                    torch.cuda.synchronize()
+            print(f"{name} {workload}: CUDA runtime calls per execute (count, host us)")
+            for event in sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total):
+                if event.key.startswith("cuda") and event.count:
+                    print(f"    {event.key:<32} {event.count / 20:6.1f}  {event.cpu_time_total / 20:8.1f}")
 
 
 if __name__ == "__main__":

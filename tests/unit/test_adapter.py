@@ -271,3 +271,19 @@ def test_navit_capture_buffers_hold_rows_first_and_a_row_for_the_padding_item():
     rows = torch.randn(32, 3, 14, 14)
     (call,) = adapter.eager_calls({"pixel_values": rows, "target_sizes": torch.tensor([[4, 8]])})
     assert call["pixel_values"].shape == (1, 3, 14, 32 * 14) and call["use_vit_merger"] is True
+
+
+def test_postprocess_by_rows_cuts_items_and_clones_once():
+    """Each item gets its rows in ``indices`` order; with clone, rows that the next replay overwrites are copied
+    (one copy for the call), so writing the graph output afterwards changes no item."""
+    from vitcg.runtime.protocol import postprocess_by_rows
+
+    output = torch.arange(20.0).reshape(10, 2)
+    dest = {}
+    postprocess_by_rows({"default": output}, [2, 0], [3, 5, 2], dest, clone=True)
+    assert torch.equal(dest[2], torch.tensor([[0.0, 1], [2, 3]])) and torch.equal(dest[0], output[2:5])
+    output.fill_(-1)  # the next replay
+    assert dest[2][0, 0] == 0 and dest[0][0, 0] == 4
+    views = {}
+    postprocess_by_rows({"default": output}, [1], [3, 5, 2], views)
+    assert views[1].data_ptr() == output.data_ptr()  # eager outputs are kept as views

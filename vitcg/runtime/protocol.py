@@ -162,11 +162,14 @@ def postprocess_by_rows(
     dest: MutableMapping[int, torch.Tensor], clone: bool = False,
 ) -> None:
     """The protocol's default ``postprocess_encoder_output``: ``per_item_out_tokens[i]`` rows of
-    ``outputs["default"]`` per item, in ``indices`` order, stored (cloned if asked) at ``dest[i]``."""
+    ``outputs["default"]`` per item, in ``indices`` order, stored (cloned if asked) at ``dest[i]``. A clone
+    copies the items' rows once, and each item gets its own rows of that copy: one copy kernel per call, not
+    one per item."""
     output = outputs[DEFAULT_PATH]
+    if clone:
+        output = output[:sum(per_item_out_tokens[i] for i in indices)].clone()
     offset = 0
     for i in indices:
         n = per_item_out_tokens[i]
-        piece = output[offset:offset + n]
-        dest[i] = piece.clone() if clone else piece
+        dest[i] = output[offset:offset + n]
         offset += n
