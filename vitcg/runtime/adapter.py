@@ -123,9 +123,9 @@ class _Adapter:
 
     def __init__(self, spec: Spec, module: nn.Module, *, compile_forward: bool = False):
         """``compile_forward``: run the encoder's repeated blocks through ``torch.compile`` (inductor kernels,
-        one compilation with dynamic shapes for every block and budget, :mod:`vitcg.runtime.regions`) when
-        they are captured; an encoder without repeated blocks has its whole fixed-shape forward compiled. Off by
-        default: the first capture then takes as long as a compilation."""
+        one compilation per budget shared by every block, :mod:`vitcg.runtime.regions`) when they are
+        captured; an encoder without repeated blocks has its whole fixed-shape forward compiled (once, with
+        dynamic shapes). Off by default: the first capture then takes as long as a compilation."""
         self.spec = spec
         self.module = module
         self.geometry: dict[str, int] = spec.resolve_geometry(config_snapshot(module.config))

@@ -27,8 +27,8 @@ import torch
 from ..lang.bindings import cache_root, transformers_version, write_cache_file
 from ..lang.model import Spec
 
-COMPILE_FORMAT = "blocks-1"
-"""What is compiled (the repeated blocks, with dynamic shapes): artifacts of another strategy are not reused."""
+COMPILE_FORMAT = "blocks-static-1"
+"""What is compiled (the repeated blocks, per budget): artifacts of another strategy are not reused."""
 
 
 def compile_key(spec: Spec, device: torch.device, dtype: torch.dtype, **shapes: Any) -> str:

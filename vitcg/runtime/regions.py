@@ -2,9 +2,9 @@
 
 A ViT is a stack of identical blocks. Compiling the whole fixed-shape forward makes dynamo trace every block
 again and inductor generate (or, from a cache, reload) kernels for each; on qwen2_vl's 32 blocks that took
-60-90 s at every process start. Compiling the block's forward instead traces one block: the blocks share one
-code object and their weights are graph inputs, so every block runs the same compiled graph, and a start with
-warm caches pays for one block. Inside a CUDA graph the parts left eager (patch embedding, rotary tables,
+60-90 s at every process start. Compiling the block's forward instead traces one block per budget: the blocks
+share one code object and their weights are graph inputs, so every block runs the same compiled graph, and a
+start with warm caches pays for one block per budget. Inside a CUDA graph the parts left eager (patch embedding, rotary tables,
 merger) cost no launch overhead; they lose only the fusion across their few ops.
 
 The compiled forwards are used only while the graph path runs (:func:`compiled_blocks` patches them in for the
@@ -36,19 +36,29 @@ def repeated_blocks(root: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def compile_blocks(blocks: list[nn.Module], *, dynamic: bool = True) -> dict[nn.Module, Callable[..., Any]]:
+RECOMPILE_LIMIT = 64
+"""Compilations one block's code may hold while the graph path runs: one per budget and per distinct set of
+constant arguments (Qwen2.5-VL's window and full-attention blocks pass different ``max_seqlen`` ints), above
+dynamo's default of 8, past which it would silently run the block uncompiled."""
+
+
+def compile_blocks(blocks: list[nn.Module], *, dynamic: bool = False) -> dict[nn.Module, Callable[..., Any]]:
     """One ``torch.compile`` wrapper per block around its own forward (dynamo keys its cache on the shared
-    code object, so the first block's compilation serves the rest). ``dynamic``: one compilation for every
-    budget (symbolic token counts) rather than one per budget."""
-    return {block: _without_function_modes(torch.compile(block.forward, dynamic=dynamic)) for block in blocks}
+    code object, so the first block's compilation serves the rest). Static shapes by default: each budget gets
+    kernels for its own token count, and integer arguments stay constants (with ``dynamic=True`` they become
+    symbolic inputs, which inductor 2.11 fails to compile for Qwen2.5-VL's and Pixtral's blocks on CUDA)."""
+    return {block: _calling(torch.compile(block.forward, dynamic=dynamic)) for block in blocks}
 
 
-def _without_function_modes(compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """``compiled`` called with torch function modes off. vitcg's checking modes (:mod:`vitcg.runtime.syncs`)
-    would otherwise judge dynamo's calling machinery, not the model (it passes unspecialized ints to the graph
-    through ``torch.as_tensor``); on CUDA the capture itself still refuses whatever a graph cannot hold."""
+def _calling(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` called with torch function modes off and room for a compilation per budget. vitcg's checking
+    modes (:mod:`vitcg.runtime.syncs`) would otherwise judge dynamo's calling machinery, not the model (it passes
+    unspecialized ints to the graph through ``torch.as_tensor``); on CUDA the capture itself still refuses
+    whatever a graph cannot hold."""
+    name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+
     def forward(*args: Any, **kwargs: Any) -> Any:
-        with torch._C.DisableTorchFunction():
+        with torch._C.DisableTorchFunction(), torch._dynamo.config.patch(**{name: RECOMPILE_LIMIT}):
             return compiled(*args, **kwargs)
     return forward
 
