@@ -133,3 +133,16 @@ def test_an_encoder_without_repeated_blocks_compiles_its_whole_forward(monkeypat
     spec = load_registry(["specs"]).get("qwen2_vl")
     adapter = adapter_for(spec, encoders.build_encoder(spec, "tiny"), compile_forward=True)
     assert adapter._compiled and not adapter._blocks and compiled == [{"dynamic": True}]
+
+
+def test_compiled_blocks_leave_the_model_classes_code_uncompiled(eager_backend):
+    """Dynamo caches compilations on code objects, and transformers wraps every layer's forward in one shared
+    function: vitcg's compilations sit on its own function, so a user's torch.compile of other layers keeps
+    its whole recompile budget."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    tower = Tower().eval()
+    with regions.compiled_blocks(regions.compile_blocks(regions.repeated_blocks(tower))), torch.no_grad():
+        tower(torch.randn(5, 8))
+    assert len(_debug_get_cache_entry_list(regions._run_block.__code__)) == 1
+    assert _debug_get_cache_entry_list(Block.forward.__code__) == []

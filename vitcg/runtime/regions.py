@@ -14,6 +14,7 @@ call); the eager path, the reference of every check, keeps the model's own forwa
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -42,12 +43,24 @@ constant arguments (Qwen2.5-VL's window and full-attention blocks pass different
 dynamo's default of 8, past which it would silently run the block uncompiled."""
 
 
+def _run_block(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """One block's own forward (its class's, not the instance attribute :func:`compiled_blocks` patches in).
+    Dynamo keys its cache on this function's code, which is vitcg's alone: transformers wraps every layer's
+    forward in one shared function, and compiling that would spend the recompile budget a user's own
+    ``torch.compile`` of the language model's layers needs."""
+    return type(block).forward(block, *args, **kwargs)
+
+
 def compile_blocks(blocks: list[nn.Module], *, dynamic: bool = False) -> dict[nn.Module, Callable[..., Any]]:
-    """One ``torch.compile`` wrapper per block around its own forward (dynamo keys its cache on the shared
-    code object, so the first block's compilation serves the rest). Static shapes by default: each budget gets
-    kernels for its own token count, and integer arguments stay constants (with ``dynamic=True`` they become
-    symbolic inputs, which inductor 2.11 fails to compile for Qwen2.5-VL's and Pixtral's blocks on CUDA)."""
-    return {block: _calling(torch.compile(block.forward, dynamic=dynamic)) for block in blocks}
+    """Each block's forward through one ``torch.compile`` of :func:`_run_block` (the block is an input, its
+    weights graph inputs, so the first block's compilation serves the rest). Static shapes by default: each
+    budget gets kernels for its own token count, and integer arguments stay constants (with ``dynamic=True``
+    they become symbolic inputs, which inductor 2.11 fails to compile for Qwen2.5-VL's and Pixtral's blocks on
+    CUDA)."""
+    if not blocks:
+        return {}
+    compiled = _calling(torch.compile(_run_block, dynamic=dynamic))
+    return {block: functools.partial(compiled, block) for block in blocks}
 
 
 def _calling(compiled: Callable[..., Any]) -> Callable[..., Any]:
