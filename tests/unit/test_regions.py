@@ -95,12 +95,12 @@ def _manager(spec_name: str, **config):
     return adapter, EncoderCudaGraphManager(adapter, device="cpu", dtype=torch.float32)
 
 
-def _run(spec_name: str, depth_key: str, depth: int, stack: str) -> int:
+def _run(spec_name: str, depth_key: str, depth: int, stack: str, **config) -> int:
     """Execute two workloads through a ``compile_forward`` manager with ``depth`` blocks, checking each call
     against eager; returns how many dynamo graphs the compiled blocks needed."""
     torch._dynamo.reset()
     counters.clear()
-    adapter, manager = _manager(spec_name, **{depth_key: depth})
+    adapter, manager = _manager(spec_name, **{depth_key: depth}, **config)
     layers = list(adapter.module.get_submodule(stack))
     assert len(layers) == depth and set(adapter._blocks) == set(layers)
     assert not adapter._compiled  # the whole forward is not compiled when blocks are
@@ -117,13 +117,18 @@ def _run(spec_name: str, depth_key: str, depth: int, stack: str) -> int:
     return counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize(("spec_name", "depth_key", "stack"), [("qwen2_vl", "depth", "blocks"),
-                                                              ("pixtral", "num_hidden_layers", "transformer.layers")])
-def test_compile_forward_compiles_the_blocks_and_matches_eager(eager_backend, spec_name, depth_key, stack):
-    """A whole-tower spec and a graph-scoped layer stack: per-item outputs equal to eager (float32, 1e-5
-    relative), the eager path left on the model's own forwards (the reference must not run the compiled
-    blocks), and as many dynamo graphs for four blocks as for two: one compilation serves every block."""
-    assert _run(spec_name, depth_key, 4, stack) == _run(spec_name, depth_key, 2, stack)
+@pytest.mark.parametrize(("name", "depth_key", "stack", "config"), [
+    ("qwen2_vl", "depth", "blocks", {}),
+    ("pixtral", "num_hidden_layers", "transformer.layers", {}),
+    # the merger right after layer 0: two and four layers both see two token counts
+    ("minicpmv4_6", "num_hidden_layers", "encoder.layers", {"insert_layer_id": 0})])
+def test_compile_forward_compiles_the_blocks_and_matches_eager(eager_backend, name, depth_key, stack, config):
+    """A whole-tower spec, a graph-scoped layer stack, and MiniCPM-V (a window merger between its layers, which
+    formats a tensor into text on every call: the text mode stays on around the compiled blocks): per-item
+    outputs equal to eager (float32, 1e-5 relative), the eager path left on the model's own forwards (the
+    reference must not run the compiled blocks), and as many dynamo graphs for four blocks as for two: one
+    compilation serves every block."""
+    assert _run(name, depth_key, 4, stack, **config) == _run(name, depth_key, 2, stack, **config)
 
 
 def test_an_encoder_without_repeated_blocks_compiles_its_whole_forward(monkeypatch):
