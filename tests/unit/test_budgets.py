@@ -96,3 +96,14 @@ def test_max_frames_rules():
 def test_small_range_never_gives_zero_items():
     plan = plan_budgets(256, 256)
     assert plan.budgets == (256,) and plan.max_items == 1
+
+
+def test_interpolate_is_piecewise_linear_and_goes_on_past_the_points():
+    from vitcg.runtime.budgets import interpolate
+
+    points = [(64, 2.0), (128, 3.0), (512, 9.0)]
+    assert interpolate(points, 96) == 2.5 and interpolate(points, 320) == 6.0
+    assert interpolate(points, 1024) == 17.0  # the last segment goes on
+    assert interpolate(points, 32) == 1.5 and interpolate(points, 32, flat_below=True) == 2.0
+    assert interpolate(points, 0) == 1.0 and interpolate([(64, 2.0), (128, 10.0)], 0) == 0.0  # never below 0
+    assert interpolate([(100, 4.0)], 250) == 10.0 and interpolate([(100, 4.0)], 50, flat_below=True) == 4.0

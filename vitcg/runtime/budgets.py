@@ -133,3 +133,20 @@ def plan_budgets(
     if max_frames_per_batch is None:
         max_frames_per_batch = max_items * max_frames_per_video if video else 0
     return BudgetPlan(tuple(budgets), max_items, max_frames_per_batch, min_budget, max_budget)
+
+
+def interpolate(points: Sequence[tuple[float, float]], x: float, *, flat_below: bool = False) -> float:
+    """Piecewise linear through ``points`` (sorted by x, distinct x > 0), never below 0. Beyond the last point
+    the last segment goes on (one point: the line through the origin); below the first, the first segment goes
+    on, or with ``flat_below`` the first point's value holds (a cost measured at the smallest size is no less
+    below it)."""
+    x0, y0 = points[0]
+    if flat_below and x <= x0:
+        return y0
+    if len(points) == 1:
+        return max(0.0, y0 * x / x0)
+    for i in range(1, len(points)):
+        (a, ya), (b, yb) = points[i - 1], points[i]
+        if x <= b or i == len(points) - 1:
+            return max(0.0, ya + (yb - ya) * (x - a) / (b - a))
+    raise AssertionError("unreachable")

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from ..errors import BudgetError, SpecRuntimeError
-from .budgets import plan_budgets
+from .budgets import interpolate, plan_budgets
 from .engine import EngineConfig, engine_config
 from .extension import MIXED, SupportsVitcgExtension
 from .graphs import capture_graph
@@ -322,15 +322,7 @@ class EncoderCudaGraphManager:
     def _static_eager_cost(self, tokens: int) -> float | None:
         if not self.eager_costs:
             return None
-        points = sorted(self.eager_costs.items())
-        if tokens <= points[0][0]:
-            return points[0][1]
-        for (lo, lo_cost), (hi, hi_cost) in itertools.pairwise(points):
-            if tokens <= hi:
-                return lo_cost + (hi_cost - lo_cost) * (tokens - lo) / (hi - lo)
-        (lo, lo_cost), (hi, hi_cost) = points[-2:] if len(points) > 1 else (points[0], points[0])
-        slope = (hi_cost - lo_cost) / (hi - lo) if hi > lo else lo_cost / lo
-        return hi_cost + slope * (tokens - hi)
+        return interpolate(sorted(self.eager_costs.items()), tokens, flat_below=True)
 
     def _route_eager(self, items: Sequence[EncoderItemSpec], packs: list[PackPlan], eager: list[int]
                      ) -> tuple[list[PackPlan], list[int]]:

@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import BudgetError, UsageError, VitcgError
 from ..lang.catalogue import buffer_names
 from ..lang.model import Spec, thaw
-from ..runtime.budgets import doubling_budgets
+from ..runtime.budgets import doubling_budgets, interpolate
 from ..runtime.engine import engine_config
 from ..runtime.manager import EncoderCudaGraphManager
 from ..runtime.protocol import EncoderCudaGraphConfig, EncoderItemSpec
@@ -74,16 +74,6 @@ def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return (sy - b * sx) / sw, b
 
 
-def _interpolate(points: Sequence[tuple[int, float]], x: float) -> float:
-    """Piecewise linear through ``points`` (sorted by x), extended linearly beyond both ends."""
-    if len(points) == 1:
-        return points[0][1] * x / points[0][0]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x <= x1 or (x1, y1) == points[-1]:
-            return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
-    raise AssertionError("unreachable")
-
-
 @dataclass(frozen=True)
 class CostModel:
     """What a replay, an eager forward and a graph cost. Replays: ``r0 + r1*b`` ms, or ``replay_points``
@@ -100,7 +90,7 @@ class CostModel:
     slot_ms: float = SLOT_MS
 
     def replay(self, budget: int, slots: int = 0) -> float:
-        base = _interpolate(self.replay_points, budget) if self.replay_points else self.r0 + self.r1 * budget
+        base = interpolate(self.replay_points, budget) if self.replay_points else self.r0 + self.r1 * budget
         return base + self.slot_ms * max(0, slots - REF_SLOTS) * budget
 
     def eager(self, tokens: int) -> float:
