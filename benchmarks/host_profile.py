@@ -1,6 +1,7 @@
 """Where the host time of one ``manager.execute`` goes, on the real encoder (cProfile, top entries).
 
-Usage: python benchmarks/host_profile.py [SPEC] [WORKLOAD...]   (CUDA if available, else CPU tiny)
+Usage: python benchmarks/host_profile.py [--compile] [SPEC] [WORKLOAD...]   (CUDA if available, else CPU tiny)
+``--compile``: the graphs hold inductor-compiled blocks (fewer kernel nodes per graph to launch).
 """
 
 from __future__ import annotations
@@ -14,20 +15,26 @@ import torch
 
 from vitcg.lang import load_registry
 from vitcg.runtime.adapter import adapter_for
+from vitcg.runtime.compile_cache import capture_compiled
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device
 
 
 def main() -> None:
-    name = sys.argv[1] if len(sys.argv) > 1 else "qwen2_vl"
-    workloads = sys.argv[2:] or ["1x224", "8x224"]
+    args = [a for a in sys.argv[1:] if a != "--compile"]
+    compile_forward = "--compile" in sys.argv[1:]
+    name = args[0] if args else "qwen2_vl"
+    workloads = args[1:] or ["1x224", "8x224"]
     cuda = torch.cuda.is_available()
     device, dtype, size = ("cuda", torch.bfloat16, "real") if cuda else ("cpu", torch.float32, "tiny")
     spec = load_registry(["specs"])[name]
-    adapter = adapter_for(spec, build_encoder(spec, size, device=device, dtype=dtype))
+    adapter = adapter_for(spec, build_encoder(spec, size, device=device, dtype=dtype), compile_forward=compile_forward)
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
-    manager.capture()
+    if compile_forward:
+        capture_compiled(manager, spec)
+    else:
+        manager.capture()
     for workload in workloads:
         inputs = on_device(adapter, make_inputs(adapter, WORKLOADS[workload], torch.Generator()), dtype)
         for _ in range(5):
@@ -40,7 +47,8 @@ def main() -> None:
             manager.execute(inputs)
             samples.append((time.perf_counter() - tic) * 1e3)
         samples.sort()
-        print(f"{name} {workload}: host ms per execute: median {samples[25]:.3f}, min {samples[0]:.3f}")
+        label = f"{name} (compiled blocks)" if compile_forward else name
+        print(f"{label} {workload}: host ms per execute: median {samples[25]:.3f}, min {samples[0]:.3f}")
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(50):
