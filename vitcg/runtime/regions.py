@@ -2,10 +2,11 @@
 
 A ViT is a stack of identical blocks. Compiling the whole fixed-shape forward makes dynamo trace every block
 again and inductor generate (or, from a cache, reload) kernels for each; on qwen2_vl's 32 blocks that took
-60-90 s at every process start. Compiling the block's forward instead traces one block per budget: the blocks
-share one code object and their weights are graph inputs, so every block runs the same compiled graph, and a
-start with warm caches pays for one block per budget. Inside a CUDA graph the parts left eager (patch embedding, rotary tables,
-merger) cost no launch overhead; they lose only the fusion across their few ops.
+60-90 s at every process start. Here every block runs through one compiled function that takes the block as an
+input (its weights are graph inputs), so dynamo traces one block per budget and every block reuses that graph:
+qwen2_vl's 8 budgets compile and capture in 22 s from nothing and in 10 s from the caches. Inside a CUDA graph
+the parts left eager (patch embedding, rotary tables, merger) cost no launch overhead; they lose only the
+fusion across their few ops.
 
 The compiled forwards are used only while the graph path runs (:func:`compiled_blocks` patches them in for the
 call); the eager path, the reference of every check, keeps the model's own forwards.
