@@ -71,6 +71,19 @@ def test_compiled_blocks_are_patched_in_for_the_block_only():
     assert "forward" not in vars(tower.blocks[2])
 
 
+def test_a_block_with_a_forward_of_its_own_is_not_compiled(eager_backend):
+    """A hook that wraps one instance's forward (accelerate's device hooks do) must keep running."""
+    tower = Tower().eval()
+    calls = []
+    original = tower.blocks[1].forward
+    tower.blocks[1].forward = lambda x: calls.append(1) or original(x)
+    compiled = regions.compile_blocks(regions.repeated_blocks(tower))
+    assert set(compiled) == {tower.blocks[0], tower.blocks[2]}
+    with regions.compiled_blocks(compiled), torch.no_grad():
+        tower(torch.randn(5, 8))
+    assert calls == [1]
+
+
 def test_one_compilation_serves_every_block(eager_backend):
     """Under no_grad, as the graph path runs (with grad on, block 0's input differs from the others')."""
     tower = Tower().eval()

@@ -57,7 +57,9 @@ def compile_blocks(blocks: list[nn.Module], *, dynamic: bool = False) -> dict[nn
     weights graph inputs, so the first block's compilation serves the rest). Static shapes by default: each
     budget gets kernels for its own token count, and integer arguments stay constants (with ``dynamic=True``
     they become symbolic inputs, which inductor 2.11 fails to compile for Qwen2.5-VL's and Pixtral's blocks on
-    CUDA)."""
+    CUDA). A block whose instance carries a forward of its own (a hook that wraps it, as accelerate's device
+    hooks do) is left out: its class's forward would skip the wrapper."""
+    blocks = [block for block in blocks if "forward" not in vars(block)]
     if not blocks:
         return {}
     compiled = _calling(torch.compile(_run_block, dynamic=dynamic))
@@ -66,9 +68,9 @@ def compile_blocks(blocks: list[nn.Module], *, dynamic: bool = False) -> dict[nn
 
 def _calling(compiled: Callable[..., Any]) -> Callable[..., Any]:
     """``compiled`` called with torch function modes off and room for a compilation per budget. vitcg's checking
-    modes (:mod:`vitcg.runtime.syncs`) would otherwise judge dynamo's calling machinery, not the model (it passes
-    unspecialized ints to the graph through ``torch.as_tensor``); on CUDA the capture itself still refuses
-    whatever a graph cannot hold."""
+    modes (:mod:`vitcg.runtime.syncs`) are for the model's eager code: inside a compiled call dynamo would trace
+    them, or they would judge its calling machinery (with dynamic shapes it passes ints to the graph through
+    ``torch.as_tensor``). On CUDA the capture itself still refuses whatever a graph cannot hold."""
     name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 
     def forward(*args: Any, **kwargs: Any) -> Any:
