@@ -24,11 +24,15 @@ _ALWAYS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__in
                      "unique", "unique_consecutive", "masked_select", "cpu", "numpy", "tensor", "as_tensor"})
 
 
+_TEXT = frozenset({"__format__", "__repr__", "__str__"})
+"""The calls that turn a tensor into text."""
+
+
 def _offending(func, args, kwargs) -> str | None:
     name = getattr(func, "__name__", str(func))
     if name in _ALWAYS:
         return name
-    if name in ("__format__", "__repr__", "__str__"):  # printing reads the values on the host
+    if name in _TEXT:  # printing reads the values on the host
         return f"{name} (a tensor formatted into text)"
     if name == "repeat_interleave" and "output_size" not in (kwargs or {}):
         repeats = args[1] if len(args) > 1 else (kwargs or {}).get("repeats")
@@ -68,9 +72,6 @@ def no_host_syncs() -> Iterator[None]:
     """Inside the block, host syncs and data-dependent shapes raise :class:`HostSyncError`."""
     with _NoHostSyncs():
         yield
-
-
-_TEXT = frozenset({"__format__", "__repr__", "__str__"})
 
 
 class _TensorText(TorchFunctionMode):
