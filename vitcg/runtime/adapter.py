@@ -137,9 +137,9 @@ class _Adapter:
         """The compiled forward of each repeated block, patched in while the graph path runs."""
         if self._scope is not None:
             self._scope.use_forwards(self._blocks)
-        whole = compile_forward and not self._blocks
-        self._graph_call = torch.compile(graph_call, dynamic=True) if whole else graph_call
-        self._compiled = whole
+        self._compiled = compile_forward and not self._blocks
+        """Whether the whole fixed-shape forward is compiled (an encoder without repeated blocks)."""
+        self._graph_call = torch.compile(graph_call, dynamic=True) if self._compiled else graph_call
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._configs = configs_of(module)
         self._splits = any(m.split for m in spec.modalities)
