@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SPECS = REPO / "specs"
+SPECS = REPO / "vitcg" / "specs"
 CASES = REPO / "tests" / "specs"
 
 
 def pytest_configure(config):
+    # The registry is the packaged specs then $VITCG_SPECS_DIR's folders: a developer's own folders must not
+    # change what the suite sees. Tests that need the variable set it themselves.
+    os.environ.pop("VITCG_SPECS_DIR", None)
     # One cache for the session, outside the user's home: tests never depend on earlier runs.
     cache = Path(config.rootpath if hasattr(config, "rootpath") else REPO) / ".pytest_cache" / "vitcg-bindings"
     os.environ.setdefault("VITCG_CACHE_DIR", str(cache))

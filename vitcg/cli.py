@@ -53,8 +53,11 @@ def _check_device(device: str, hint: str = "") -> None:
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got {device!r}{hint}")
 
 
-SpecPaths = Annotated[list[Path] | None, typer.Argument(help="Spec files or folders (default: specs/).",
-                                                       show_default=False)]
+SpecPaths = Annotated[list[Path] | None, typer.Argument(help="Spec files or folders (default: the packaged specs, "
+                                                       "then $VITCG_SPECS_DIR's folders).", show_default=False)]
+SpecFolders = Annotated[list[Path] | None, typer.Option(
+    "--specs", metavar="DIR", help="A folder of your own specs (repeatable), after the packaged specs and "
+    "$VITCG_SPECS_DIR's folders; a spec replaces an earlier one of the same name.", show_default=False)]
 
 
 @app.command()
@@ -64,24 +67,29 @@ def validate(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Re-import transformers classes instead of "
                                            "using the cached facts.")] = False,
 ) -> None:
-    """Check spec files: YAML, schema, formulas, semantics and transformers bindings. Prints every error."""
-    from .lang import load_specs
+    """Check spec files: YAML, schema, formulas, semantics and transformers bindings. Prints every error.
+    Without PATH: the packaged specs, then $VITCG_SPECS_DIR's folders (a later spec replaces one of its name)."""
+    from .lang import load_layers, load_specs, spec_folders
     from .tools.report import json_report, text_report
 
-    result = load_specs(paths or [Path("specs")], use_cache=not no_cache)
+    if paths:
+        result = load_specs(paths, use_cache=not no_cache)
+    else:
+        result = load_layers(spec_folders(), use_cache=not no_cache)
     if not result.files:
-        raise UsageError(f"no spec files (*.yaml) under {', '.join(map(str, paths or ['specs']))}")
+        raise UsageError(f"no spec files (*.yaml) under {', '.join(map(str, paths or spec_folders()))}")
     sys.stdout.write(json_report(result) if as_json else text_report(result))
     raise typer.Exit(0 if result.ok else 1)
 
 
-def _select_specs(names: list[str] | None, all_specs: bool, specs_dir: Path):
-    """Specs named on the command line (names from ``specs_dir``, or file paths), or all with ``--all``.
-    Raises SpecError when a selected file does not validate (other broken files in ``specs_dir`` do not matter)."""
+def _select_specs(names: list[str] | None, all_specs: bool, folders: list[Path] | None):
+    """Specs named on the command line (names from the registry with ``--specs`` ``folders``, or file paths), or
+    all with ``--all``. Raises SpecError when a selected file does not validate (other broken files do not
+    matter)."""
     from .errors import SpecError
-    from .lang import InvalidSpec, select_specs
+    from .lang import InvalidSpec, select_specs, spec_folders
 
-    chosen = select_specs(names, all_specs, specs_dir)
+    chosen = select_specs(names, all_specs, spec_folders(folders or ()))
     broken = [d for entry in chosen if isinstance(entry, InvalidSpec) for d in entry.diagnostics]
     if broken:
         raise SpecError(broken)
@@ -90,14 +98,15 @@ def _select_specs(names: list[str] | None, all_specs: bool, specs_dir: Path):
 
 @app.command()
 def check(
-    specs: Annotated[list[str] | None, typer.Argument(help="Spec names (from --specs-dir) or spec files.",
-                                                      show_default=False)] = None,
-    all_specs: Annotated[bool, typer.Option("--all", help="Check every spec in --specs-dir.")] = False,
+    specs: Annotated[list[str] | None, typer.Argument(help="Spec names (the packaged specs, $VITCG_SPECS_DIR, "
+                                                      "--specs) or spec files.", show_default=False)] = None,
+    all_specs: Annotated[bool, typer.Option("--all", help="Check every spec: the packaged ones, then those of "
+                                            "$VITCG_SPECS_DIR and --specs.")] = False,
     device: Annotated[str, typer.Option(help="cpu, or cuda (real CUDA graph capture and replay).")] = "cpu",
     size: Annotated[str, typer.Option(help="tiny (spec's tiny_config) or real (checkpoint dimensions).")] = "tiny",
     dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16 (default: float32 on cpu, "
                                                    "bfloat16 on cuda).")] = None,
-    specs_dir: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
+    spec_dirs: SpecFolders = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
 ) -> None:
     """Run fixed cases through the budget manager and through eager, per item, then (tiny size) the end-to-end
@@ -105,7 +114,7 @@ def check(
     _check_device(device)
     import torch
 
-    from .lang import InvalidSpec, select_specs
+    from .lang import InvalidSpec, select_specs, spec_folders
     from .tools.cases import check_spec, invalid_report
     from .tools.encoders import release
     from .tools.report import check_json, check_text
@@ -118,7 +127,7 @@ def check(
     if dtype is not None and dtype not in dtypes:
         raise UsageError(f"--dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
     reports = []
-    for spec in select_specs(specs, all_specs, specs_dir):
+    for spec in select_specs(specs, all_specs, spec_folders(spec_dirs or ())):
         if isinstance(spec, InvalidSpec):  # a row of its own: a broken draft does not stop the other specs
             report = invalid_report(spec, device=device, dtype=dtypes.get(dtype))
         else:
@@ -135,7 +144,7 @@ def check(
 @app.command()
 def demo(
     spec: Annotated[str, typer.Argument(help="A spec with tests.vlm (its tiny full VLM is built).")] = "qwen2_vl",
-    specs_dir: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
+    spec_dirs: SpecFolders = None,
     device: Annotated[str, typer.Option(help="cpu, or cuda.")] = "cpu",
 ) -> None:
     """vitcg.accelerate on a tiny Hugging Face VLM (random weights): its features and greedy generate, with and
@@ -147,7 +156,7 @@ def demo(
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
-    chosen = _select_specs([spec], False, specs_dir)[0]
+    chosen = _select_specs([spec], False, spec_dirs)[0]
     try:
         items, error, route = check_vlm(chosen, device)
     except Unavailable as exc:
@@ -178,18 +187,20 @@ def schema(
 def generate(
     check_only: Annotated[bool, typer.Option("--check", help="Render to memory and compare; list stale files "
                                              "and exit 1 if any. Writes nothing.")] = False,
-    specs: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
-    templates: Annotated[Path, typer.Option(help="Templates; NAME.j2 renders to OUT/NAME.")] = Path("templates"),
+    spec_dirs: SpecFolders = None,
+    templates: Annotated[Path | None, typer.Option(help="Templates; NAME.j2 renders to OUT/NAME (default: the "
+                                                   "packaged templates).", show_default=False)] = None,
     out: Annotated[Path, typer.Option(help="Folder of generated files.")] = Path("registry"),
     force: Annotated[bool, typer.Option("--force", help="Write into an --out folder that also holds files vitcg "
                                         "did not generate (they are left alone).")] = False,
 ) -> None:
-    """Render docs, test configs and model lists into registry/ from the specs; remove generated files no
-    template makes any more. Files without the generated-file header are never removed; an --out folder
-    holding any is refused unless --force."""
+    """Render docs, test configs and model lists into registry/ from the specs (the packaged ones, then those of
+    $VITCG_SPECS_DIR and --specs); remove generated files no template makes any more. Files without the
+    generated-file header are never removed; an --out folder holding any is refused unless --force."""
+    from .lang import spec_folders
     from .tools.render import generate as render_registry
 
-    result = render_registry(specs, templates, out, check=check_only, force=force)
+    result = render_registry(spec_folders(spec_dirs or ()), templates, out, check=check_only, force=force)
     sys.stdout.write(result.text())
     raise typer.Exit(1 if check_only and result.stale else 0)
 
@@ -203,6 +214,9 @@ def compile_config(
     max_items: Annotated[int | None, typer.Option(help="Vision items per batch, instead of the modality's "
                                                   "(0 = auto).")] = None,
     max_frames: Annotated[int | None, typer.Option(help="Video frames per batch.")] = None,
+    serve: Annotated[str | None, typer.Option(help="Print the whole `vllm serve MODEL` command instead: vLLM's "
+                                              "Transformers backend, where vitcg's plugin adds encoder graphs.",
+                                              metavar="MODEL")] = None,
 ) -> None:
     """Print the engine compilation config (JSON) that turns on encoder CUDA graphs for a modality."""
     from .errors import BudgetError
@@ -220,14 +234,19 @@ def compile_config(
         text = json.dumps(config, allow_nan=False)
     except ValueError as exc:
         raise UsageError(f"the compilation config holds a value JSON cannot carry: {exc}") from None
+    if serve is not None:
+        from .tools.compile_config import serve_command
+
+        text = serve_command(serve, config)
     sys.stdout.write(text + "\n")
 
 
 @app.command()
 def bench(
-    specs: Annotated[list[str] | None, typer.Argument(help="Spec names (from --specs-dir) or spec files.",
-                                                      show_default=False)] = None,
-    all_specs: Annotated[bool, typer.Option("--all", help="Benchmark every spec in --specs-dir.")] = False,
+    specs: Annotated[list[str] | None, typer.Argument(help="Spec names (the packaged specs, $VITCG_SPECS_DIR, "
+                                                      "--specs) or spec files.", show_default=False)] = None,
+    all_specs: Annotated[bool, typer.Option("--all", help="Benchmark every spec: the packaged ones, then those of "
+                                            "$VITCG_SPECS_DIR and --specs.")] = False,
     workload: Annotated[list[str] | None, typer.Option(help="Workload to run (repeatable; default: all).")] = None,
     device: Annotated[str, typer.Option(help="cuda (the real measurement) or cpu (a smoke run).")] = "cuda",
     size: Annotated[str, typer.Option(help="real (checkpoint dimensions) or tiny.")] = "real",
@@ -242,7 +261,7 @@ def bench(
     roofline: Annotated[bool, typer.Option("--roofline", help="Measure the device's matmul rate and copy "
                                            "bandwidth first and give each workload its floor (FLOPs counted on "
                                            "the eager forward, weights read once).")] = False,
-    specs_dir: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
+    spec_dirs: SpecFolders = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write all results to this JSON file.")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a latency plot (PNG; needs matplotlib).")] = None,
     from_json: Annotated[Path | None, typer.Option(help="Plot results of an earlier --json run instead of "
@@ -281,7 +300,7 @@ def bench(
     from .tools.compile_config import parse_budgets
 
     token_budgets = parse_budgets(budgets)
-    chosen = _select_specs(specs, all_specs, specs_dir)
+    chosen = _select_specs(specs, all_specs, spec_dirs)
     run = run_bench(chosen, workloads=workload or list(WORKLOADS), device=device, size=size, dtype=dtypes[dtype],
                     iters=iters, warmup=warmup, compile_eager=not no_compile, token_budgets=token_budgets,
                     max_num_batched_tokens=max_num_batched_tokens, roofline=roofline,
@@ -296,7 +315,8 @@ def bench(
 
 @app.command()
 def plan(
-    spec: Annotated[str, typer.Argument(help="A spec name (from --specs-dir) or spec file.", show_default=False)],
+    spec: Annotated[str, typer.Argument(help="A spec name (the packaged specs, $VITCG_SPECS_DIR, --specs) or spec "
+                                        "file.", show_default=False)],
     request: Annotated[list[str] | None, typer.Option(help="One encoder call: images HxW and videos FxHxW, "
                                                       "comma-separated (repeatable).")] = None,
     requests: Annotated[Path | None, typer.Option(help='JSON list of {"images": [[h, w], ...], "videos": '
@@ -308,7 +328,7 @@ def plan(
     costs: Annotated[Path | None, typer.Option(help="A `vitcg bench --json` result: the spec's measured replay, "
                                                "pool and eager times instead of the default model.")] = None,
     manager: Annotated[str, typer.Option(help="vitcg (tight packing, eager routing) or vllm (greedy).")] = "vitcg",
-    specs_dir: Annotated[Path, typer.Option(help="Folder of spec files.")] = Path("specs"),
+    spec_dirs: SpecFolders = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Choose token budgets and items per batch that minimize expected encoder latency on a sample of requests
@@ -323,7 +343,7 @@ def plan(
 
     from .tools import plan as planning
 
-    chosen = _select_specs([spec], False, specs_dir)[0]
+    chosen = _select_specs([spec], False, spec_dirs)[0]
     sample = [planning.parse_request(text) for text in request or ()]
     if requests is not None:
         sample += planning.read_requests(requests)
@@ -353,9 +373,10 @@ def new(
     model_type: Annotated[str, typer.Argument(help="A transformers model type with a vision encoder, e.g. glm_ocr "
                                               "(`vitcg new` refuses text and audio model types).",
                                               show_default=False)],
-    output: Annotated[str | None, typer.Option("--output", "-o", help="Where to write the draft, inside specs/ or "
-                                               "anywhere else; '-' for stdout (default: specs/NAME.yaml, NAME "
-                                               "being the model type in snake case).")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Where to write the draft (e.g. in a folder "
+                                               "of your specs, for --specs or $VITCG_SPECS_DIR); '-' for stdout (default: "
+                                               "NAME.yaml in the working folder, NAME being the model type in snake "
+                                               "case).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists (without it an "
                                         "existing file is never touched).")] = False,
 ) -> None:
@@ -365,7 +386,7 @@ def new(
     from .tools.files import make_folder, write_text_atomic
     from .tools.scaffold import checked_draft, spec_name
 
-    path = None if output == "-" else Path(output or f"specs/{spec_name(model_type)}.yaml")
+    path = None if output == "-" else Path(output or f"{spec_name(model_type)}.yaml")
     if path is not None:
         if path.is_dir():
             raise UsageError(f"cannot write {path}: it is a folder")

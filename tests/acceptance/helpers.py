@@ -11,7 +11,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def vitcg(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def vitcg_command() -> list[str]:
+    """The ``vitcg`` console script when it is on PATH, else ``python -m vitcg``."""
     exe = shutil.which("vitcg")
-    command = [exe, *args] if exe else [sys.executable, "-m", "vitcg", *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=os.environ.copy(), timeout=600)
+    return [exe] if exe else [sys.executable, "-m", "vitcg"]
+
+
+def vitcg(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([*vitcg_command(), *args], cwd=cwd, capture_output=True, text=True, env=os.environ.copy(),
+                          timeout=600)

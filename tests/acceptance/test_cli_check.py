@@ -82,19 +82,20 @@ def _specs_folder(tmp_path: Path, *names: str) -> Path:
     folder = tmp_path / "specs"
     folder.mkdir()
     for name in names:
-        (folder / f"{name}.yaml").write_text((REPO / "specs" / f"{name}.yaml").read_text())
+        (folder / f"{name}.yaml").write_text((REPO / "vitcg" / "specs" / f"{name}.yaml").read_text())
     (folder / "broken.yaml").write_text((REPO / "tests" / "specs" / "invalid" / "duplicate_key.yaml").read_text())
     return folder
 
 
 def test_a_broken_spec_in_the_folder_blocks_nothing(tmp_path: Path):
-    """A draft that does not validate, beside good specs: checking a good one by name or file works, and
-    --all reports the broken one as a failed row of its own while the others still run."""
+    """A draft that does not validate, beside good specs in a --specs folder: checking a good one by name works,
+    and checking both reports the broken one as a failed row of its own while the other still runs (--all
+    does the same over every spec: tests/unit/test_registry.py selects them)."""
     folder = _specs_folder(tmp_path, "internvl")
-    run = vitcg("check", "internvl", "--specs-dir", str(folder))
+    run = vitcg("check", "internvl", "--specs", str(folder))
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed"
-    run = vitcg("check", "--all", "--specs-dir", str(folder))
+    run = vitcg("check", "broken", "internvl", "--specs", str(folder))
     assert run.returncode == 1
     assert "Traceback" not in run.stdout + run.stderr
     assert f"FAILED before any case: {folder / 'broken.yaml'} does not validate (1 error" in run.stdout
@@ -106,7 +107,7 @@ def test_a_broken_spec_in_the_folder_blocks_nothing(tmp_path: Path):
 def test_check_of_a_broken_file_is_its_row(tmp_path: Path, how: str):
     folder = _specs_folder(tmp_path)
     target = str(folder / "broken.yaml") if how == "file" else "broken"
-    run = vitcg("check", target, "--specs-dir", str(folder), "--json")
+    run = vitcg("check", target, "--specs", str(folder), "--json")
     assert run.returncode == 1 and "Traceback" not in run.stderr
     import json
 

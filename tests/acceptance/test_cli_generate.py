@@ -3,26 +3,37 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, vitcg
+from helpers import REPO, vitcg, vitcg_command
 
 
 def test_registry_of_the_repository_is_current():
     run = vitcg("generate", "--check")
     assert run.returncode == 0, run.stdout + run.stderr
-    count = len(list((REPO / "specs").glob("*.yaml")))
+    count = len(list((REPO / "vitcg" / "specs").glob("*.yaml")))
     assert run.stdout == f"registry/ is up to date (5 files from {count} specs)\n"
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A copy of specs/, templates/ and registry/: the command runs there with its default paths."""
-    for folder in ("specs", "templates", "registry"):
-        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    """A folder holding a copy of registry/ (the default --out): the command runs there with the packaged specs
+    and templates."""
+    shutil.copytree(REPO / "registry", tmp_path / "registry", ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
+
+
+def own_spec(project: Path, name: str = "qwen2_vl", folder: str = "specs") -> Path:
+    """A copy of the packaged spec ``name`` in a folder of the user's inside ``project``: given to --specs, it
+    replaces the packaged one."""
+    path = project / folder / f"{name}.yaml"
+    path.parent.mkdir(exist_ok=True)
+    shutil.copy(REPO / "vitcg" / "specs" / f"{name}.yaml", path)
+    return path
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -31,11 +42,11 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 def test_spec_change_without_regeneration_fails_the_check(project):
     assert vitcg("generate", "--check", cwd=project).returncode == 0
-    spec = project / "specs" / "qwen2_vl.yaml"
+    spec = own_spec(project)
     spec.write_text(spec.read_text().replace("display_name: Qwen2-VL\n", "display_name: Qwen2-VL (renamed)\n"))
     before = snapshot(project / "registry")
 
-    run = vitcg("generate", "--check", cwd=project)
+    run = vitcg("generate", "--check", "--specs", "specs", cwd=project)
     assert run.returncode == 1, run.stdout + run.stderr
     assert run.stdout.splitlines() == [
         "stale: registry/SUPPORTED_MODELS.md: differs",
@@ -44,11 +55,12 @@ def test_spec_change_without_regeneration_fails_the_check(project):
     ]
     assert snapshot(project / "registry") == before  # --check writes nothing
 
-    run = vitcg("generate", cwd=project)
+    run = vitcg("generate", "--specs", "specs", cwd=project)
     assert run.returncode == 0, run.stderr
     assert "wrote registry/SUPPORTED_MODELS.md (differs)" in run.stdout
-    assert "Qwen2-VL (renamed)" in (project / "registry" / "SUPPORTED_MODELS.md").read_text()
-    assert vitcg("generate", "--check", cwd=project).returncode == 0
+    text = (project / "registry" / "SUPPORTED_MODELS.md").read_text()
+    assert "Qwen2-VL (renamed)" in text and "[`specs/qwen2_vl.yaml`](../specs/qwen2_vl.yaml)" in text
+    assert vitcg("generate", "--check", "--specs", "specs", cwd=project).returncode == 0
 
 
 def test_missing_and_extra_files_are_stale(project):
@@ -67,29 +79,65 @@ def test_missing_and_extra_files_are_stale(project):
 
 
 def test_explicit_folders(tmp_path):
+    """--specs adds a folder to the packaged specs; --templates replaces the packaged templates."""
     out = tmp_path / "out"
-    run = vitcg("generate", "--specs", "tests/specs/render/specs", "--templates", "templates", "--out", str(out))
+    run = vitcg("generate", "--specs", "tests/specs/render/specs", "--templates", "vitcg/templates", "--out", str(out))
     assert run.returncode == 0, run.stderr
-    golden = REPO / "tests" / "specs" / "render" / "golden"
-    for path in out.iterdir():
-        assert path.read_text() == (golden / f"{path.name}.golden").read_text(), path.name
+    golden = json.loads((REPO / "tests" / "specs" / "render" / "golden" / "index.json.golden").read_text())["specs"]
+    rendered = json.loads((out / "index.json").read_text())["specs"]
+    packaged = json.loads((REPO / "registry" / "index.json").read_text())["specs"]
+    assert sorted(rendered) == sorted({**packaged, **golden})
+    assert {name: rendered[name] for name in golden} == golden
+
+
+def display_names(out: Path) -> dict[str, str]:
+    return {name: s["display_name"] for name, s in json.loads((out / "index.json").read_text())["specs"].items()}
+
+
+def test_later_folders_replace_earlier_specs_by_name(project):
+    """The packaged specs, then $VITCG_SPECS_DIR's folders in order, then each --specs in order: the last
+    folder holding a spec name wins."""
+    for folder in ("a", "b", "c"):
+        spec = own_spec(project, folder=folder)
+        spec.write_text(spec.read_text().replace("display_name: Qwen2-VL\n", f"display_name: Qwen2-VL {folder}\n"))
+    env = {**os.environ, "VITCG_SPECS_DIR": os.pathsep.join([str(project / "b"), str(project / "a")])}
+    cases = [(("--specs", "a", "--specs", "b"), {}, "Qwen2-VL b"), (("--specs", "b", "--specs", "a"), {}, "Qwen2-VL a"),
+             ((), env, "Qwen2-VL a"), (("--specs", "c"), env, "Qwen2-VL c")]
+    for index, (args, environment, shown) in enumerate(cases):
+        out = project / f"out{index}"
+        run = subprocess.run([*vitcg_command(), "generate", *args, "--out", str(out)], cwd=project,
+                             capture_output=True, text=True, env=environment or None, timeout=300)
+        assert run.returncode == 0, (args, run.stderr)
+        names = display_names(out)
+        assert names["qwen2_vl"] == shown, (args, environment.get("VITCG_SPECS_DIR"))
+        assert names["qwen2_5_vl"] == "Qwen2.5-VL"  # the other packaged specs stay
+
+
+def test_spec_folder_that_does_not_exist_is_a_usage_error(project):
+    run = vitcg("generate", "--check", "--specs", "nowhere", cwd=project)
+    assert run.returncode == 2 and run.stderr == "error: no such specs folder: nowhere\n"
+    env = {**os.environ, "VITCG_SPECS_DIR": "nowhere"}
+    run = subprocess.run([*vitcg_command(), "generate", "--check"], cwd=project, capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 2 and run.stderr == "error: $VITCG_SPECS_DIR names 'nowhere', which is not a folder\n"
 
 
 def test_template_with_a_missing_field_fails_loudly(project):
+    shutil.copytree(REPO / "vitcg" / "templates", project / "templates")
     (project / "templates" / "broken.md.j2").write_text(
         "<!-- {{ header }} -->\n{% for spec in specs %}{{ spec.docs.summary }}{% endfor %}\n")
-    run = vitcg("generate", "--check", cwd=project)
+    run = vitcg("generate", "--check", "--templates", "templates", cwd=project)
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
-    first = sorted(p.stem for p in (project / "specs").glob("*.yaml"))[0]  # specs render sorted by name
-    assert run.stderr.startswith(f"error: templates/broken.md.j2:2: spec '{first}' (specs/{first}.yaml) "
+    first = sorted(p.stem for p in (REPO / "vitcg" / "specs").glob("*.yaml"))[0]  # specs render sorted by name
+    assert run.stderr.startswith(f"error: templates/broken.md.j2:2: spec '{first}' (vitcg/specs/{first}.yaml) "
                                  "has no field 'docs.summary'")
 
 
 def test_invalid_spec_is_reported_without_traceback(project):
-    spec = project / "specs" / "qwen2_vl.yaml"
+    spec = own_spec(project)
     spec.write_text(spec.read_text().replace("max_model_len: 8192", "max_model_len: eight"))
-    run = vitcg("generate", "--check", cwd=project)
+    run = vitcg("generate", "--check", "--specs", "specs", cwd=project)
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
     assert "specs/qwen2_vl.yaml:" in run.stderr

@@ -106,7 +106,7 @@ def test_draft_of_a_tile_encoder_is_valid_but_flags_what_check_disproves(tmp_pat
 
 def test_stdout_and_refusals(tmp_path):
     run = vitcg("new", "qwen2_vl", "--output", "-")
-    assert run.returncode == 0 and run.stdout.startswith("# yaml-language-server: $schema=../vitcg/lang/schema.json")
+    assert run.returncode == 0 and run.stdout.startswith("# yaml-language-server: $schema=vitcg/lang/schema.json")
     run = vitcg("new", "qwen2_vll", "--output", "-")
     assert run.returncode == 2 and "did you mean 'qwen2_vl'?" in run.stderr
     path = tmp_path / "x.yaml"
@@ -119,8 +119,8 @@ def test_stdout_and_refusals(tmp_path):
 
 
 def test_writes_anywhere_it_is_told(tmp_path):
-    """Outside specs/, into folders it makes; the default is specs/NAME.yaml under the working folder, NAME
-    the model type in snake case; the draft names its own path in the next steps it gives."""
+    """Anywhere, into folders it makes; the default is NAME.yaml in the working folder, NAME the model type in
+    snake case; the draft names its own path in the next steps it gives."""
     path = tmp_path / "drafts" / "deep" / "florence.yaml"
     run = vitcg("new", "florence2", "--output", str(path))
     assert run.returncode == 0, run.stderr
@@ -130,10 +130,10 @@ def test_writes_anywhere_it_is_told(tmp_path):
     assert schema.endswith("vitcg/lang/schema.json") and (path.parent / schema).is_file()
     run = vitcg("new", "kosmos-2.5", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    assert (tmp_path / "specs" / "kosmos_2_5.yaml").is_file()
-    assert "name: kosmos_2_5" in (tmp_path / "specs" / "kosmos_2_5.yaml").read_text()
-    assert 'model_types: ["kosmos-2.5"]' in (tmp_path / "specs" / "kosmos_2_5.yaml").read_text()
-    assert not list((tmp_path / "specs").glob(".*"))  # no temporary file left beside it
+    assert (tmp_path / "kosmos_2_5.yaml").is_file()
+    assert "name: kosmos_2_5" in (tmp_path / "kosmos_2_5.yaml").read_text()
+    assert 'model_types: ["kosmos-2.5"]' in (tmp_path / "kosmos_2_5.yaml").read_text()
+    assert not list(tmp_path.glob(".*"))  # no temporary file left beside it
     again = vitcg("new", "kosmos-2.5", cwd=tmp_path)
     assert again.returncode == 2 and "pass --force" in again.stderr
     folder = vitcg("new", "florence2", "-o", str(tmp_path))
@@ -141,15 +141,16 @@ def test_writes_anywhere_it_is_told(tmp_path):
 
 
 WALKTHROUGH = [
-    "vitcg new cohere_compass",
-    "vitcg validate specs/cohere_compass.yaml",
-    "vitcg check specs/cohere_compass.yaml",
-    "vitcg generate",
+    "vitcg new cohere_compass -o my_specs/cohere_compass.yaml",
+    "vitcg validate my_specs/cohere_compass.yaml",
+    "vitcg check my_specs/cohere_compass.yaml",
+    "vitcg generate --specs my_specs",
 ]
 
 
 def test_readme_walkthrough_works_as_written(tmp_path):
-    """The README's "Adding a model" commands, run in a copy of the project (the editor step aside)."""
+    """The README's "Adding a model" commands, run in a folder holding a copy of registry/ (the editor step
+    aside)."""
     import shutil
 
     from helpers import REPO
@@ -157,12 +158,13 @@ def test_readme_walkthrough_works_as_written(tmp_path):
     readme = (REPO / "README.md").read_text()
     for command in WALKTHROUGH:
         assert command in readme, command
-    for folder in ("specs", "templates", "registry"):
-        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "registry", tmp_path / "registry", ignore=shutil.ignore_patterns("__pycache__"))
     for command in WALKTHROUGH:
         run = vitcg(*command.split()[1:], cwd=tmp_path)
         assert run.returncode == 0, f"{command}\n{run.stdout}\n{run.stderr}"
-    assert "cohere_compass" in (tmp_path / "registry" / "SUPPORTED_MODELS.md").read_text()
+    text = (tmp_path / "registry" / "SUPPORTED_MODELS.md").read_text()
+    assert "[`my_specs/cohere_compass.yaml`](../my_specs/cohere_compass.yaml)" in text
+    assert "qwen2_vl" in text  # beside the packaged specs' rows
 
 
 @pytest.mark.parametrize("model_type, named", [
@@ -189,6 +191,7 @@ def test_help_says_what_new_does():
     run = vitcg("new", "--help")
     assert run.returncode == 0
     text = " ".join(run.stdout.split())
-    for fragment in ("# GUESS: what to verify", "vlm_attribute", "--output", "'-' for stdout", "specs/NAME.yaml",
+    for fragment in ("# GUESS: what to verify", "vlm_attribute", "--output", "'-' for stdout",
+                     "NAME.yaml in the working folder",
                      "--force", "refuses text and audio model types"):
         assert fragment in text, fragment

@@ -14,9 +14,10 @@ INVALID = REPO / "tests" / "specs" / "invalid"
 
 
 def test_validate_default_folder_is_all_valid():
+    """Without PATH: the packaged specs."""
     run = vitcg("validate")
     assert run.returncode == 0, run.stdout + run.stderr
-    count = len(list((REPO / "specs").glob("*.yaml")))
+    count = len(list((REPO / "vitcg" / "specs").glob("*.yaml")))
     # specs needing a newer transformers than the installed one are noted, never errors
     assert run.stdout.strip().splitlines()[-1].startswith(f"{count} spec files checked: all valid")
 
@@ -86,7 +87,7 @@ def test_unknown_option_is_a_usage_error():
 
 
 def test_duplicate_names_across_files(tmp_path):
-    text = (REPO / "specs" / "qwen2_vl.yaml").read_text()
+    text = (REPO / "vitcg" / "specs" / "qwen2_vl.yaml").read_text()
     (tmp_path / "a.yaml").write_text(text)
     (tmp_path / "b.yaml").write_text(text)
     run = vitcg("validate", str(tmp_path))
@@ -100,9 +101,10 @@ def test_schema_command_prints_the_shipped_schema_and_specs_satisfy_it(tmp_path)
     schema = json.loads(run.stdout)
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema == json.loads((REPO / "vitcg" / "lang" / "schema.json").read_text())
-    for path in (REPO / "specs").glob("*.yaml"):
+    for path in (REPO / "vitcg" / "specs").glob("*.yaml"):
         jsonschema.validate(yaml.safe_load(path.read_text()), schema)
-        assert path.read_text().startswith("# yaml-language-server: $schema=../vitcg/lang/schema.json\n")
+        assert path.read_text().startswith("# yaml-language-server: $schema=../lang/schema.json\n")
+        assert (path.parent / "../lang/schema.json").resolve() == REPO / "vitcg" / "lang" / "schema.json"
     out = tmp_path / "schema.json"
     assert vitcg("schema", "--output", str(out)).returncode == 0
     assert json.loads(out.read_text()) == schema

@@ -35,7 +35,7 @@ FUZZ = settings(
     derandomize=not EXAMPLES,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-SOURCES = [REPO / "specs" / f"{name}.yaml" for name in
+SOURCES = [REPO / "vitcg" / "specs" / f"{name}.yaml" for name in
            ("qwen2_vl", "qwen2_5_vl", "internvl", "siglip2", "mllama", "hunyuan_vl")]
 """One spec per style and feature (packed, windowed, tiles, graph scope, extra roles, layer-stack scope)."""
 SPEC_NAME = "spec.yaml"

@@ -18,7 +18,7 @@ import vitcg as package
 
 HEADER = "generated from specs/ by vitcg — do not edit"
 RENDER_SPECS = "tests/specs/render/specs"
-OUTPUTS = {p.name.removesuffix(".j2") for p in (REPO / "templates").glob("*.j2")}
+OUTPUTS = {p.name.removesuffix(".j2") for p in (REPO / "vitcg" / "templates").glob("*.j2")}
 
 
 def run(*args: str, env: dict[str, str] | None = None, stdout=subprocess.PIPE,
@@ -83,7 +83,8 @@ def test_generate_force_writes_beside_other_files_and_removes_only_its_own(crowd
 
     check = run("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--check")
     assert check.returncode == 0, check.stdout + check.stderr  # other files are not stale
-    assert check.stdout.endswith("is up to date (5 files from 3 specs)\n")
+    specs = len(list((REPO / "vitcg" / "specs").glob("*.yaml"))) + 3  # --specs adds 3 to the packaged ones
+    assert check.stdout.endswith(f"is up to date (5 files from {specs} specs)\n")
 
 
 def test_generate_check_lists_only_generated_files_as_stale(crowded: Path):
@@ -99,7 +100,7 @@ def test_generate_check_lists_only_generated_files_as_stale(crowded: Path):
 
 def test_deeply_nested_spec_is_a_diagnostic_and_other_files_still_validate(tmp_path: Path):
     (tmp_path / "deep.yaml").write_text("[" * 25_000 + "\n")
-    shutil.copy(REPO / "specs" / "qwen2_vl.yaml", tmp_path / "qwen2_vl.yaml")
+    shutil.copy(REPO / "vitcg" / "specs" / "qwen2_vl.yaml", tmp_path / "qwen2_vl.yaml")
     result = run("validate", "--json", str(tmp_path))
     assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
     assert "Traceback" not in result.stderr
@@ -235,7 +236,7 @@ def _binding_keys(spec: Path) -> list[str]:
 
 
 def test_corrupt_bindings_cache_entries_are_recomputed(tmp_path: Path):
-    spec = REPO / "specs" / "qwen2_vl.yaml"
+    spec = REPO / "vitcg" / "specs" / "qwen2_vl.yaml"
     keys = _binding_keys(spec)
     assert {k.split(":", 1)[0] for k in keys} == {"class", "method", "config"}
     bad = {"class": [{"ok": True}, {"ok": True, "bases": 7}], "method": [{"ok": "yes"}],
@@ -259,7 +260,7 @@ def test_corrupt_bindings_cache_entries_are_recomputed(tmp_path: Path):
 # 6. a closed stdout
 
 def test_closed_stdout_is_one_line_not_a_traceback():
-    result = run("validate", "specs/qwen2_vl.yaml", stdout=None, shell_prefix="exec >&-; exec")
+    result = run("validate", "vitcg/specs/qwen2_vl.yaml", stdout=None, shell_prefix="exec >&-; exec")
     assert_usage_error(result, "standard output is closed")
 
 

@@ -23,7 +23,7 @@ from vitcg.tools.render import load_test_configs
 from vitcg.tools.workloads import relative_error
 
 REPO = Path(__file__).resolve().parents[2]
-REGISTRY = load_registry([REPO / "specs"])
+REGISTRY = load_registry([REPO / "vitcg" / "specs"])
 CONFIGS = load_test_configs(REPO / "registry")
 
 

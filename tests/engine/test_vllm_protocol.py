@@ -23,7 +23,7 @@ from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder, relative_error
 
 REPO = Path(__file__).resolve().parents[2]
-REGISTRY = load_registry([REPO / "specs"])
+REGISTRY = load_registry([REPO / "vitcg" / "specs"])
 PLAIN = [spec.name for spec in REGISTRY if not spec.graph_scope]
 SCOPED = [spec.name for spec in REGISTRY if spec.graph_scope]
 TOLERANCE = 1e-5

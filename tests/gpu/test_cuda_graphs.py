@@ -18,7 +18,7 @@ from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder, on_device, relative_error
 
 pytestmark = pytest.mark.gpu
-REGISTRY = load_registry(["specs"])
+REGISTRY = load_registry(["vitcg/specs"])
 
 
 @pytest.mark.parametrize("name", REGISTRY.names)

@@ -16,7 +16,7 @@ from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
 
 pytestmark = pytest.mark.gpu
-REGISTRY = load_registry(["specs"])
+REGISTRY = load_registry(["vitcg/specs"])
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "pixtral", "internvl"])

@@ -177,7 +177,7 @@ def test_internvl_generate_routes_its_get_image_features():
     from vitcg.lang import load_registry
     from vitcg.lang.model import thaw
 
-    spec = load_registry(["specs/internvl.yaml"], bindings=False)["internvl"]
+    spec = load_registry(["vitcg/specs/internvl.yaml"], bindings=False)["internvl"]
     overrides = thaw(spec.encoder.tiny_config)
     overrides["text_config"]["vocab_size"] = 151680  # the image token id must be a valid embedding
     torch.manual_seed(0)
@@ -215,7 +215,7 @@ def _tiny_vlm(spec_path: str, name: str, keys: tuple[str, ...] = ("pixel_values"
 def test_paddle_tower_takes_rows_on_dim_1():
     """specs/paddleocr_vl.yaml captures the tower, which the VLM calls with (1, rows, C, p, p) pixels: the router
     strips the leading 1 (the graphs hold rows first); a leading dim that is not 1 runs the original, saying why."""
-    vlm, inputs, spec = _tiny_vlm("specs/paddleocr_vl.yaml", "paddleocr_vl")
+    vlm, inputs, spec = _tiny_vlm("vitcg/specs/paddleocr_vl.yaml", "paddleocr_vl")
     with torch.no_grad():
         want = vlm.model.get_image_features(**inputs).pooler_output
         with vitcg.accelerate(vlm, spec=spec, max_num_batched_tokens=1024) as handle:
@@ -249,7 +249,7 @@ def test_per_item_output_layout_rebuilds_a_tuple_per_image():
 def test_minicpm_tower_takes_navit_pixels_in_one_downsample_mode():
     """specs/minicpmv4_6.yaml captures the tower in the model's default 16x mode, fed the VLM's NaViT pixels
     (1, C, p, rows * p) as rows; a 4x call (use_vit_merger=False) runs the original, saying why."""
-    vlm, inputs, spec = _tiny_vlm("specs/minicpmv4_6.yaml", "minicpmv4_6", ("pixel_values", "target_sizes"))
+    vlm, inputs, spec = _tiny_vlm("vitcg/specs/minicpmv4_6.yaml", "minicpmv4_6", ("pixel_values", "target_sizes"))
     assert inputs["pixel_values"].shape[:3] == (1, 3, 14)
     with torch.no_grad():
         want = vlm.model.get_image_features(**inputs).pooler_output

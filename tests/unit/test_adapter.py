@@ -12,7 +12,7 @@ from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.runtime.protocol import SupportsEncoderCudaGraph
 from vitcg.tools.encoders import build_encoder
 
-SPECS = load_registry(["specs"])
+SPECS = load_registry(["vitcg/specs"])
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from vitcg.runtime.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, _item_size, make_inputs, on_device
 
-SPECS = load_registry(["specs"])
+SPECS = load_registry(["vitcg/specs"])
 
 
 @pytest.mark.parametrize("name", SPECS.names)

@@ -28,7 +28,7 @@ def artifacts(monkeypatch):
 
 
 def test_the_key_follows_spec_shapes_dtype_and_file(repo, tmp_path):
-    registry = load_registry([repo / "specs"])
+    registry = load_registry([repo / "vitcg" / "specs"])
     spec = registry.get("qwen2_vl")
     key = compile_key(spec, torch.device("cpu"), torch.float32, budgets=[64, 128])
     assert key == compile_key(spec, torch.device("cpu"), torch.float32, budgets=[64, 128])
@@ -36,7 +36,7 @@ def test_the_key_follows_spec_shapes_dtype_and_file(repo, tmp_path):
     assert key != compile_key(spec, torch.device("cpu"), torch.float32, budgets=[64, 256])
     assert key != compile_key(registry.get("qwen2_5_vl"), torch.device("cpu"), torch.float32, budgets=[64, 128])
     copy = tmp_path / "qwen2_vl.yaml"
-    copy.write_text((repo / "specs" / "qwen2_vl.yaml").read_text().replace("min: 64", "min: 128"))
+    copy.write_text((repo / "vitcg" / "specs" / "qwen2_vl.yaml").read_text().replace("min: 64", "min: 128"))
     edited = load_registry([copy]).get("qwen2_vl")
     assert compile_key(edited, torch.device("cpu"), torch.float32, budgets=[64, 128]) != key
 

@@ -12,7 +12,7 @@ from vitcg.lang import load_registry
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.tools.encoders import build_encoder
 
-SPECS = load_registry(["specs"])
+SPECS = load_registry(["vitcg/specs"])
 
 
 def test_complex_buffers_keep_their_dtype():

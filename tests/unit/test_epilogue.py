@@ -16,7 +16,7 @@ from vitcg.runtime.syncs import no_host_syncs
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = load_registry(["specs"])
+SPECS = load_registry(["vitcg/specs"])
 
 
 def test_kept_first_puts_the_kept_rows_first_in_order():

@@ -24,7 +24,7 @@ from vitcg.tools.workloads import relative_error
 
 kimi = pytest.importorskip("transformers.models.kimi_k25.modeling_kimi_k25")  # transformers >= 5.23
 
-SPECS = load_registry(["specs"])
+SPECS = load_registry(["vitcg/specs"])
 needs_kimi_spec = pytest.mark.skipif(bool(SPECS["kimi_k25"].unavailable), reason=str(SPECS["kimi_k25"].unavailable))
 """accelerate refuses, and check skips, a spec the installed transformers is too old for (5.17 has the module)."""
 GEOMETRY = {"spatial_merge_size": 2}

@@ -20,7 +20,7 @@ from vitcg.tools import vlm
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import relative_error
 
-SPECS = load_registry(["specs"])
+SPECS = load_registry(["vitcg/specs"])
 ROW = 1176  # tiny glm4v and qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
 HW_GRID = load_specs(["tests/specs/valid/hw_grid.yaml"]).specs[0]
 

@@ -12,7 +12,7 @@ from vitcg.lang import spec_from_text
 from vitcg.lang.bindings import Bindings
 from vitcg.tools import cases
 
-SPECS = Path(__file__).resolve().parents[2] / "specs"
+SPECS = Path(__file__).resolve().parents[2] / "vitcg" / "specs"
 BOUNDED = "max: min(max_num_batched_tokens, max_model_len)"
 
 

@@ -35,9 +35,9 @@ def modules_of(room: str) -> list[str]:
     return sorted(f"vitcg.{room}.{p.stem}" for p in (PACKAGE / room).glob("*.py") if p.stem != "__init__")
 
 
-def test_ls_shows_the_three_rooms():
+def test_ls_shows_the_rooms_and_the_packaged_data():
     top = sorted(p.name for p in PACKAGE.iterdir() if not p.name.startswith(("_", ".")))
-    assert top == ["cli.py", "errors.py", "lang", "runtime", "tools"]
+    assert top == ["cli.py", "errors.py", "lang", "runtime", "specs", "templates", "tools"]
 
 
 def static_imports(path: pathlib.Path) -> set[str]:

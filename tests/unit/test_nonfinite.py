@@ -13,7 +13,7 @@ from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = load_registry(["specs"])
+SPECS = load_registry(["vitcg/specs"])
 NAMES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl"]
 
 

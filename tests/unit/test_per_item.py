@@ -21,7 +21,7 @@ from vitcg.tools import vlm
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder, relative_error
 
-SPECS = load_registry(["specs"])
+SPECS = load_registry(["vitcg/specs"])
 PER_ITEM = load_specs(["tests/specs/valid/per_item_inputs.yaml"]).specs[0]
 ROW = 1176  # tiny qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
 VL3_ROW = 588  # tiny video_llama_3: 3 * 14 ** 2

@@ -98,7 +98,7 @@ def test_one_compilation_serves_every_block(eager_backend):
 
 
 def _manager(spec_name: str, **config):
-    spec = load_registry(["specs"]).get(spec_name)
+    spec = load_registry(["vitcg/specs"]).get(spec_name)
     config_obj = encoders.build_config(spec, "tiny")
     for key, value in config.items():
         setattr(config_obj, key, value)
@@ -148,7 +148,7 @@ def test_an_encoder_without_repeated_blocks_compiles_its_whole_forward(monkeypat
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: compiled.append(kwargs) or fn)
     monkeypatch.setattr(adapter_module, "repeated_blocks", lambda root: [])
-    spec = load_registry(["specs"]).get("qwen2_vl")
+    spec = load_registry(["vitcg/specs"]).get("qwen2_vl")
     adapter = adapter_for(spec, encoders.build_encoder(spec, "tiny"), compile_forward=True)
     assert adapter._compiled and not adapter._blocks and compiled == [{"dynamic": True}]
 

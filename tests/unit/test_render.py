@@ -1,4 +1,4 @@
-"""Rendering templates/ into registry/: golden files, strictness, escaping, staleness, and the plain-data context.
+"""Rendering vitcg/templates/ into registry/: golden files, strictness, escaping, staleness, and the plain-data context.
 
 Golden outputs of every template for the fixed specs in ``tests/specs/render/specs/`` live in
 ``tests/specs/render/golden/NAME.golden``. After an intended change, refresh them with
@@ -33,7 +33,7 @@ from vitcg.tools.render import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATES = REPO / "templates"
+TEMPLATES = REPO / "vitcg" / "templates"
 CASES = REPO / "tests" / "specs" / "render"
 GOLDEN = CASES / "golden"
 UPDATE = os.environ.get("VITCG_UPDATE_GOLDEN") == "1"
@@ -46,7 +46,7 @@ def case_specs():
 
 @pytest.fixture(scope="module")
 def rendered(case_specs):
-    return render_templates(build_context(case_specs, CASES / "specs"), TEMPLATES)
+    return render_templates(build_context(case_specs, [CASES / "specs"]), TEMPLATES)
 
 
 @pytest.mark.parametrize("name", [n.removesuffix(".j2") for n in template_names(TEMPLATES)])
@@ -74,7 +74,7 @@ def test_output_does_not_depend_on_spec_order(case_specs, rendered):
     shuffled = list(case_specs)
     random.Random(0).shuffle(shuffled)
     shuffled.reverse()
-    assert render_templates(build_context(shuffled, CASES / "specs"), TEMPLATES) == rendered
+    assert render_templates(build_context(shuffled, [CASES / "specs"]), TEMPLATES) == rendered
 
 
 def test_context_is_plain_data(case_specs):
@@ -89,7 +89,7 @@ def test_context_is_plain_data(case_specs):
         else:
             assert value is None or isinstance(value, (str, int, float, bool)), type(value)
 
-    context = build_context(case_specs, CASES / "specs")
+    context = build_context(case_specs, [CASES / "specs"])
     walk(context)
     json.dumps(context)
     spec = context["specs_by_name"]["tiles_image"]
@@ -192,7 +192,7 @@ def test_missing_field_names_template_line_and_spec(case_specs, tmp_path):
                                                   "{{ spec.tests.max_model_len }} {{ spec.tests.no_such_key }}\n"
                                                   "{% endfor %}\n"})
     with pytest.raises(RenderError) as info:
-        render_templates(build_context(case_specs, CASES / "specs"), folder)
+        render_templates(build_context(case_specs, [CASES / "specs"]), folder)
     message = str(info.value)
     assert message.startswith(f"{(folder / 'bad.md.j2').as_posix()}:3: ")
     assert "spec 'packed_vl' (specs/packed_vl.yaml) has no field 'tests.no_such_key'" in message
@@ -247,11 +247,11 @@ def _copy_cases(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_generate_writes_then_is_current(tmp_path):
     specs, out = _copy_cases(tmp_path)
-    first = generate(specs, TEMPLATES, out)
+    first = generate([specs], TEMPLATES, out)
     assert first.written and {s.reason for s in first.stale} == {"missing"}
     assert sorted(p.name for p in out.iterdir()) == sorted(first.rendered)
     assert out.joinpath("SUPPORTED_MODELS.md").read_text() == (GOLDEN / "SUPPORTED_MODELS.md.golden").read_text()
-    again = generate(specs, TEMPLATES, out, check=True)
+    again = generate([specs], TEMPLATES, out, check=True)
     assert again.stale == [] and "is up to date (5 files from 3 specs)" in again.text()
 
 
@@ -273,35 +273,35 @@ def test_find_stale_reports_differing_missing_and_extra_generated_files(tmp_path
 
 def test_check_writes_nothing_and_generate_removes_extra_files(tmp_path):
     specs, out = _copy_cases(tmp_path)
-    generate(specs, TEMPLATES, out)
+    generate([specs], TEMPLATES, out)
     (out / "old.md").write_text(f"<!-- {HEADER} -->\nleft over\n")
     (out / "index.json").write_text("{}\n")
-    check = generate(specs, TEMPLATES, out, check=True)
+    check = generate([specs], TEMPLATES, out, check=True)
     assert not check.written
     assert [(s.path.name, s.reason) for s in check.stale] == [
         ("index.json", "differs"), ("old.md", "not produced by any template")]
     assert (out / "old.md").exists() and (out / "index.json").read_text() == "{}\n"
     assert "stale: " in check.text() and "run `vitcg generate`" in check.text()
-    fixed = generate(specs, TEMPLATES, out)
+    fixed = generate([specs], TEMPLATES, out)
     assert "removed " in fixed.text() and not (out / "old.md").exists()
-    assert generate(specs, TEMPLATES, out, check=True).stale == []
+    assert generate([specs], TEMPLATES, out, check=True).stale == []
 
 
 def test_generate_refuses_invalid_specs(tmp_path):
     specs, out = _copy_cases(tmp_path)
     (specs / "broken.yaml").write_text("name: 3\n")
     with pytest.raises(SpecError):
-        generate(specs, TEMPLATES, out, check=True)
+        generate([specs], TEMPLATES, out, check=True)
 
 
 def test_repository_registry_is_current():
-    result = generate(REPO / "specs", TEMPLATES, REPO / "registry", check=True)
+    result = generate(out_dir=REPO / "registry", check=True)  # the defaults: packaged specs and templates
     assert result.stale == [], result.text()
 
 
 def test_generated_test_configs_are_importable_and_match_specs():
     configs = load_test_configs(REPO / "registry")
-    specs = load_registry([REPO / "specs"], bindings=False)
+    specs = load_registry([REPO / "vitcg" / "specs"], bindings=False)
     assert list(configs) == specs.names
     for name, config in configs.items():
         spec = specs[name]
@@ -314,7 +314,7 @@ def test_generated_test_configs_are_importable_and_match_specs():
 
 def test_render_does_not_import_torch():
     code = ("import sys; from pathlib import Path; from vitcg.tools.render import generate; "
-            "generate(Path('specs'), Path('templates'), Path('registry'), check=True); "
+            "generate(out_dir=Path('registry'), check=True); "
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

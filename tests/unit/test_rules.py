@@ -17,7 +17,7 @@ from vitcg.lang.rules import tests as tst
 from vitcg.lang.rules.schema import explain, message
 
 PACKED, TILES = cat.STYLES["packed"], cat.STYLES["tiles"]
-QWEN2_VL = Path(__file__).resolve().parents[2] / "specs" / "qwen2_vl.yaml"
+QWEN2_VL = Path(__file__).resolve().parents[2] / "vitcg" / "specs" / "qwen2_vl.yaml"
 
 
 def loaded_from(text: str):

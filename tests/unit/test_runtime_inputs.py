@@ -13,7 +13,7 @@ from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.encoders import build_encoder
 
-SPECS = load_registry(["specs"])
+SPECS = load_registry(["vitcg/specs"])
 ROW = 1176  # tiny qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
 
 

@@ -16,19 +16,24 @@ def test_spec_name_is_a_valid_spec_name(model_type, name):
     assert scaffold.spec_name(model_type) == name
 
 
-def test_schema_reference_is_relative_inside_the_project_and_absolute_outside(tmp_path):
+def test_schema_reference_is_relative_inside_the_project_and_absolute_outside(tmp_path, monkeypatch):
     repo = Path(scaffold.__file__).resolve().parents[2]
-    assert scaffold.schema_reference(repo / "specs" / "x.yaml") == "../vitcg/lang/schema.json"
-    assert scaffold.schema_reference(None) == "../vitcg/lang/schema.json"
+    assert scaffold.schema_reference(repo / "vitcg" / "specs" / "x.yaml") == "../lang/schema.json"
+    assert scaffold.schema_reference(repo / "x.yaml") == "vitcg/lang/schema.json"
     outside = scaffold.schema_reference(tmp_path / "x.yaml")
     assert Path(outside).is_absolute() and Path(outside).is_file()
+    # stdout: as for the default output, a file in the working folder
+    monkeypatch.chdir(repo)
+    assert scaffold.schema_reference(None) == "vitcg/lang/schema.json"
+    monkeypatch.chdir(tmp_path)
+    assert scaffold.schema_reference(None) == outside
 
 
 def test_a_draft_that_does_not_validate_is_never_returned(monkeypatch):
     """The last guard: a rendering bug for some model type is an error naming it, not a broken file."""
     real = scaffold.render
 
-    def broken(d, path=None, schema="../vitcg/lang/schema.json"):
+    def broken(d, path=None, schema=None):
         lines = real(d, path, schema)
         lines.lines = [line.replace("  patch_size: config.patch_size", "  patch_size: config.no_such_field")
                        for line in lines.lines]

@@ -98,7 +98,7 @@ def test_the_rule_is_no_row_buffer():
 
 @pytest.fixture(scope="module")
 def pixtral():
-    spec = load_registry(["specs"])["pixtral"]
+    spec = load_registry(["vitcg/specs"])["pixtral"]
     if spec.unavailable:
         pytest.skip(spec.unavailable)
     return spec, build_encoder(spec, seed=0)

@@ -1,11 +1,14 @@
 """Spec files -> diagnostics or typed specs: discovery, the per-file pipeline, and the registry.
 
 Pipeline per file: :mod:`.loader` (YAML with positions) -> :mod:`.checks` (schema, formulas, semantics,
-bindings) -> :class:`.model.Spec`. Across files, names must be unique. The registry is sorted by name.
+bindings) -> :class:`.model.Spec`. Within one folder, names must be unique; across folders, a later folder's
+spec replaces an earlier one of the same name (:mod:`.folders` has the order: the packaged specs, then
+``$VITCG_SPECS_DIR``, then the caller's folders). The registry is sorted by name.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,12 +16,15 @@ from pathlib import Path
 from ..errors import Diagnostic, SpecError, UsageError, suggest
 from .bindings import Bindings
 from .checks import check, schema
+from .folders import folder_label, packaged_specs_dir, spec_folders
 from .loader import load_file, load_text
 from .model import Spec
 from .registry import Registry
 
-__all__ = ["Bindings", "InvalidSpec", "LoadResult", "Registry", "Spec", "discover", "load_registry", "load_specs",
-           "schema", "select_specs", "spec_from_text"]
+__all__ = ["Bindings", "InvalidSpec", "LoadResult", "Registry", "Spec", "discover", "load_layers", "load_registry",
+           "load_specs", "packaged_specs_dir", "schema", "select_specs", "spec_folders", "spec_from_text"]
+
+log = logging.getLogger(__name__)
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 
@@ -70,16 +76,20 @@ def spec_from_text(text: str, file: str = "<text>", bindings: Bindings | None = 
     return spec
 
 
-def load_specs(paths: Sequence[str | Path] = ("specs",), *, bindings: Bindings | None | bool = True,
+def _bindings(bindings: Bindings | None | bool, use_cache: bool) -> Bindings | None:
+    if bindings is True:
+        return Bindings(use_cache=use_cache)
+    return None if bindings is False else bindings
+
+
+def load_specs(paths: Sequence[str | Path], *, bindings: Bindings | None | bool = True,
                use_cache: bool = True) -> LoadResult:
-    """Load and check every spec under ``paths``; never raises for a bad spec (UsageError for bad paths).
+    """Load and check every spec under ``paths`` as one set: two specs of one name are an error naming both
+    files. Never raises for a bad spec (UsageError for bad paths).
 
     ``bindings=True`` checks import paths and configs (cached); ``False`` skips those checks.
     """
-    if bindings is True:
-        bindings = Bindings(use_cache=use_cache)
-    elif bindings is False:
-        bindings = None
+    bindings = _bindings(bindings, use_cache)
     result = LoadResult()
     owners: dict[str, tuple[str, int]] = {}
     for path in discover(paths):
@@ -106,14 +116,39 @@ def load_specs(paths: Sequence[str | Path] = ("specs",), *, bindings: Bindings |
     return result
 
 
-def load_registry(paths: Sequence[str | Path] = ("specs",), **kwargs) -> Registry:
-    """Every spec under ``paths`` as a :class:`Registry`. Raises SpecError if any file is invalid."""
-    result = load_specs(paths, **kwargs)
+def load_layers(folders: Sequence[str | Path], *, bindings: Bindings | None | bool = True,
+                use_cache: bool = True) -> LoadResult:
+    """Load each of ``folders`` (folders, or spec files) as one layer, in order: a spec of a later layer replaces
+    the spec of the same ``name`` from an earlier one, logged at INFO naming both files; within one layer,
+    :func:`load_specs`' rule holds (two specs of one name are an error naming both). ``files`` and
+    ``diagnostics`` cover every layer. Never raises for a bad spec (UsageError for bad paths)."""
+    bindings = _bindings(bindings, use_cache)
+    result = LoadResult()
+    chosen: dict[str, Spec] = {}
+    for folder in folders:
+        layer = load_specs([folder], bindings=bindings)
+        result.files.extend(layer.files)
+        result.diagnostics.extend(layer.diagnostics)
+        for spec in layer.specs:
+            if spec.name in chosen:
+                _replaced(spec.name, spec.file, chosen[spec.name].file)
+            chosen[spec.name] = spec
+    result.specs = sorted(chosen.values(), key=lambda s: s.name)
+    return result
+
+
+def load_registry(paths: Sequence[str | Path] | None = None, **kwargs) -> Registry:
+    """The specs of ``paths`` as a :class:`Registry`, each path a layer of :func:`load_layers` (later ones
+    replace earlier specs by name). The default is :func:`spec_folders`: the packaged specs, then
+    ``$VITCG_SPECS_DIR``. ``kwargs`` go to :func:`load_layers`. Raises SpecError if any file is invalid,
+    UsageError for bad paths or when no spec is found."""
+    paths = spec_folders() if paths is None else list(paths)
+    result = load_layers(paths, **kwargs)
     if not result.ok:
         raise SpecError(result.diagnostics)
     if not result.specs:
         raise UsageError(f"no spec files under {', '.join(map(str, paths))}")
-    return Registry(result.specs, ", ".join(f"{p}/" if Path(p).is_dir() else str(p) for p in paths))
+    return Registry(result.specs, ", ".join(map(folder_label, paths)))
 
 
 @dataclass(frozen=True)
@@ -142,35 +177,58 @@ def _split(result: LoadResult) -> list[Spec | InvalidSpec]:
     return sorted([*result.specs, *invalid], key=lambda entry: entry.name)
 
 
+def _layered_entries(folders: Sequence[str | Path]) -> dict[str, list[Spec | InvalidSpec]]:
+    """The specs and invalid files of ``folders`` by name (an invalid file's name is its stem), a later folder's
+    replacing an earlier one's as in :func:`load_layers`."""
+    bindings = Bindings()
+    by_name: dict[str, list[Spec | InvalidSpec]] = {}
+    for folder in folders:
+        layer: dict[str, list[Spec | InvalidSpec]] = {}
+        for entry in _split(load_specs([folder], bindings=bindings)):
+            layer.setdefault(entry.name, []).append(entry)
+        for name, entries in layer.items():
+            if name in by_name:
+                _replaced(name, entries[0].file, by_name[name][0].file)
+        by_name.update(layer)
+    return by_name
+
+
+def _replaced(name: str, new: str, old: str) -> None:
+    log.info("spec %r: %s replaces %s (a later spec folder wins)", name, new, old)
+
+
 def select_specs(names: Sequence[str] | None, all_specs: bool = False,
-                 specs_dir: str | Path = "specs") -> list[Spec | InvalidSpec]:
-    """The specs named on a command line, in that order and each once, or every spec of ``specs_dir`` with
+                 folders: Sequence[str | Path] | None = None) -> list[Spec | InvalidSpec]:
+    """The specs named on a command line, in that order and each once, or every spec of ``folders`` with
     ``all_specs``; a file that does not validate is an :class:`InvalidSpec` entry, never an exception.
 
-    A name ending in ``.yaml``/``.yml`` is a file, loaded alone (a folder: its files); any other name is looked up in
-    ``specs_dir``, whose other files may be broken without blocking it (a file called ``NAME.yaml`` that
-    does not validate answers for ``NAME``). Raises UsageError when nothing is named, a file does not
-    exist, or no spec has a name (with a did-you-mean).
+    ``folders`` are layered as in :func:`load_layers` (default :func:`spec_folders`: the packaged specs, then
+    ``$VITCG_SPECS_DIR``). A name ending in ``.yaml``/``.yml`` is a file, loaded alone (a folder: its files);
+    any other name is looked up in ``folders``, whose other files may be broken without blocking it (a file
+    called ``NAME.yaml`` that does not validate answers for ``NAME``). Raises UsageError when nothing is named,
+    a file does not exist, or no spec has a name (with a did-you-mean).
     """
     if not names and not all_specs:
         raise UsageError("name specs to check, or pass --all")
+    folders = spec_folders() if folders is None else list(folders)
+    where = ", ".join(map(folder_label, folders))
     if all_specs:
-        result = load_specs([specs_dir])
-        if not result.files:
-            raise UsageError(f"no spec files (*.yaml) under {specs_dir}")
-        return _split(result)
-    folder: dict[str, Spec | InvalidSpec] | None = None
+        entries = _layered_entries(folders)
+        if not entries:
+            raise UsageError(f"no spec files (*.yaml) under {where}")
+        return [entry for name in sorted(entries) for entry in entries[name]]
+    by_name: dict[str, list[Spec | InvalidSpec]] | None = None
     chosen: dict[str, Spec | InvalidSpec] = {}
     for name in names or ():
         if name.endswith(SPEC_SUFFIXES) or Path(name).is_dir():
             entries = _split(load_specs([Path(name)]))
         else:
-            if folder is None:
-                folder = {entry.name: entry for entry in _split(load_specs([specs_dir]))}
-            if name not in folder:
-                hint = suggest(name, folder)
-                raise UsageError(f"no spec named {name!r} in {specs_dir}/" + (f"; {hint}" if hint else ""))
-            entries = [folder[name]]
+            if by_name is None:
+                by_name = _layered_entries(folders)
+            if name not in by_name:
+                hint = suggest(name, by_name)
+                raise UsageError(f"no spec named {name!r} in {where}" + (f"; {hint}" if hint else ""))
+            entries = by_name[name]
         # a spec once by name; a broken file once by path (two broken files may share a stem)
         chosen.update((entry.file if isinstance(entry, InvalidSpec) else entry.name, entry) for entry in entries)
     return list(chosen.values())

@@ -25,11 +25,11 @@ DEFAULT_LIMITS = {"max_num_batched_tokens": 8192, "max_model_len": 32768}
 MERGE_NAME = "spatial_merge_size"
 """The geometry name of the merge block size of :attr:`AttentionStyle.merged` item names."""
 MAX_BUDGET_TOKENS = 2**20
-"""Largest max budget a spec may reach under :data:`DEFAULT_LIMITS` (32x the largest in ``specs/``): a
+"""Largest max budget a spec may reach under :data:`DEFAULT_LIMITS` (32x the largest in ``vitcg/specs/``): a
 budget is a capture buffer's row count, so an unbounded one exhausts memory before anything runs."""
 MAX_BUFFER_ELEMENTS = 2**30
 """Most elements the tensor buffers of the max budget's capture may hold together (4 GiB in float32; the
-largest spec in ``specs/`` needs 2.0e8)."""
+largest spec in ``vitcg/specs/`` needs 2.0e8)."""
 GRID_COLUMNS = ("t", "h", "w")
 """The full columns of a grid row; a modality's ``grid_columns`` may leave ``t`` out (then t is 1)."""
 SPLITS = {"frames": "the encoder receives one grid row (1, h, w) per frame of each (t, h, w) item row"}

@@ -21,5 +21,5 @@ GAPS: tuple[Gap, ...] = (
         "timm towers (TimmWrapper); timm needs torchvision, which does not load beside the CPU build of torch "
         "that CI uses, so they cannot be built or checked here."),
 )
-"""Gemma 4's video modality is a partial gap, noted in specs/gemma4.yaml: frames come padded to 70 soft tokens,
+"""Gemma 4's video modality is a partial gap, noted in vitcg/specs/gemma4.yaml: frames come padded to 70 soft tokens,
 not the 280 of the image tile the spec fixes."""

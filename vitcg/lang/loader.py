@@ -158,7 +158,8 @@ def load_text(text: str, file: str) -> tuple[LoadedYaml | None, list[Diagnostic]
     except RecursionError:
         return fail("YAML is nested too deeply")
     if root is None:
-        return fail("file is empty; a spec is a YAML mapping", hint="start from an existing file in specs/")
+        return fail("file is empty; a spec is a YAML mapping",
+                    hint="start from an existing file in vitcg/specs/ or from `vitcg new`")
     loaded = LoadedYaml(file, None)
     if not isinstance(root, yaml.MappingNode):
         pos = _pos(root)

@@ -12,7 +12,7 @@ class Registry:
     """Specs sorted by name. ``registry[name]`` / :meth:`get` raise UsageError with a did-you-mean for an
     unknown name; :meth:`find` looks a model up by its ``model_type`` or architecture class name."""
 
-    def __init__(self, specs: Iterable[Spec], source: str = "specs/"):
+    def __init__(self, specs: Iterable[Spec], source: str = "vitcg/specs/"):
         self._specs = {s.name: s for s in sorted(specs, key=lambda s: s.name)}
         self.source = source
         """Where the specs came from, for messages."""

@@ -16,11 +16,10 @@ import contextlib
 import contextvars
 import functools
 import inspect
-import os
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError, SpecRuntimeError, UsageError
-from ..lang import Registry, load_registry
+from ..lang import Registry, load_registry, spec_folders
 from ..lang.bindings import import_object
 from ..lang.model import Spec
 from .adapter import adapter_for, output_entry, per_item, pixels_to_rows
@@ -44,13 +43,18 @@ IGNORED_ARGS = {"return_dict", "use_cache"}
 vision encoder keeps no cache, though older transformers pass ``generate``'s ``use_cache`` down to it)."""
 
 
-def default_specs_dir() -> Path:
-    """``$VITCG_SPECS_DIR``, else the ``specs/`` folder of the vitcg checkout. Raises UsageError if neither
-    exists."""
-    for candidate in (os.environ.get("VITCG_SPECS_DIR"), Path(__file__).resolve().parents[2] / "specs"):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    raise UsageError("no specs folder found: pass specs=PATH to vitcg.accelerate or set VITCG_SPECS_DIR")
+SpecFolders = str | Path | Sequence[str | Path]
+"""What ``specs=`` takes besides a Registry: one folder of the user's, or several in override order."""
+
+
+def registry_for(specs: Registry | SpecFolders | None = None) -> Registry:
+    """``specs`` if it is a Registry; else the packaged specs, then ``$VITCG_SPECS_DIR``, then the folder or folders
+    ``specs`` names, a later folder's spec replacing an earlier one of the same name
+    (:mod:`vitcg.lang.folders`). Raises SpecError for an invalid spec file, UsageError for a missing folder."""
+    if isinstance(specs, Registry):
+        return specs
+    extra = [] if specs is None else [specs] if isinstance(specs, (str, Path)) else list(specs)
+    return load_registry(spec_folders(extra), bindings=False)
 
 
 @dataclass
@@ -203,10 +207,10 @@ def encoder_of(model: nn.Module, spec: Spec) -> tuple[list[Any], nn.Module]:
     return owners, encoder
 
 
-def _spec_for(model: nn.Module, spec: Spec | str | None, specs: Registry | str | Path | None) -> Spec:
+def _spec_for(model: nn.Module, spec: Spec | str | None, specs: Registry | SpecFolders | None) -> Spec:
     if isinstance(spec, Spec):
         return spec
-    registry = specs if isinstance(specs, Registry) else load_registry([specs or default_specs_dir()], bindings=False)
+    registry = registry_for(specs)
     if isinstance(spec, str):
         return registry[spec]
     config = getattr(model, "config", None)
@@ -436,13 +440,14 @@ def _with_modality(method: Callable, modality: str, known: tuple[str, ...]) -> C
     return call
 
 
-def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Registry | str | Path | None = None,
+def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Registry | SpecFolders | None = None,
                progress: bool | None = None, compile: bool = False, **engine_limits: Any) -> Accelerated:
     """Route ``model``'s vision encoder through budget CUDA graphs (on CUDA; the static path elsewhere).
 
     ``model``: a loaded transformers VLM (a class in a spec's ``architectures``, or its inner model).
     ``spec``: a spec or spec name; by default the spec whose architectures or model types match the model,
-    from ``specs`` (a folder or :class:`~vitcg.lang.Registry`; default :func:`default_specs_dir`).
+    from :func:`registry_for` ``specs``: the packaged specs, then ``$VITCG_SPECS_DIR``, then ``specs`` (a folder
+    or a list of folders, whose specs replace packaged ones of the same name), or a :class:`~vitcg.lang.Registry`.
     ``engine_limits``: the manager's engine options (``max_num_batched_tokens``, ``token_budgets``,
     ``max_items_per_batch``...). ``progress``: a capture progress bar (default: when stderr is a terminal).
     ``compile``: compile the encoder's repeated blocks with inductor before capture (faster replays; the first

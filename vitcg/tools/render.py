@@ -1,4 +1,4 @@
-"""Templates -> registry/: every ``templates/NAME.j2`` renders to ``registry/NAME`` from the loaded specs.
+"""Templates -> registry/: every ``vitcg/templates/NAME.j2`` renders to ``registry/NAME`` from the loaded specs.
 
 Rendering reads typed specs only, through a plain-data context built from :meth:`Spec.to_json` plus a few
 derived values; no torch objects and no Spec objects reach a template. The environment is sandboxed and
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,9 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import RenderError, UsageError
-from ..lang import Spec, load_registry
+from ..lang import Spec, load_registry, packaged_specs_dir, spec_folders
 from ..lang.catalogue import vocabulary
+from ..lang.folders import packaged_folder
 from ..lang.gaps import GAPS
 from .files import make_folder, write_text_atomic
 
@@ -85,19 +86,34 @@ def _prompt(template: str, placeholder: str | None, question: str) -> str | None
     return template.replace("{placeholders}", placeholder).replace("{question}", question)
 
 
-def spec_context(spec: Spec, specs_dir: Path | None = None) -> dict[str, Any]:
+def packaged_templates_dir() -> Path:
+    """The templates shipped with vitcg (``vitcg/templates/``). Raises UsageError when they are not a folder on
+    disk (:func:`vitcg.lang.folders.packaged_folder`)."""
+    return packaged_folder("templates")
+
+
+def shown_folder(folder: Path) -> str:
+    """How generated files name a specs folder: ``vitcg/specs`` for the packaged one (its path in a checkout),
+    else the folder's own name, so that the output does not depend on where the command runs."""
+    if folder.resolve() == packaged_specs_dir().resolve():
+        return "vitcg/specs"
+    return folder.resolve().name
+
+
+def spec_context(spec: Spec, folders: Sequence[Path] = ()) -> dict[str, Any]:
     """Plain data for one spec: ``Spec.to_json()`` plus ``supports`` and ``test_config``.
 
-    ``file`` becomes ``<specs folder name>/<path inside it>`` so the output does not depend on where the
-    command runs.
+    ``file`` becomes ``<folder>/<path inside it>`` for the first of ``folders`` that holds it (the folder as
+    :func:`shown_folder` names it), so the output does not depend on where the command runs.
     """
     data = spec.to_json()
-    if specs_dir is not None:
+    for folder in folders:
         try:
-            relative = Path(spec.file).relative_to(specs_dir)
-            data["file"] = f"{specs_dir.resolve().name}/{relative.as_posix()}"
+            relative = Path(spec.file).relative_to(folder)
         except ValueError:
-            pass
+            continue
+        data["file"] = f"{shown_folder(folder)}/{relative.as_posix()}"
+        break
     image, video = "image" in data["modalities"], "video" in data["modalities"]
     data["supports"] = {"image": image, "video": video, "mixed": image and video}
     tests = data["tests"]
@@ -118,11 +134,11 @@ def spec_context(spec: Spec, specs_dir: Path | None = None) -> dict[str, Any]:
     return data
 
 
-def build_context(specs: Iterable[Spec], specs_dir: Path | None = None) -> dict[str, Any]:
+def build_context(specs: Iterable[Spec], folders: Sequence[Path] = ()) -> dict[str, Any]:
     """The whole template context: ``header``, ``specs`` (sorted by name), ``specs_by_name``, ``model_types``,
     ``vocabulary`` (styles, providers, padding rules, dtypes: :func:`vitcg.lang.catalogue.vocabulary`) and
     ``gaps`` (model types no spec covers yet, with why: :data:`vitcg.lang.gaps.GAPS`)."""
-    contexts = [spec_context(s, specs_dir) for s in sorted(specs, key=lambda s: s.name)]
+    contexts = [spec_context(s, folders) for s in sorted(specs, key=lambda s: s.name)]
     return {
         "header": HEADER,
         "vocabulary": vocabulary(),
@@ -336,9 +352,13 @@ def _foreign_error(out_dir: Path, foreign: list[Path]) -> UsageError:
                       "folder, or pass --force to write there anyway (they are left alone)")
 
 
-def generate(specs_dir: Path = Path("specs"), templates_dir: Path = Path("templates"),
+def generate(folders: Sequence[Path] | None = None, templates_dir: Path | None = None,
              out_dir: Path = Path("registry"), *, check: bool = False, force: bool = False) -> GenerateResult:
-    """Render every template from the specs in ``specs_dir`` and compare with ``out_dir``.
+    """Render every template from the specs of ``folders`` and compare with ``out_dir``.
+
+    ``folders`` are layered as the registry rule says (:func:`vitcg.lang.load_layers`: a later folder's spec
+    replaces an earlier one of the same name); default :func:`vitcg.lang.spec_folders`, the packaged specs
+    then ``$VITCG_SPECS_DIR``. ``templates_dir`` defaults to :func:`packaged_templates_dir`.
 
     Without ``check``, stale files are rewritten (atomically) and generated files that no template produces
     any more are removed; with it, nothing is written. Only files directly in ``out_dir`` that carry
@@ -347,13 +367,16 @@ def generate(specs_dir: Path = Path("specs"), templates_dir: Path = Path("templa
     what was or is stale). Raises SpecError for invalid specs, RenderError for a template that fails,
     UsageError for missing folders, an ``out_dir`` that holds other files, or a file that cannot be written.
     """
-    if not specs_dir.is_dir():
-        raise UsageError(f"no such specs folder: {specs_dir}")
+    folders = spec_folders() if folders is None else list(folders)
+    for folder in folders:
+        if not folder.is_dir():
+            raise UsageError(f"no such specs folder: {folder}")
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"output folder {out_dir} is a file")
     # Bindings (imports of transformers classes) are `vitcg validate`'s job; skipping them keeps this torch-free.
-    specs = load_registry([specs_dir], bindings=False)
-    rendered = render_templates(build_context(specs, specs_dir), templates_dir)
+    specs = load_registry(folders, bindings=False)
+    templates_dir = packaged_templates_dir() if templates_dir is None else templates_dir
+    rendered = render_templates(build_context(specs, folders), templates_dir)
     result = GenerateResult(out_dir, len(specs), rendered, find_stale(rendered, out_dir),
                             foreign=foreign_files(rendered, out_dir))
     if check:

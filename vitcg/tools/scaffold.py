@@ -292,16 +292,18 @@ class _Lines:
         return "\n".join(self.lines) + "\n"
 
 
-def render(d: Draft, path: str | None = None, schema: str = "../vitcg/lang/schema.json") -> _Lines:
+def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lines:
     """The draft spec's lines (``.text()``), every guessed line ending with ``# GUESS: what to verify``.
 
-    ``path`` is where it will be written (for the next-step commands in its header); ``schema`` the path of
-    ``vitcg/lang/schema.json`` relative to it, for editors."""
+    ``path`` is where it will be written (for the next-step commands in its header; default ``NAME.yaml``, as
+    ``vitcg new`` writes it); ``schema`` the path of ``vitcg/lang/schema.json`` for editors (default
+    :func:`schema_reference` of ``path``)."""
     style = STYLES[d.style]
     packed = style.segmented
     video = "video" in d.modalities
     out = _Lines()
-    path = path or f"specs/{d.name}.yaml"
+    path = path or f"{d.name}.yaml"
+    schema = schema or schema_reference(path)
 
     # what the style, its providers and the draft's own formulas read (a literal guess where the config is silent)
     provided = {g for p in style.required_providers for g in PROVIDERS[p].geometry}
@@ -472,12 +474,11 @@ def _buffers(out: _Lines, d: Draft, style, geometry: dict, pixels_arg: str, grid
 
 def schema_reference(path: str | os.PathLike | None) -> str:
     """The ``$schema`` path a draft written to ``path`` gives editors: vitcg's schema.json, relative to the
-    draft inside the project that holds the vitcg package (``../vitcg/lang/schema.json`` from ``specs/``),
-    absolute elsewhere; as from ``specs/`` for stdout."""
-    if path is None:
-        return "../vitcg/lang/schema.json"
+    draft inside the project that holds the vitcg package (a checkout: ``../lang/schema.json`` from
+    ``vitcg/specs/``), absolute elsewhere (an installed vitcg's schema lies in site-packages); for stdout
+    (None) as for ``vitcg new``'s default output, a file in the working folder."""
     schema = Path(__file__).resolve().parents[1] / "lang" / "schema.json"
-    folder = Path(path).resolve().parent
+    folder = Path(path).resolve().parent if path is not None else Path.cwd().resolve()
     project = schema.parents[2]
     if folder.is_relative_to(project):
         return Path(os.path.relpath(schema, folder)).as_posix()
