@@ -39,7 +39,7 @@ def child(spec_name: str, device: str, size: str) -> dict:
     from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
 
     imported = time.perf_counter()
-    spec = load_registry(["specs"]).get(spec_name)
+    spec = load_registry().get(spec_name)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     module = build_encoder(spec, size, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

@@ -9,7 +9,7 @@ import traceback
 from vitcg.lang import load_registry
 from vitcg.tools.vlm import check_vlm
 
-spec = load_registry(["specs"], bindings=False)[sys.argv[1]]
+spec = load_registry(bindings=False)[sys.argv[1]]
 try:
     print(check_vlm(spec, sys.argv[2] if len(sys.argv) > 2 else "cpu"))
 except Exception:  # noqa: BLE001 - the point is the traceback

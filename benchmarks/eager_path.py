@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device, dtype, size = ("cuda", torch.bfloat16, "real") if cuda else ("cpu", torch.float32, "tiny")
-    spec = load_registry(["specs"])[args.spec]
+    spec = load_registry()[args.spec]
     adapter = adapter_for(spec, build_encoder(spec, size, device=device, dtype=dtype))
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
     manager.capture()

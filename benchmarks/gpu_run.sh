@@ -66,7 +66,7 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       --device cuda --json "$OUT/bench_smoke.json" ;;
     bench-all-a|bench-all-b)
       # every other spec file by name; python, not awk (an awk on the device machine gave overlapping halves)
-      specs=$(python3 -c "import glob, sys; print(' '.join(sorted(glob.glob('specs/*.yaml'))[sys.argv[1] == 'b'::2]))" "${step##*-}")
+      specs=$(python3 -c "import glob, sys; print(' '.join(sorted(glob.glob('vitcg/specs/*.yaml'))[sys.argv[1] == 'b'::2]))" "${step##*-}")
       run 570 bench.log python3 -m vitcg bench $specs --no-compile --iters 5 --device cuda --json "$OUT/$step.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

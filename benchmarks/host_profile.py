@@ -28,7 +28,7 @@ def main() -> None:
     workloads = args[1:] or ["1x224", "8x224"]
     cuda = torch.cuda.is_available()
     device, dtype, size = ("cuda", torch.bfloat16, "real") if cuda else ("cpu", torch.float32, "tiny")
-    spec = load_registry(["specs"])[name]
+    spec = load_registry()[name]
     adapter = adapter_for(spec, build_encoder(spec, size, device=device, dtype=dtype), compile_forward=compile_forward)
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
     if compile_forward:

@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     device, dtype = torch.device("cuda"), torch.bfloat16
-    spec = load_registry(["specs"])[args.spec]
+    spec = load_registry()[args.spec]
     module = build_encoder(spec, "real", device="cuda", dtype=dtype)
     plain = adapter_for(spec, module)
     inputs = on_device(plain, make_inputs(plain, WORKLOADS[args.workload], torch.Generator().manual_seed(0)), dtype)

@@ -1,4 +1,4 @@
-"""Time ``vitcg validate`` over 100 spec files (20 renamed copies of each spec in specs/).
+"""Time ``vitcg validate`` over 100 spec files (20 renamed copies of each spec in vitcg/specs/).
 
 Usage: python benchmarks/validate_100.py [--runs N]
 Prints the wall time of the whole command (process start included), with a cold bindings cache
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def make_specs(folder: Path, count: int) -> None:
-    sources = sorted((REPO / "specs").glob("*.yaml"))
+    sources = sorted((REPO / "vitcg" / "specs").glob("*.yaml"))
     for i in range(count):
         src = sources[i % len(sources)]
         text = re.sub(r"^name: (\w+)$", rf"name: \1_copy{i}", src.read_text(), count=1, flags=re.M)
