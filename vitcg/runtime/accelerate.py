@@ -223,6 +223,63 @@ def _spec_for(model: nn.Module, spec: Spec | str | None, specs: Registry | SpecF
     return found
 
 
+def call_inputs(spec: Spec, adapter: Any, signature: inspect.Signature, modality_name: str, args: tuple,
+                kwargs: dict) -> tuple[dict[str, Any] | None, str | None]:
+    """The adapter's multimodal kwargs for one call of the spec's encoder call (``args`` and ``kwargs`` bound to
+    ``signature``), for the modality ``modality_name``; or None and why the graphs cannot serve that call (an
+    argument the spec does not capture, a ``call_kwargs`` value it differs from, a pixel layout it does not
+    describe, an empty batch, a missing input)."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        return None, f"arguments do not bind: {exc}"
+    given = dict(bound.arguments)
+    for name, parameter in signature.parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            given.update(given.pop(name, {}))
+    modality = spec.modality(modality_name)
+    if modality is None:
+        return None, f"the spec has no {modality_name} modality"
+    roles = spec.encoder.args
+    mm = {}
+    for arg, role in roles.items():
+        if given.get(arg) is not None:
+            mm[modality.inputs[role]] = given[arg]
+    call_kwargs = spec.encoder.call_kwargs
+    for arg, value in given.items():
+        if arg in roles or arg in IGNORED_ARGS and value is not False:
+            continue
+        if arg in call_kwargs:
+            # None asks the model for its config's value (older transformers pass their defaults as None)
+            default = getattr(getattr(adapter.module, "config", None), arg, None) if value is None else value
+            if default != call_kwargs[arg]:
+                return None, f"{arg}={value!r} differs from the spec's call_kwargs ({call_kwargs[arg]!r})"
+        elif value is not None and value is not False:
+            return None, f"argument {arg}={_short(value)} is not captured by the spec"
+    pixels = mm.get(modality.pixels_key)
+    if not isinstance(pixels, torch.Tensor):
+        return None, "no pixel tensor"
+    if spec.pixels_rows_dim:  # the call's own pixel layout: the graphs take rows first
+        layout = adapter.pixel_layout
+        rows = pixels_to_rows(layout, pixels)
+        if rows is None:
+            return None, (f"pixels of shape {tuple(pixels.shape)}: the spec's pixel buffer expects rows on dim "
+                          f"{spec.pixels_rows_dim} (rows_dim), {layout.width} entries each, after "
+                          f"{layout.ones} dimensions of size 1 and {tuple(layout.lead) or 'none'} before them")
+        pixels = mm[modality.pixels_key] = rows
+    if pixels.shape[0] == 0:
+        return None, "empty batch"
+    style = spec.attention_style
+    for role, key in modality.inputs.items():
+        if key in mm:
+            continue
+        if role == style.count_role and not style.count_required:
+            mm[key] = torch.ones(pixels.shape[0], dtype=torch.int64)  # the call batches tiles: each is an item
+        else:
+            return None, f"the call does not pass the {role} input"
+    return mm, None
+
+
 class Accelerated:
     """The handle :func:`accelerate` returns: statistics, :meth:`restore` (also on leaving a ``with``)."""
 
@@ -333,56 +390,8 @@ class Accelerated:
 
     def _mm_kwargs(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any] | None, str | None]:
         """The multimodal kwargs of this call, or None and why the graphs cannot serve it."""
-        try:
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            return None, f"arguments do not bind: {exc}"
-        given = dict(bound.arguments)
-        for name, parameter in self._signature.parameters.items():
-            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-                given.update(given.pop(name, {}))
         name = _MODALITY.get() or FEATURE_METHODS.get(self.spec.encoder.method) or self.spec.modality_names[0]
-        modality = self.spec.modality(name)
-        if modality is None:
-            return None, f"the spec has no {name} modality"
-        roles = self.spec.encoder.args
-        mm = {}
-        for arg, role in roles.items():
-            if given.get(arg) is not None:
-                mm[modality.inputs[role]] = given[arg]
-        call_kwargs = self.spec.encoder.call_kwargs
-        for arg, value in given.items():
-            if arg in roles or arg in IGNORED_ARGS and value is not False:
-                continue
-            if arg in call_kwargs:
-                # None asks the model for its config's value (older transformers pass their defaults as None)
-                default = getattr(getattr(self.encoder, "config", None), arg, None) if value is None else value
-                if default != call_kwargs[arg]:
-                    return None, f"{arg}={value!r} differs from the spec's call_kwargs ({call_kwargs[arg]!r})"
-            elif value is not None and value is not False:
-                return None, f"argument {arg}={_short(value)} is not captured by the spec"
-        pixels = mm.get(modality.pixels_key)
-        if not isinstance(pixels, torch.Tensor):
-            return None, "no pixel tensor"
-        if self.spec.pixels_rows_dim:  # the call's own pixel layout: the graphs take rows first
-            rows = pixels_to_rows(self.adapter.pixel_layout, pixels)
-            if rows is None:
-                layout = self.adapter.pixel_layout
-                return None, (f"pixels of shape {tuple(pixels.shape)}: the spec's pixel buffer expects rows on dim "
-                              f"{self.spec.pixels_rows_dim} (rows_dim), {layout.width} entries each, after "
-                              f"{layout.ones} dimensions of size 1 and {tuple(layout.lead) or 'none'} before them")
-            pixels = mm[modality.pixels_key] = rows
-        if pixels.shape[0] == 0:
-            return None, "empty batch"
-        style = self.spec.attention_style
-        for role, key in modality.inputs.items():
-            if key in mm:
-                continue
-            if role == style.count_role and not style.count_required:
-                mm[key] = torch.ones(pixels.shape[0], dtype=torch.int64)  # the call batches tiles: each is an item
-            else:
-                return None, f"the call does not pass the {role} input"
-        return mm, None
+        return call_inputs(self.spec, self.adapter, self._signature, name, args, kwargs)
 
     def _route(self, *args: Any, **kwargs: Any) -> Any:
         self.stats.calls += 1
