@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vitcg.errors import BudgetError, UsageError
-from vitcg.tools.compile_config import compile_config, parse_base, parse_budgets
+from vitcg.tools.compile_config import compile_config, parse_base, parse_budgets, serve_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,3 +106,12 @@ def test_does_not_import_torch():
     code = "import sys, vitcg.tools.compile_config; print('torch' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.stdout.strip() == "False", run.stderr
+
+
+def test_serve_command_quotes_the_config_for_a_shell():
+    config = compile_config("image", {"note": "it's"}, budgets=[1024, 4096])
+    words = shlex.split(serve_command("/models/my vlm", config))
+    assert words[:6] == ["vllm", "serve", "/models/my vlm", "--model-impl", "transformers", "--compilation-config"]
+    assert json.loads(words[6]) == config and len(words) == 7
+    with pytest.raises(UsageError, match="--serve needs a model"):
+        serve_command("  ", config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -109,3 +110,13 @@ def compile_config(modality: str, base: Mapping[str, Any] | None = None, *, budg
     check_bound(MAX_FRAMES, config.get(MAX_FRAMES))
     check_limits(config.get(BUDGETS), config[MAX_ITEMS], config.get(MAX_FRAMES))
     return config
+
+
+def serve_command(model: str, config: Mapping[str, Any]) -> str:
+    """The ``vllm serve`` command line that serves ``model`` through vLLM's Transformers backend (where vitcg's
+    plugin gives its encoder CUDA graphs) with the compilation config ``config``, quoted for a POSIX shell.
+    Raises UsageError for an empty model name."""
+    if not model.strip():
+        raise UsageError("--serve needs a model name or folder, got an empty one")
+    return shlex.join(["vllm", "serve", model, "--model-impl", "transformers", "--compilation-config",
+                       json.dumps(config, allow_nan=False, separators=(",", ":"))])
