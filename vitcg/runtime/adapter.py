@@ -35,7 +35,7 @@ from .attention import ATTENTION_NAME, configs_of, register, use_attention
 from .engine import read_limits
 from .epilogue import epilogue
 from .extension import MIXED, Replay
-from .inputs import Input, InputReader
+from .inputs import BACKEND_ROW_KEYS, Input, InputReader
 from .padding import BufferPadding, Capacities, fill
 from .protocol import (
     DEFAULT_PATH,
@@ -261,6 +261,8 @@ class _Adapter:
                     torch.cat([tensor[offsets[i]:offsets[i + 1]] for i in local]) if local else tensor[:0])
             per_item = [(inp.modality.count_key, inp.counts)] if inp.counts is not None else []
             per_item += [(inp.modality.inputs[role], tensor) for role, tensor in inp.item_inputs.items()]
+            if inp.backend_rows is not None:  # the backend's bookkeeping travels with its items
+                per_item.append((BACKEND_ROW_KEYS[inp.modality.name], inp.backend_rows))
             for key, tensor in per_item:  # one entry per item: indexed, not sliced by rows
                 selected[key] = tensor if everything else tensor[
                     torch.tensor(local, dtype=torch.long, device=tensor.device)]

@@ -15,6 +15,12 @@ from ..lang.catalogue import BUFFER_NAMES, GRID_COLUMNS, MERGE_NAME, buffer_name
 from ..lang.model import Modality, Spec
 from .protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, EncoderItemSpec
 
+BACKEND_ROW_KEYS = {"image": "num_image_patches", "video": "num_video_patches"}
+"""By modality, the key under which vLLM's Transformers backend passes the rows of the modality's pixel input
+that belong to each item (a CPU integer tensor, one entry per item; the backend splits the encoder's output by
+it). The backend puts it in every multimodal call, the encoder graph manager's included. It is bookkeeping,
+never an encoder input: the reader accepts it, checks it against the items, and keeps it out of encoder calls."""
+
 ItemSpec = Callable[..., EncoderItemSpec]
 """The item spec of one count row (a grid row or a tile count) of a modality, its non-padding rows (None
 without ``items.valid``) and its item-role values (None: the ``per_item`` defaults): the adapter's, cached."""
@@ -42,6 +48,9 @@ class Input:
     """Item-aligned inputs by role (``per_item``): one integer per item, as given."""
     item_values: tuple[tuple[tuple[str, int], ...], ...] | None = None
     """Per item, its ``(role, value)`` pairs of the item-aligned inputs; None when the modality has none."""
+    backend_rows: torch.Tensor | None = None
+    """The backend's rows per item (:data:`BACKEND_ROW_KEYS`) as given, checked against the items; None when
+    absent. Selections carry it along; no encoder call sees it."""
 
     def items(self) -> list[tuple[Any, int | None, tuple[tuple[str, int], ...] | None]]:
         """``(count row, valid rows or None, item-role values or None)`` per item, in input order."""
@@ -94,13 +103,17 @@ class InputReader:
     where tensors go, pixels floating on the encoder's device with the row shape of the pixel buffer, counts
     of an integer dtype holding positive entries (grid heights and widths multiples of the merge size when
     the spec defines one), as many pixel rows as the items' ``input_size`` adds up to, and no unknown keys
-    (None values are ignored)."""
+    (None values are ignored; vLLM's Transformers backend's rows per item, :data:`BACKEND_ROW_KEYS`, are known
+    and must match the items)."""
 
     def __init__(self, spec: Spec, geometry: Mapping[str, int], device: torch.device, item_spec: ItemSpec):
         self.spec = spec
         self.device = device
         self._item_spec = item_spec
         self.known = tuple(dict.fromkeys(k for m in spec.modalities for k in m.inputs.values()))
+        self.backend_rows = {name: key for name, key in BACKEND_ROW_KEYS.items() if key not in self.known}
+        """The backend's bookkeeping keys by modality (a spec that declares one of them as an input reads it as
+        that input instead)."""
         self.pixel_row = pixel_row(spec, geometry)
         self.merge = geometry.get(MERGE_NAME)
         self.merged = spec.attention_style.merged if self.merge else ()
@@ -158,12 +171,43 @@ class InputReader:
                 encoder_counts = torch.tensor(rows, dtype=torch.int64).reshape(-1, counts_cpu.shape[1])
             found.append(Input(modality, pixels, counts, counts_cpu, encoder_counts, extras, valid, item_inputs,
                                item_values))
+        return self._backend_rows(mm_kwargs, found)
+
+    def _backend_rows(self, mm_kwargs: Mapping[str, Any], found: list[Input]) -> list[Input]:
+        """``found`` with the backend's rows per item attached where given (:data:`BACKEND_ROW_KEYS`). Raises
+        InputError when they are not integers or differ from the items' rows (``items.input_size``): a
+        modality absent from the call has no items."""
+        for name, key in self.backend_rows.items():
+            value = mm_kwargs.get(key)
+            if value is None:
+                continue
+            try:
+                given = torch.as_tensor(value)
+            except (TypeError, ValueError, RuntimeError):
+                raise self._error(key, f"expected a tensor of integers, got {_type_name(value)}") from None
+            if given.is_meta or given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+                raise self._error(key, f"expected a tensor of integers with data, got {given.dtype}"
+                                       f"{' (meta)' if given.is_meta else ''}")
+            index = next((i for i, inp in enumerate(found) if inp.modality.name == name), None)
+            actual = given.flatten().tolist()  # on the CPU, where the backend keeps it: no device sync
+            if index is None:
+                if actual:
+                    raise self._error(key, f"expected no entries, as the call has no {name} items; got {actual}")
+                continue
+            inp = found[index]
+            expected = [self._item_spec(inp.modality, *item).input_size for item in inp.items()]
+            if actual != expected:
+                raise self._error(key, f"expected {expected} (the rows of {inp.modality.pixels_key!r} of each "
+                                       f"{name} item, items.input_size: {self.spec.input_size}), got {actual}")
+            found[index] = dataclasses.replace(inp, backend_rows=given.reshape(-1))
         return found
 
     def _check_keys(self, mm_kwargs: Mapping[str, Any]) -> None:
-        # the protocol reserves the axis keys' name: a selection carries them for the manager to pop
+        # the protocol reserves the axis keys' name: a selection carries them for the manager to pop; the
+        # backend's bookkeeping keys are checked against the items later
         unknown = [k for k, v in mm_kwargs.items()
-                   if v is not None and k not in self.known and k != ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG]
+                   if v is not None and k not in self.known and k != ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
+                   and k not in self.backend_rows.values()]
         if not unknown:
             return
         hint = suggest(str(unknown[0]), self.known)
