@@ -1,6 +1,7 @@
 """What vLLM's Transformers backend and manager need of the adapter beyond the protocol's signatures: the
 backend's rows per item (``num_image_patches`` / ``num_video_patches``) accepted, checked and kept out of the
-encoder call. tests/vllm/test_real_manager.py drives them through vLLM's own manager."""
+encoder call, and capture-axis keys that can key a dict. tests/vllm/test_real_manager.py drives both through
+vLLM's own manager."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from vitcg.errors import InputError
 from vitcg.lang import load_registry
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.runtime.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from vitcg.tools.encoders import build_encoder
+from vitcg.tools.workloads import InputBuilder
 
 SPECS = load_registry()
 ROW = 1176  # tiny qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
@@ -73,3 +76,16 @@ def test_backend_rows_of_a_modality_absent_from_the_call_are_an_input_error(qwen
                                          r"items; got \[8\]"):
         qwen2.get_encoder_cudagraph_item_specs(kwargs)
     assert len(qwen2.get_encoder_cudagraph_item_specs({**kwargs, "num_video_patches": torch.zeros(0, dtype=torch.int64)})) == 1
+
+
+@pytest.mark.parametrize("name", ["kimi_k25"])
+def test_capture_axis_keys_are_a_hashable_tuple(name):
+    """vLLM's manager looks its graphs up by ``(budget, axis keys)``: the keys must be hashable, a tuple as vLLM's
+    own models return them."""
+    spec = SPECS[name]
+    adapter = SpecAdapter(spec, build_encoder(spec))
+    builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(0))
+    kwargs = builder.inputs("image", [builder.image(2, 2)])
+    keys = adapter.select_encoder_cudagraph_items(kwargs, [0])[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG]
+    assert keys == ("image",)
+    assert {(64, ("image",)): "graph"}[(64, keys)] == "graph"

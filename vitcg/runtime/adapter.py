@@ -267,7 +267,8 @@ class _Adapter:
                 selected[key] = tensor if everything else tensor[
                     torch.tensor(local, dtype=torch.long, device=tensor.device)]
             if self.spec.separate_modalities:  # the graphs of this modality (the capture axis)
-                selected[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] = [inp.modality.name]
+                # a tuple: vLLM's manager keys its graphs by (budget, axis keys), so they must be hashable
+                selected[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] = (inp.modality.name,)
         return selected
 
     def postprocess_encoder_output(
