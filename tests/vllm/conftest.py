@@ -24,10 +24,13 @@ def _vllm_missing() -> str | None:
     try:
         import vllm.v1.worker.encoder_cudagraph  # noqa: F401  (the module every test here drives)
     except ImportError as exc:
+        # without vLLM installed, this folder itself (on sys.path as tests/vllm) may pass for a namespace
+        # package named vllm: the error then reads "No module named 'vllm.v1'"
+        why = f"vLLM is not importable (vllm.v1.worker.encoder_cudagraph: {exc})"
         if REQUIRED:
-            raise ImportError(f"VITCG_REQUIRE_VLLM=1 but vLLM is not importable: {exc}; run .ci/setup-vllm and "
-                              "use its venv (.venv-vllm/bin/python -m pytest tests/vllm)") from exc
-        return f"vLLM is not importable ({exc}); .ci/setup-vllm makes a venv with it"
+            raise ImportError(f"VITCG_REQUIRE_VLLM=1 but {why}; run .ci/setup-vllm and use its venv "
+                              "(.venv-vllm/bin/python -m pytest tests/vllm)") from exc
+        return f"{why}; .ci/setup-vllm makes a venv with it"
     return None
 
 
