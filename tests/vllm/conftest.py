@@ -1,10 +1,10 @@
 """tests/vllm run vLLM 0.33.0's own code (.ci/setup-vllm makes its venv): CPU platform, skip or fail without vLLM.
 
 vLLM picks its platform when first imported, from ``VLLM_TARGET_DEVICE``: it is set to ``cpu`` here, before any
-test module imports vLLM (unset, vLLM finds no platform on this machine: "unspecified").
-Without an importable vLLM every test module here is skipped with the import error as the reason, unless
-``VITCG_REQUIRE_VLLM=1``: then collection fails on that error, so a CI stage meant to run these tests never
-passes by skipping them all. The test doubles of vLLM code are in ``doubles.py`` beside this file.
+test module imports vLLM (unset, vLLM finds no platform on this machine: "unspecified"). Without an importable
+vLLM every test module here is skipped with the import error as the reason, unless ``VITCG_REQUIRE_VLLM=1``: then
+collection fails on that error, so a CI stage meant to run these tests never passes by skipping them all. Torch
+runs one thread (:func:`one_thread`). The test doubles of vLLM code are in ``doubles.py`` beside this file.
 """
 
 from __future__ import annotations
@@ -48,6 +48,21 @@ def pytest_pycollect_makemodule(module_path, parent):
     if MISSING is not None:
         return _WithoutVllm.from_parent(parent, path=module_path)
     return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """One intra-op thread for the session, restored after. The encoders here are tiny: a second thread buys
+    nothing, and on this 2-core machine with other processes running, two threads waiting on each other made
+    tests/vllm/test_real_manager.py take 160 s instead of 12 s (OMP_NUM_THREADS=1, same load)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
