@@ -4,7 +4,9 @@ modules stand alone.
 - ``vitcg.lang`` (the spec language) never imports torch, transformers' models, the runtime or the tools;
 - ``vitcg.runtime`` (what an engine imports) never imports the tools;
 - the manager knows the protocol (and vitcg's declared extension), nothing more;
-- ``vitcg.cli`` only wires: importing it loads no room at all (commands import what they run).
+- ``vitcg.cli`` only wires: importing it loads no room at all (commands import what they run);
+- ``vitcg.vllm_plugin`` (vLLM's plugin) sits on the runtime, never the tools, and its entry point module, which
+  vLLM imports in every process, loads neither torch nor vLLM.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def modules_of(room: str) -> list[str]:
 
 def test_ls_shows_the_rooms_and_the_packaged_data():
     top = sorted(p.name for p in PACKAGE.iterdir() if not p.name.startswith(("_", ".")))
-    assert top == ["cli.py", "errors.py", "lang", "runtime", "specs", "templates", "tools"]
+    assert top == ["cli.py", "errors.py", "lang", "runtime", "specs", "templates", "tools", "vllm_plugin"]
 
 
 def static_imports(path: pathlib.Path) -> set[str]:
@@ -64,6 +66,7 @@ def static_imports(path: pathlib.Path) -> set[str]:
     ("lang", ("vitcg.runtime", "vitcg.tools", "vitcg.cli", "torch")),
     ("runtime", ("vitcg.tools", "vitcg.cli")),
     ("tools", ("vitcg.cli",)),
+    ("vllm_plugin", ("vitcg.tools", "vitcg.cli")),
 ])
 def test_rooms_import_one_way(room, forbidden):
     for path in sorted((PACKAGE / room).glob("*.py")):
@@ -91,3 +94,9 @@ def test_manager_imports_only_the_protocol_side():
 def test_contract_modules_stand_alone(module):
     loaded = {m for m in imported_by(module) if m.startswith("vitcg")}
     assert loaded <= SHARED | {"vitcg.runtime", "vitcg.runtime.protocol", module}, sorted(loaded)
+
+
+def test_the_plugins_entry_point_loads_neither_torch_nor_vllm():
+    code = "import sys, vitcg.vllm_plugin; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,55 @@
+"""vitcg's vLLM plugin: encoder CUDA graphs for vLLM's Transformers modeling backend, from vitcg's specs.
+
+vLLM calls :func:`register` once per process (the ``vllm.general_plugins`` entry point ``vitcg`` in
+vitcg's package metadata). It replaces the backend's multimodal classes by name in vLLM's
+``ModelRegistry`` with the subclasses of :mod:`vitcg.vllm_plugin.backend`, which implement vLLM's
+``SupportsEncoderCudaGraph`` through the spec adapter of the model they wrap. A model without a spec, or
+whose spec cannot serve it, runs as the stock backend and logs one line saying why.
+
+The plugin tracks the vLLM releases in :data:`TRACKED_VLLM` (the protocol of :mod:`vitcg.runtime.protocol`
+and the backend's feature calls); under any other vLLM it registers nothing and logs one warning, so vLLM
+runs unchanged. This module imports neither vLLM nor torch: vLLM imports it from every process.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import metadata
+
+logger = logging.getLogger(__name__)
+
+TRACKED_VLLM = ("0.33.0",)
+"""vLLM releases whose encoder graph manager and Transformers backend the plugin was proven against."""
+
+BACKEND_CLASSES = {
+    "TransformersMultiModalForCausalLM": "VitcgMultiModalForCausalLM",
+    "TransformersMultiModalMoEForCausalLM": "VitcgMultiModalMoEForCausalLM",
+}
+"""vLLM's architecture names (the backend's multimodal generation classes) -> vitcg's subclass of each, in
+:mod:`vitcg.vllm_plugin.backend`."""
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version, or None when vLLM is not installed."""
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def register() -> bool:
+    """Register vitcg's backend classes under vLLM's names (the ``vllm.general_plugins`` entry point).
+    Returns whether it did: False, with one log line, under a vLLM release other than :data:`TRACKED_VLLM`."""
+    version = vllm_version()
+    if version not in TRACKED_VLLM:
+        logger.warning("vitcg: vLLM %s is not a release the plugin tracks (%s); vLLM runs without vitcg's "
+                       "encoder CUDA graphs", version, ", ".join(TRACKED_VLLM))
+        return False
+    from vllm import ModelRegistry  # the plugin is only ever called by vLLM itself
+
+    for name, ours in BACKEND_CLASSES.items():
+        # lazily imported by vLLM's registry, like its own classes
+        ModelRegistry.register_model(name, f"{__name__}.backend:{ours}")
+    logger.info("vitcg: vLLM's Transformers backend gets encoder CUDA graphs from vitcg's specs (%s)",
+                ", ".join(BACKEND_CLASSES))
+    return True
