@@ -1,0 +1,246 @@
+"""vitcg's vLLM plugin against vLLM 0.33.0's real code: entry point, registry, model loader, manager, backend.
+
+(a) ``load_general_plugins()`` finds vitcg's ``vllm.general_plugins`` entry point and vLLM's ``ModelRegistry``
+resolves the Transformers backend's multimodal names to vitcg's classes.
+(b) For every spec whose tiny VLM (``tests.vlm``) the installed transformers builds: the VLM is saved to a local
+folder, loaded by vLLM's own config objects and model loader as the Transformers backend, and its images (and
+videos, where the spec proves them) of several sizes go through vLLM's real ``EncoderCudaGraphManager``. Each
+item must equal the model's own ``embed_multimodal`` (the stock backend's path) per item: float32, relative
+error <= 1e-5, with graph hits = items. The first batch teaches the plugin the tower's output layout, so every
+case runs twice and the second must replay from the graphs' rows.
+
+The test doubles (capture on a CPU, ``empty_cache``, processor modalities) are in tests/vllm/doubles.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from doubles import CpuCaptureManager, modalities_from_model, no_accelerator_empty_cache
+
+from vitcg.lang import load_registry
+from vitcg.tools.vlm import IMAGE_SIZES, VIDEO_SIZES, Unavailable, build_processor, build_vlm, compose_videos
+from vitcg.tools.workloads import relative_error
+
+REGISTRY = load_registry()
+TOLERANCE = 1e-5
+TEXT_KEYS = {"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"}
+STOCK_CLASSES = ("TransformersMultiModalForCausalLM", "TransformersMultiModalMoEForCausalLM")
+DECLINED = {
+    "blip_2": "not the spec's Blip2ForConditionalGeneration",
+    "llava_next": "cannot read the backend's batches",
+    "llava_onevision": "cannot read the backend's batches",
+}
+"""Specs the plugin must decline (the model then is the stock class), with why. BLIP-2's spec captures the VLM's
+own ``get_image_features``, and the backend wraps the inner ``Blip2Model``, not that class. LLaVA-NeXT and
+LLaVA-OneVision hand the backend each image's patches padded to the batch's most (a dimension the spec's tiles
+do not have), found by the first (profiling) batch. Ovis2's spec makes each tile an item, the backend's items
+hold several."""
+STOCK_PATH = {"gemma4": "num_soft_tokens_per_image"}
+"""Specs whose feature call, under this transformers, asks the tower for what the spec's graphs do not compute:
+the first batch finds it out and every batch is encoded by the stock path (transformers 5.20's Gemma 4 passes
+``num_soft_tokens_per_image`` to its tower)."""
+PROVEN = [s.name for s in REGISTRY if s.tests.vlm is not None and not s.tests.vlm.skip and not s.graph_scope]
+"""Specs proven against their tiny VLM by ``vitcg check`` whose graphs vLLM's manager can drive."""
+
+
+def test_entry_point_and_registry_resolve_to_vitcg():
+    from vllm import ModelRegistry
+    from vllm.plugins import load_general_plugins
+
+    from vitcg.vllm_plugin import BACKEND_CLASSES
+    from vitcg.vllm_plugin import backend as ours
+
+    load_general_plugins()
+    for name, cls in BACKEND_CLASSES.items():
+        resolved = ModelRegistry._try_load_model_cls(name)
+        assert resolved is getattr(ours, cls), f"{name} resolves to {resolved}"
+
+
+def test_another_vllm_release_is_declined(monkeypatch, caplog):
+    import vitcg.vllm_plugin as plugin
+
+    monkeypatch.setattr(plugin, "vllm_version", lambda: "0.34.0")
+    with caplog.at_level(logging.WARNING, logger="vitcg"):
+        assert plugin.register() is False
+    assert "0.34.0 is not a release the plugin tracks" in caplog.text
+
+
+@dataclasses.dataclass
+class Prepared:
+    folder: Path | None
+    batches: dict[str, dict[str, Any]]
+    architecture: str
+    skip: str | None = None
+    error: str | None = None
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """Every proven spec's tiny VLM saved to a local model folder, and its batches, made before vLLM builds any
+    model: vLLM's backend decorates the transformers classes it serves for torch.compile, process-wide, and a
+    decorated class can no longer be built outside a vLLM config."""
+    made = {}
+    for name in PROVEN:
+        spec = REGISTRY[name]
+        if spec.unavailable:
+            made[name] = Prepared(None, {}, "", skip=spec.unavailable)
+            continue
+        try:
+            vlm = build_vlm(spec)
+            batches = make_batches(spec, vlm)
+        except Unavailable as exc:
+            made[name] = Prepared(None, {}, "", skip=str(exc))
+            continue
+        except Exception as exc:  # noqa: BLE001  (that spec's test fails with it; the others still run)
+            made[name] = Prepared(None, {}, "", error=f"{type(exc).__name__}: {exc}")
+            continue
+        folder = tmp_path_factory.mktemp(name)
+        vlm.config.architectures = [type(vlm).__name__]
+        vlm.save_pretrained(folder)
+        made[name] = Prepared(folder, batches, type(vlm).__name__)
+        del vlm
+    gc.collect()
+    return made
+
+
+@pytest.fixture(scope="module")
+def loader(vllm_distributed):
+    """Loads a prepared model folder with vLLM's own config objects and model loader, as the Transformers
+    backend with the plugin (skipped, with why, where the stock backend itself cannot build the model)."""
+    from vllm.config import CompilationConfig, DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # as every vLLM process does
+
+    def load(spec, ready, budgets, items):
+        with modalities_from_model(spec), no_accelerator_empty_cache():
+            try:
+                model_config = ModelConfig(model=str(ready.folder), model_impl="transformers", dtype="float32",
+                                           skip_tokenizer_init=True)
+                compilation = CompilationConfig(cudagraph_mm_encoder=True, encoder_cudagraph_token_budgets=budgets,
+                                                encoder_cudagraph_max_vision_items_per_batch=items)
+                config = VllmConfig(model_config=model_config, compilation_config=compilation,
+                                    device_config=DeviceConfig(device="cpu"))
+                with set_current_vllm_config(config):
+                    model = get_model(vllm_config=config)
+            except (ValueError, TypeError, AttributeError, KeyError, NotImplementedError) as exc:
+                if not stock_failure(exc):
+                    raise
+                pytest.skip(f"vLLM's Transformers backend cannot build {ready.architecture}: "
+                            f"{type(exc).__name__}: {exc}")
+        return model, config
+    return load
+
+
+def stock_failure(exc: BaseException) -> bool:
+    """Whether building the model failed in vLLM's own code (a model its Transformers backend cannot serve,
+    with or without vitcg): no frame of vitcg's but the call of the stock constructor."""
+    ours = [f for f in traceback.extract_tb(exc.__traceback__) if "/vitcg/" in f.filename
+            and not (f.filename.endswith("vllm_plugin/backend.py") and "self._stock.__init__" in (f.line or ""))]
+    return not ours
+
+
+def backend_batch(processed, modality, items):
+    """A batch as vLLM's Transformers backend hands it to ``embed_multimodal``: the processor's outputs of the
+    modality, plus the per-item row counts that split them (``num_image_patches``; the backend takes them from
+    the grid where there is one, else from the processor's own per-image count, else one row per item)."""
+    batch = {k: v for k, v in processed.items() if k not in TEXT_KEYS and isinstance(v, torch.Tensor)}
+    pixels = batch["pixel_values" if modality == "image" else "pixel_values_videos"]
+    grid = batch.get(f"{modality}_grid_thw")
+    if grid is not None:
+        counts = grid.prod(-1)
+    else:
+        counts = next((v for v in batch.values() if v.dim() == 1 and len(v) == items and not v.is_floating_point()
+                       and int(v.sum()) == pixels.shape[0]), torch.ones(items, dtype=torch.int64))
+    dims = pixels.shape[:2] if pixels.dim() >= 2 else pixels.shape[:1]
+    if int(counts.sum()) not in dims:  # the backend's processor refuses such outputs before any encoder runs
+        raise Unavailable(f"vLLM's Transformers backend cannot split {tuple(pixels.shape)} pixel rows into "
+                          f"{items} {modality}s (per-item counts {counts.tolist()})")
+    batch[f"num_{modality}_patches"] = counts.to(torch.int64)
+    return batch
+
+
+def make_batches(spec, vlm):
+    """Per modality the spec proves: images (videos) of several sizes, made by the model's own processor."""
+    processor = build_processor(spec, vlm)
+    rng = np.random.default_rng(5)
+    sizes = [*IMAGE_SIZES, (140, 84), (56, 56)]
+    images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+    made = {"image": backend_batch(dict(processor(images=images, return_tensors="pt")), "image", len(images))}
+    if spec.tests.vlm.video is not None and spec.modality("video") is not None:
+        videos = [rng.integers(0, 255, (f, h, w, 3), dtype=np.uint8) for f, h, w in VIDEO_SIZES]
+        composed = compose_videos(spec, processor, videos)
+        if spec.modality("video").pixels_key != "pixel_values_videos":  # the backend's key for video pixels
+            composed["pixel_values_videos"] = composed.pop(spec.modality("video").pixels_key)
+        made["video"] = backend_batch(composed, "video", len(videos))
+    return made
+
+
+@pytest.mark.parametrize("name", PROVEN)
+def test_items_through_vllms_manager_equal_the_backends_own(name, prepared, loader, caplog):
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.models.interfaces import supports_encoder_cudagraph
+
+    spec, ready = REGISTRY[name], prepared[name]
+    if ready.skip:
+        pytest.skip(ready.skip)
+    assert ready.error is None, f"the tiny VLM or its batches could not be made: {ready.error}"
+    with caplog.at_level(logging.INFO, logger="vitcg"):
+        model, config = loader(spec, ready, list(spec.tests.budgets), 8)
+        manager = None
+        try:
+            if name not in DECLINED:
+                assert type(model).__name__.startswith("Vitcg"), f"the plugin declined {name}: {caplog.text}"
+            with set_current_vllm_config(config):
+                want = {}
+                for modality, batch in ready.batches.items():  # the profiling run: embed_multimodal first
+                    with torch.inference_mode():
+                        try:
+                            want[modality] = model.embed_multimodal(**batch)
+                        except (ValueError, TypeError, RuntimeError) as exc:
+                            pytest.skip(f"vLLM's Transformers backend cannot encode {ready.architecture}'s "
+                                        f"{modality} batch itself: {type(exc).__name__}: {exc}")
+                if name in DECLINED:
+                    assert type(model).__name__ in STOCK_CLASSES, type(model).__name__
+                    assert not supports_encoder_cudagraph(model)
+                    assert "runs without encoder CUDA graphs" in caplog.text and DECLINED[name] in caplog.text
+                    return
+                assert supports_encoder_cudagraph(model), caplog.text
+                manager = CpuCaptureManager(config, torch.device("cpu"), torch.float32, model)
+                manager.capture(graph_pool=None)
+                for modality, batch in ready.batches.items():
+                    check_modality(manager, model, modality, batch, want[modality], STOCK_PATH.get(name))
+        except BaseException as exc:
+            traceback.clear_frames(exc.__traceback__)  # pytest keeps a failure's traceback: not its models
+            raise
+        finally:
+            model = manager = want = None
+            gc.collect()
+
+
+def check_modality(manager, model, modality, batch, want, stock_reason=None):
+    items = len(want)
+    for attempt in ("learning the layout", "graph rows"):
+        hits = manager.graph_hits
+        with torch.inference_mode():
+            got = manager.execute(batch)
+        assert manager.graph_hits - hits == items, f"{modality}, {attempt}: not every item replayed"
+        assert len(got) == items
+        for index, (g, w) in enumerate(zip(got, want)):
+            assert g.shape == w.shape, f"{modality} {index} ({attempt}): {tuple(g.shape)} vs {tuple(w.shape)}"
+            error = relative_error(g, w)
+            assert error <= TOLERANCE, f"{modality} {index} ({attempt}): relative error {error:.1e}"
+        if stock_reason is None:
+            assert model._vitcg.broken is None, f"{modality} ({attempt}): {model._vitcg.broken}"
+        else:
+            assert stock_reason in (model._vitcg.broken or ""), f"{modality} ({attempt}): {model._vitcg.broken}"
