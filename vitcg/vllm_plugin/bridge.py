@@ -1,24 +1,26 @@
-"""What the vLLM plugin needs from vitcg, without vLLM: the spec of a model, the backend's batches read as the
-spec's inputs and cut into items, and the tower's call answered from graph rows inside the feature call.
-
-:mod:`vitcg.vllm_plugin.backend` puts these behind vLLM's classes; the GPU tests use them without vLLM.
+"""The vLLM plugin without vLLM: the spec of a model, the backend's batches read as the spec's inputs and cut into
+items, the tower's call answered from graph rows inside the feature call, and :class:`EncoderGraphs`, the
+protocol members that :mod:`vitcg.vllm_plugin.backend` puts on vLLM's backend classes. The GPU tests, where vLLM
+cannot be installed, put them on a stand-in for the backend.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
 
-from ..errors import InputError, VitcgError
+from ..errors import InputError, UsageError, VitcgError
 from ..lang import load_registry
 from ..lang.model import Spec
 from ..runtime.accelerate import _Layout, call_inputs, encoder_of
 from ..runtime.adapter import SpecAdapter, adapter_for, pixels_to_rows
+from ..runtime.protocol import DEFAULT_PATH, ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 
 logger = logging.getLogger(__name__)
 
@@ -237,3 +239,108 @@ class Bridge:
         if len(features) != len(indices):
             raise InputError(f"embed_multimodal: expected {len(indices)} items, got {len(features)}")
         return list(features)
+
+
+class EncoderGraphs:
+    """``SupportsEncoderCudaGraph`` for a Transformers backend class, through the spec of the model it wraps.
+    Not a base class: :mod:`vitcg.vllm_plugin.backend` copies these members into a direct subclass of each
+    backend class (:attr:`_stock`), so that a declined instance can become the stock class (same layout). Of
+    the stock class it uses ``__init__(vllm_config=, prefix=)``, ``self.model`` (the Hugging Face model) and
+    ``embed_multimodal``."""
+
+    supports_encoder_cudagraph: ClassVar[Literal[True]] = True
+    _stock: ClassVar[type]
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        self._stock.__init__(self, vllm_config=vllm_config, prefix=prefix)
+        hf_config = vllm_config.model_config.hf_config
+        name = ", ".join(getattr(hf_config, "architectures", None) or ()) or type(self.model).__name__
+        try:
+            spec = find_spec(hf_config)
+            try:
+                bridge = Bridge(spec, self.model)
+            except UsageError as exc:
+                raise Declined(f"spec {spec.name} does not describe this model: {exc}") from exc
+        except Declined as exc:
+            self._decline(f"{name} runs without encoder CUDA graphs: {exc}")
+            return
+        self._vitcg = bridge
+        logger.info("vitcg: %s gets encoder CUDA graphs from spec %s (%s)", name, spec.name,
+                    type(bridge.encoder).__name__)
+
+    def _decline(self, why: str) -> None:
+        """From here on exactly the stock backend: vLLM's ``isinstance`` check finds no protocol."""
+        logger.info("vitcg: %s", why)
+        self.__dict__.pop("_vitcg", None)
+        self.__class__ = self._stock
+
+    def embed_multimodal(self, **kwargs: Any) -> Any:
+        """The stock backend's; the first batch it sees (vLLM's profiling run, before any graph is captured) also
+        proves that the spec reads the backend's batches: if it cannot, the model declines the graphs."""
+        bridge, stock = self._vitcg, self._stock
+        if not bridge.probed and bridge._adapter is None:
+            bridge.probed = True
+            try:
+                bridge.adapter.get_encoder_cudagraph_item_specs(bridge.graph_inputs(kwargs))
+            except (InputError, ValueError, TypeError) as exc:
+                self._decline(f"spec {bridge.spec.name} cannot read the backend's batches "
+                              f"({', '.join(f'{k} {describe(v)}' for k, v in kwargs.items())}): {exc}; "
+                              "the model runs without encoder CUDA graphs")
+        return stock.embed_multimodal(self, **kwargs)
+
+    # the protocol: everything but postprocess is the spec adapter's, on the spec's keys of the backend's batch
+
+    def get_encoder_cudagraph_config(self) -> Any:
+        return self._vitcg.adapter.get_encoder_cudagraph_config()
+
+    def get_input_modality(self, mm_kwargs: Mapping[str, Any]) -> str:
+        return self._vitcg.modality_of(mm_kwargs)
+
+    def get_max_frames_per_video(self) -> int:
+        return self._vitcg.adapter.get_max_frames_per_video()
+
+    def get_encoder_cudagraph_budget_range(self, vllm_config: Any) -> tuple[int, int]:
+        return self._vitcg.adapter.get_encoder_cudagraph_budget_range(vllm_config)
+
+    def get_encoder_cudagraph_item_specs(self, mm_kwargs: Mapping[str, Any]) -> list[Any]:
+        return self._vitcg.adapter.get_encoder_cudagraph_item_specs(self._vitcg.graph_inputs(mm_kwargs))
+
+    def select_encoder_cudagraph_items(self, mm_kwargs: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:
+        """The backend's kwargs of those items (what ``embed_multimodal`` needs in ``postprocess``), plus the
+        capture axis keys the adapter resolves."""
+        bridge = self._vitcg
+        selected = select_backend_items(mm_kwargs, bridge.modality_of(mm_kwargs), indices)
+        graph = bridge.adapter.select_encoder_cudagraph_items(bridge.graph_inputs(mm_kwargs), indices)
+        if ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG in graph:
+            selected[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] = tuple(graph[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG])
+        return selected
+
+    def prepare_encoder_cudagraph_capture_inputs(self, token_budget: int, max_batch_size: int,
+                                                 max_frames_per_batch: int, device: torch.device,
+                                                 dtype: torch.dtype, path: str = DEFAULT_PATH,
+                                                 axis_keys: Any = None) -> Any:
+        return self._vitcg.adapter.prepare_encoder_cudagraph_capture_inputs(
+            token_budget, max_batch_size, max_frames_per_batch, device, dtype, path, axis_keys)
+
+    def prepare_encoder_cudagraph_replay_buffers(self, mm_kwargs: Mapping[str, Any], max_batch_size: int,
+                                                 max_frames_per_batch: int, path: str = DEFAULT_PATH) -> Any:
+        return self._vitcg.adapter.prepare_encoder_cudagraph_replay_buffers(
+            self._vitcg.graph_inputs(mm_kwargs), max_batch_size, max_frames_per_batch, path)
+
+    def encoder_cudagraph_forward(self, inputs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:
+        return self._vitcg.adapter.encoder_cudagraph_forward(inputs, path)
+
+    def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:
+        return self._vitcg.adapter.encoder_eager_forward(self._vitcg.graph_inputs(mm_kwargs), path)
+
+    def postprocess_encoder_output(self, outputs: Mapping[str, torch.Tensor], indices: Sequence[int],
+                                   per_item_out_tokens: Sequence[int], dest: Any, clone: bool = False,
+                                   batch_mm_kwargs: Mapping[str, Any] | None = None) -> None:
+        """Each item's features as the backend's ``embed_multimodal`` gives them, with the tower's call
+        answered from the pack's rows; ``dest[i]`` for item ``i``, cloned when asked."""
+        if batch_mm_kwargs is None:
+            raise InputError("postprocess_encoder_output: expected the pack's batch_mm_kwargs, got None")
+        features = self._vitcg.features(functools.partial(self._stock.embed_multimodal, self), batch_mm_kwargs,
+                                        outputs, indices, per_item_out_tokens)
+        for index, feature in zip(indices, features):
+            dest[index] = feature.clone() if clone else feature
