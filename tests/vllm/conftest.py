@@ -88,3 +88,10 @@ def vllm_distributed():
     yield
     destroy_model_parallel()
     destroy_distributed_environment()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that load models with vLLM's model loader run last: building a model, vLLM's Transformers backend
+    decorates the transformers classes it serves for torch.compile, process-wide, and a decorated class can no
+    longer be built outside a vLLM config (as the encoder-only tests build theirs)."""
+    items.sort(key=lambda item: "loader" in getattr(item, "fixturenames", ()))

@@ -21,18 +21,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from doubles import CpuCaptureManager, modalities_from_model, no_accelerator_empty_cache
 
 from vitcg.lang import load_registry
-from vitcg.tools.vlm import IMAGE_SIZES, VIDEO_SIZES, Unavailable, build_processor, build_vlm, compose_videos
+from vitcg.tools.vlm import Unavailable, backend_batches, build_vlm
 from vitcg.tools.workloads import relative_error
 
 REGISTRY = load_registry()
 TOLERANCE = 1e-5
-TEXT_KEYS = {"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"}
 STOCK_CLASSES = ("TransformersMultiModalForCausalLM", "TransformersMultiModalMoEForCausalLM")
 DECLINED = {
     "blip_2": "not the spec's Blip2ForConditionalGeneration",
@@ -96,7 +94,7 @@ def prepared(tmp_path_factory):
             continue
         try:
             vlm = build_vlm(spec)
-            batches = make_batches(spec, vlm)
+            batches = backend_batches(spec, vlm)
         except Unavailable as exc:
             made[name] = Prepared(None, {}, "", skip=str(exc))
             continue
@@ -145,45 +143,9 @@ def loader(vllm_distributed):
 def stock_failure(exc: BaseException) -> bool:
     """Whether building the model failed in vLLM's own code (a model its Transformers backend cannot serve,
     with or without vitcg): no frame of vitcg's but the call of the stock constructor."""
-    ours = [f for f in traceback.extract_tb(exc.__traceback__) if "/vitcg/" in f.filename
-            and not (f.filename.endswith("vllm_plugin/backend.py") and "self._stock.__init__" in (f.line or ""))]
+    ours = [f for f in traceback.extract_tb(exc.__traceback__)
+            if "/vitcg/" in f.filename and "self._stock.__init__" not in (f.line or "")]
     return not ours
-
-
-def backend_batch(processed, modality, items):
-    """A batch as vLLM's Transformers backend hands it to ``embed_multimodal``: the processor's outputs of the
-    modality, plus the per-item row counts that split them (``num_image_patches``; the backend takes them from
-    the grid where there is one, else from the processor's own per-image count, else one row per item)."""
-    batch = {k: v for k, v in processed.items() if k not in TEXT_KEYS and isinstance(v, torch.Tensor)}
-    pixels = batch["pixel_values" if modality == "image" else "pixel_values_videos"]
-    grid = batch.get(f"{modality}_grid_thw")
-    if grid is not None:
-        counts = grid.prod(-1)
-    else:
-        counts = next((v for v in batch.values() if v.dim() == 1 and len(v) == items and not v.is_floating_point()
-                       and int(v.sum()) == pixels.shape[0]), torch.ones(items, dtype=torch.int64))
-    dims = pixels.shape[:2] if pixels.dim() >= 2 else pixels.shape[:1]
-    if int(counts.sum()) not in dims:  # the backend's processor refuses such outputs before any encoder runs
-        raise Unavailable(f"vLLM's Transformers backend cannot split {tuple(pixels.shape)} pixel rows into "
-                          f"{items} {modality}s (per-item counts {counts.tolist()})")
-    batch[f"num_{modality}_patches"] = counts.to(torch.int64)
-    return batch
-
-
-def make_batches(spec, vlm):
-    """Per modality the spec proves: images (videos) of several sizes, made by the model's own processor."""
-    processor = build_processor(spec, vlm)
-    rng = np.random.default_rng(5)
-    sizes = [*IMAGE_SIZES, (140, 84), (56, 56)]
-    images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in sizes]
-    made = {"image": backend_batch(dict(processor(images=images, return_tensors="pt")), "image", len(images))}
-    if spec.tests.vlm.video is not None and spec.modality("video") is not None:
-        videos = [rng.integers(0, 255, (f, h, w, 3), dtype=np.uint8) for f, h, w in VIDEO_SIZES]
-        composed = compose_videos(spec, processor, videos)
-        if spec.modality("video").pixels_key != "pixel_values_videos":  # the backend's key for video pixels
-            composed["pixel_values_videos"] = composed.pop(spec.modality("video").pixels_key)
-        made["video"] = backend_batch(composed, "video", len(videos))
-    return made
 
 
 @pytest.mark.parametrize("name", PROVEN)

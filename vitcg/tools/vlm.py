@@ -310,3 +310,45 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
                              f"{want_tokens[0, -NEW_TOKENS:].tolist()}")
     manager = stats.manager
     return sum(counts.values()), worst, f"{manager.replays} replays, {manager.misses} eager"
+
+
+TEXT_KEYS = {"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"}
+"""Processor outputs that describe the prompt, not an image or video: never part of an encoder batch."""
+
+
+def _backend_batch(processed: Mapping[str, Any], modality: str, items: int) -> dict[str, torch.Tensor]:
+    """A batch laid out as vLLM's Transformers backend hands it to ``embed_multimodal``: the processor's tensors,
+    plus the per-item row counts that split them (``num_image_patches``; the backend takes them from the grid
+    where there is one, else from the processor's own per-item count, else one row per item). Raises Unavailable
+    where those counts do not split the pixel rows, which the backend's processor refuses too."""
+    batch = {k: v for k, v in processed.items() if k not in TEXT_KEYS and isinstance(v, torch.Tensor)}
+    pixels = batch["pixel_values" if modality == "image" else "pixel_values_videos"]
+    grid = batch.get(f"{modality}_grid_thw")
+    if grid is not None:
+        counts = grid.prod(-1)
+    else:
+        counts = next((v for v in batch.values() if v.dim() == 1 and len(v) == items and not v.is_floating_point()
+                       and int(v.sum()) == pixels.shape[0]), torch.ones(items, dtype=torch.int64))
+    if int(counts.sum()) not in tuple(pixels.shape[:2]):
+        raise Unavailable(f"vLLM's Transformers backend cannot split {tuple(pixels.shape)} pixel rows into "
+                          f"{items} {modality}s (per-item counts {counts.tolist()})")
+    batch[f"num_{modality}_patches"] = counts.to(torch.int64)
+    return batch
+
+
+def backend_batches(spec: Spec, vlm: torch.nn.Module, seed: int = 5) -> dict[str, dict[str, torch.Tensor]]:
+    """Per modality the spec proves end to end: images (videos) of several sizes made by the VLM's own image
+    processor (videos composed from frames, :func:`compose_videos`), laid out as vLLM's Transformers backend
+    passes them to ``embed_multimodal`` (the engine's inputs for the vLLM plugin's tests). Raises Unavailable
+    when the processor cannot be built here or its outputs cannot be split into items."""
+    processor = build_processor(spec, vlm)
+    rng = np.random.default_rng(seed)
+    images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in (*IMAGE_SIZES, (140, 84), (56, 56))]
+    made = {"image": _backend_batch(dict(processor(images=images, return_tensors="pt")), "image", len(images))}
+    video = spec.modality("video")
+    if spec.tests.vlm.video is not None and video is not None:
+        videos = [rng.integers(0, 255, (f, h, w, 3), dtype=np.uint8) for f, h, w in VIDEO_SIZES]
+        composed = compose_videos(spec, processor, videos)
+        composed["pixel_values_videos"] = composed.pop(video.pixels_key)  # the backend's key for video pixels
+        made["video"] = _backend_batch(composed, "video", len(videos))
+    return made
