@@ -1,7 +1,9 @@
 """The vLLM-style consumer under real ``torch.cuda.graph`` capture for the seed specs (skipped without CUDA).
 
 float32 with TF32 off on both paths, tiny encoders: each item's relative error against its eager output
-<= 1e-5, as on the CPU; the consumer replays its own graphs, knowing only the protocol.
+<= 1e-5, as on the CPU; the consumer replays its own graphs, knowing only the protocol. The vLLM plugin's
+members, on a stand-in for vLLM's Transformers backend (backend_standin.py: vLLM cannot be installed on the GPU
+machine), are driven the same way with the backend's batches, against the backend's own feature call.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from backend_standin import plugged
 from test_vllm_protocol import REGISTRY, assert_matches_eager, sizes_for
 from vllm_consumer import ProtocolConsumer
 
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.engine import engine_config
 from vitcg.tools.encoders import build_encoder
-from vitcg.tools.workloads import InputBuilder
+from vitcg.tools.vlm import Unavailable, backend_batches, build_vlm
+from vitcg.tools.workloads import InputBuilder, relative_error
 
 pytestmark = pytest.mark.gpu
 SEEDS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "internvl"]
@@ -46,3 +50,42 @@ def test_seed_spec_under_cuda_graphs(name, no_tf32):
     forty.capture()
     assert_matches_eager(adapter, many, forty.execute(many))
     assert forty.misses == 0
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_seed_vlm_through_the_plugin_under_cuda_graphs(name, no_tf32):
+    """The tiny VLM's own processor batches, laid out as the Transformers backend passes them, through the
+    plugin's members under real capture: every item equals the backend's feature call (the stand-in's
+    ``embed_multimodal``) and every item replays, on the pack that learns the tower's output and after it."""
+    spec = REGISTRY[name]
+    if spec.unavailable:
+        pytest.skip(spec.unavailable)
+    try:
+        vlm = build_vlm(spec, device="cuda")
+        batches = backend_batches(spec, vlm)
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    model = plugged(vlm)
+    want = {}
+    with torch.inference_mode():
+        for modality, batch in batches.items():
+            batches[modality] = batch = {k: v.cuda() if k.startswith("pixel_values") else v for k, v in batch.items()}
+            try:
+                want[modality] = model.embed_multimodal(**batch)  # the profiling batch: the spec must read it
+            except TypeError as exc:
+                pytest.skip(f"the Transformers backend cannot encode {name}'s {modality} batch itself: {exc}")
+    assert type(model).__name__ == "PluggedStandIn", "the plugin declined the backend's batch"
+    consumer = ProtocolConsumer(engine_config(1 << 14, 1 << 14, token_budgets=list(spec.tests.budgets),
+                                              max_items_per_batch=8),
+                                torch.device("cuda"), torch.float32, model, cuda_graphs=True)
+    consumer.capture()
+    for modality, batch in batches.items():
+        for attempt in ("learning the layout", "graph rows"):
+            hits = consumer.hits
+            got = consumer.execute(batch)
+            assert consumer.hits - hits == len(want[modality]), f"{modality} ({attempt}): not every item replayed"
+            for index, (g, w) in enumerate(zip(got, want[modality], strict=True)):
+                assert g.shape == w.shape, f"{modality} {index} ({attempt}): {tuple(g.shape)} vs {tuple(w.shape)}"
+                error = relative_error(g, w)
+                assert error <= 1e-5, f"{modality} {index} ({attempt}): relative error {error:.1e}"
+    assert model._vitcg.broken is None, model._vitcg.broken
