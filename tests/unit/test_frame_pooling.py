@@ -106,7 +106,7 @@ def test_a_selection_names_its_graphs_and_never_mixes_modalities(kimi_adapter):
     mixed = {**grid_inputs(kimi_adapter, "image", [[1, 4, 4]]),
              **grid_inputs(kimi_adapter, "video", [[4, 2, 2], [3, 2, 4]])}
     assert kimi_adapter.get_encoder_cudagraph_item_groups(mixed) == [[0], [1, 2]]
-    assert kimi_adapter.select_encoder_cudagraph_items(mixed, [2, 1])[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] == ["video"]
+    assert kimi_adapter.select_encoder_cudagraph_items(mixed, [2, 1])[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] == ("video",)
     with pytest.raises(InputError, match="keeps modalities separate"):
         kimi_adapter.select_encoder_cudagraph_items(mixed, [0, 1])
 
@@ -130,7 +130,7 @@ def test_the_manager_encodes_separate_modalities_apart(kimi_adapter):
         outputs = manager.execute(mixed)
     finally:
         del kimi_adapter.select_encoder_cudagraph_items
-    assert ["image"] in seen and ["video"] in seen and manager.stats.replays == 2
+    assert ("image",) in seen and ("video",) in seen and manager.stats.replays == 2
     for index, got in enumerate(outputs):
         want = kimi_adapter.encoder_eager_forward(kimi_adapter.select_encoder_cudagraph_items(mixed, [index]))
         assert got.shape == want.shape and relative_error(got, want) <= 1e-5
