@@ -13,21 +13,18 @@ import logging
 import os
 import sys
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, so its model can be inspected
-
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
+import numpy as np
+from PIL import Image
 
 
 def make_folder(folder: str) -> None:
     """A tiny LLaVA with random weights, a word-level tokenizer holding its special tokens, the CLIP image
-    processor and a chat template, saved as a model folder. The text head dimension is 32, one that vLLM's CPU
-    attention supports."""
+    processor and a chat template, saved as a model folder (test_real_manager.py's too). The text head
+    dimension is 32, one that vLLM's CPU attention supports."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
-        CLIPImageProcessor,
+        CLIPImageProcessorPil,
         CLIPVisionConfig,
         LlamaConfig,
         LlavaConfig,
@@ -39,7 +36,7 @@ def make_folder(folder: str) -> None:
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                               image_size=28, patch_size=14)
     text = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-                       num_key_value_heads=2, vocab_size=64, max_position_embeddings=2048)
+                       num_key_value_heads=2, vocab_size=64, max_position_embeddings=1 << 16)
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text, image_token_index=3))
     model.config.architectures = ["LlavaForConditionalGeneration"]
@@ -49,12 +46,14 @@ def make_folder(folder: str) -> None:
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                         extra_special_tokens={"image_token": "<image>"})
-    images = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    images = CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
     LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=14, vision_feature_select_strategy="default",
                    chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}").save_pretrained(folder)
 
 
 def main(folder: str) -> None:
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, so its model can be inspected
     logger = logging.getLogger("vitcg")  # the plugin's lines on stderr, as a serving process would log them
     logger.setLevel(logging.INFO)
     logger.addHandler(logging.StreamHandler())

@@ -47,33 +47,11 @@ def model_config(tmp_path_factory):
     """vLLM's ``ModelConfig`` of a tiny LLaVA saved once in a temporary folder (config, a word-level tokenizer,
     the PIL CLIP image processor), served as the Transformers backend. The manager reads only its multimodal
     limits and the adapters its ``max_model_len``: which VLM it is does not matter here."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (
-        CLIPImageProcessorPil,
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaProcessor,
-        PreTrainedTokenizerFast,
-    )
+    from engine_run import make_folder
     from vllm.config import ModelConfig
 
     folder = tmp_path_factory.mktemp("tiny_llava")
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                              image_size=28, patch_size=14)
-    text = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                       num_key_value_heads=2, vocab_size=64, max_position_embeddings=1 << 16)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=3)
-    config.architectures = ["LlavaForConditionalGeneration"]
-    config.save_pretrained(folder)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<image>": 3, **{f"w{i}": 4 + i for i in range(60)}}
-    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    words.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                        extra_special_tokens={"image_token": "<image>"})
-    images = CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
-    LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=14, vision_feature_select_strategy="default",
-                   chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}").save_pretrained(folder)
+    make_folder(str(folder))
     return ModelConfig(model=str(folder), model_impl="transformers", dtype="float32", max_model_len=1 << 16)
 
 
