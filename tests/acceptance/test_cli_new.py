@@ -118,6 +118,21 @@ def test_stdout_and_refusals(tmp_path):
     assert "name: qwen2_vl" in path.read_text()
 
 
+def test_force_replaces_a_symlink_and_never_writes_through_it(tmp_path):
+    """``-o LINK --force`` once overwrote the file the link pointed to, outside the folder the user named."""
+    precious = tmp_path / "elsewhere.txt"
+    precious.write_text("keep me")
+    folder = tmp_path / "drafts"
+    folder.mkdir()
+    link = folder / "qwen.yaml"
+    link.symlink_to(precious)
+    refused = vitcg("new", "qwen2_vl", "-o", str(link))
+    assert refused.returncode == 2 and "pass --force" in refused.stderr
+    assert vitcg("new", "qwen2_vl", "-o", str(link), "--force").returncode == 0
+    assert precious.read_text() == "keep me"
+    assert not link.is_symlink() and "name: qwen2_vl" in link.read_text()
+
+
 def test_writes_anywhere_it_is_told(tmp_path):
     """Anywhere, into folders it makes; the default is NAME.yaml in the working folder, NAME the model type in
     snake case; the draft names its own path in the next steps it gives."""

@@ -63,13 +63,25 @@ def test_missing_folder_and_folder_paths(tmp_path: Path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_symlink_is_written_through(tmp_path: Path):
-    target = tmp_path / "target.txt"
+def test_a_symlink_is_replaced_and_its_target_left_alone(tmp_path: Path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    target = outside / "precious.txt"
     target.write_text("old")
-    link = tmp_path / "link.txt"
+    folder = tmp_path / "out"
+    folder.mkdir()
+    link = folder / "link.txt"
     link.symlink_to(target)
     write_text_atomic(link, "new")
-    assert link.is_symlink() and target.read_text() == "new"
+    assert not link.is_symlink() and link.read_text() == "new" and target.read_text() == "old"
+    dangling = folder / "dangling.txt"
+    dangling.symlink_to(outside / "missing.txt")
+    write_text_atomic(dangling, "x")
+    assert not dangling.is_symlink() and not (outside / "missing.txt").exists()
+    with pytest.raises(UsageError, match="exists and is not overwritten"):
+        (folder / "again.txt").symlink_to(target)
+        write_text_atomic(folder / "again.txt", "y", overwrite=False)
+    assert target.read_text() == "old"
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")

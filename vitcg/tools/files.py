@@ -16,9 +16,10 @@ def _reason(exc: OSError) -> str:
 
 
 def _target(path: Path) -> Path:
-    """The file a write to ``path`` lands in: a symlink's target, as shell redirection would write it."""
-    if path.is_symlink() and (path.is_file() or not path.exists()):
-        return Path(os.path.realpath(path))
+    """The file a write to ``path`` replaces: ``path`` itself, a symlink included. A write never lands in a
+    symlink's target, which may be a file outside the folder the user named (``vitcg new -o LINK --force``
+    once overwrote it): the link is replaced by the new file and its target is left as it was. A link to a
+    device or FIFO (``/dev/stdout``) is written through, like the device itself."""
     return path
 
 
@@ -59,6 +60,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     The folder must exist. An existing file that is not a regular file (``/dev/null``, ``/dev/full``, a
     FIFO, ``/dev/stdout``) cannot be replaced by a rename, and replacing a device would be wrong anyway:
     it is written directly, and its errors (``/dev/full``: no space left on device) are UsageErrors too.
+    A symlink to a regular file (or to nothing) is replaced by the new file; its target is not touched.
     """
     path = Path(path)
     target = _target(path)
@@ -77,7 +79,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     if not folder.is_dir():
         raise UsageError(f"cannot write {path}: no such folder {folder}")
     try:
-        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else _new_file_mode()
+        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() and not path.is_symlink() else _new_file_mode()
     except OSError:
         mode = _new_file_mode()
     temporary = None
