@@ -10,6 +10,7 @@ import torch
 from vitcg.errors import InputError
 from vitcg.lang import load_registry
 from vitcg.runtime.adapter import SpecAdapter
+from vitcg.runtime.inputs import item_indices
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.encoders import build_encoder
 
@@ -143,3 +144,15 @@ def test_reads_are_reused_only_while_the_inputs_are_unchanged(adapters):
         reader.read(frozen)
         frozen["image_grid_thw"][0, 2] = 0
         _raises(lambda: reader.read(frozen), ["'image_grid_thw'", "expected positive"])
+
+
+@pytest.mark.parametrize("bad", [[1.7], ["1"], [True], [None], [float("nan")], [torch.tensor(0.5)], 3])
+def test_item_indices_that_are_not_integers_are_refused_by_name(bad):
+    """They were converted with int(): 1.7 became 1, "1" and True were taken, None and NaN raised TypeError."""
+    with pytest.raises(InputError, match=r"indices(\[0\])?: expected"):
+        item_indices(bad)
+
+
+def test_item_indices_of_any_integer_kind_are_plain_ints():
+    chosen = item_indices([0, np.int64(2), torch.tensor(1)])
+    assert chosen == [0, 2, 1] and all(type(i) is int for i in chosen)

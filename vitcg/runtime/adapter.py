@@ -35,7 +35,7 @@ from .attention import ATTENTION_NAME, configs_of, register, use_attention
 from .engine import read_limits
 from .epilogue import epilogue
 from .extension import MIXED, Replay
-from .inputs import BACKEND_ROW_KEYS, Input, InputReader
+from .inputs import BACKEND_ROW_KEYS, Input, InputReader, item_indices
 from .padding import BufferPadding, Capacities, fill
 from .protocol import (
     DEFAULT_PATH,
@@ -224,7 +224,7 @@ class _Adapter:
 
         With image and video in one call the indices must list images before videos (the eager call
         encodes images first). Raises InputError for an index out of range or a repeated index."""
-        indices = [int(i) for i in indices]
+        indices = item_indices(indices)
         inputs = self._inputs(mm_kwargs)
         starts, total = [], 0
         for inp in inputs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,27 @@ def _version(value: Any) -> Any:
 def _type_name(value: Any) -> str:
     kind = type(value)
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def item_indices(indices: Any) -> list[int]:
+    """``indices`` (the items a selection asks for) as Python ints. Raises InputError naming the entry, the
+    expected and the actual value for anything but integers: a float (``1.7``), a string (``"1"``), a bool, None,
+    NaN or a non-integer tensor is a caller's mistake, never rounded or cast. A 0-d integer tensor or a numpy
+    integer counts as an integer."""
+    try:
+        entries = list(indices)
+    except TypeError:
+        raise InputError(f"indices: expected a sequence of item indices, got {_type_name(indices)}") from None
+    out = []
+    for position, value in enumerate(entries):
+        if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+            raise InputError(f"indices[{position}]: expected an integer item index, got {value!r}")
+        try:
+            out.append(operator.index(value))
+        except TypeError:
+            raise InputError(f"indices[{position}]: expected an integer item index, got {value!r} "
+                             f"({_type_name(value)})") from None
+    return out
 
 
 def _shape(dims: tuple) -> str:

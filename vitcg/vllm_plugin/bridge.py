@@ -20,6 +20,7 @@ from ..lang import load_registry
 from ..lang.model import Spec
 from ..runtime.accelerate import _Layout, call_inputs, encoder_of
 from ..runtime.adapter import SpecAdapter, adapter_for, pixels_to_rows
+from ..runtime.inputs import item_indices
 from ..runtime.protocol import DEFAULT_PATH, ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def select_backend_items(mm_kwargs: Mapping[str, Any], modality: str, indices: S
     offsets = [0]
     for count in counts:
         offsets.append(offsets[-1] + count)
-    chosen = [int(i) for i in indices]
+    chosen = item_indices(indices)
     selected: dict[str, Any] = {}
     for key, value in mm_kwargs.items():
         if isinstance(value, torch.Tensor) and value.dim() >= 1:
