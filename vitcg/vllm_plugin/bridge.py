@@ -20,7 +20,7 @@ from ..lang import load_registry
 from ..lang.model import Spec
 from ..runtime.accelerate import _Layout, call_inputs, encoder_of
 from ..runtime.adapter import SpecAdapter, adapter_for, pixels_to_rows
-from ..runtime.inputs import item_indices
+from ..runtime.inputs import BACKEND_ROW_KEYS, item_indices
 from ..runtime.protocol import DEFAULT_PATH, ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 
 logger = logging.getLogger(__name__)
@@ -30,9 +30,6 @@ ALL_LAYERS = "output_hidden_states"
 
 BACKEND_PIXELS = {"image": "pixel_values", "video": "pixel_values_videos"}
 """The keys under which the backend hands over each modality's pixels (the HF processor's names)."""
-
-PATCH_COUNTS = {"image": "num_image_patches", "video": "num_video_patches"}
-"""The backend's per-item row counts (kept on the CPU): how its flattened fields split into items."""
 
 
 class Declined(VitcgError):
@@ -72,9 +69,9 @@ def find_spec(hf_config: Any) -> Spec:
 def item_counts(mm_kwargs: Mapping[str, Any], modality: str) -> list[int]:
     """The backend's rows per item of ``modality`` (``num_image_patches`` / ``num_video_patches``). Raises
     InputError when the key is missing."""
-    counts = mm_kwargs.get(PATCH_COUNTS[modality])
+    counts = mm_kwargs.get(BACKEND_ROW_KEYS[modality])
     if counts is None:
-        raise InputError(f"{PATCH_COUNTS[modality]!r}: expected the backend's per-item row counts, got none "
+        raise InputError(f"{BACKEND_ROW_KEYS[modality]!r}: expected the backend's per-item row counts, got none "
                          f"(keys: {', '.join(sorted(mm_kwargs))})")
     return [int(c) for c in torch.as_tensor(counts).flatten().tolist()]
 
@@ -145,7 +142,7 @@ class Bridge:
         modality = self._modality(mm_kwargs)
         style = self.spec.attention_style
         backend = {"pixels": BACKEND_PIXELS.get(modality.name),
-                   style.count_role: PATCH_COUNTS.get(modality.name) if not style.segmented else None}
+                   style.count_role: BACKEND_ROW_KEYS.get(modality.name) if not style.segmented else None}
         inputs = {}
         for role, key in modality.inputs.items():
             if key in mm_kwargs:
@@ -159,11 +156,11 @@ class Bridge:
                 raise InputError(f"{modality.pixels_key!r}: shape {tuple(pixels.shape)} does not hold the rows the "
                                  f"spec {self.spec.name} expects (rows on dim {self.spec.pixels_rows_dim})")
             pixels = inputs[modality.pixels_key] = rows
-        counts = mm_kwargs.get(PATCH_COUNTS.get(modality.name, ""))
+        counts = mm_kwargs.get(BACKEND_ROW_KEYS.get(modality.name, ""))
         if not style.segmented and style.count_role not in modality.inputs and counts is not None \
                 and bool((torch.as_tensor(counts) != 1).any()):
             # the spec makes every tile an item of its own, the backend's items hold several tiles each
-            raise InputError(f"{PATCH_COUNTS[modality.name]!r}: expected one tile per item (the spec {self.spec.name} "
+            raise InputError(f"{BACKEND_ROW_KEYS[modality.name]!r}: expected one tile per item (the spec {self.spec.name} "
                              f"has no {style.count_role!r} input), got {torch.as_tensor(counts).tolist()}")
         for role, key in modality.inputs.items():
             if key not in inputs and role == style.count_role and not style.count_required:
@@ -310,8 +307,9 @@ class EncoderGraphs:
         """The backend's kwargs of those items (what ``embed_multimodal`` needs in ``postprocess``), plus the
         capture axis keys the adapter resolves."""
         bridge = self._vitcg
-        selected = select_backend_items(mm_kwargs, bridge.modality_of(mm_kwargs), indices)
-        graph = bridge.adapter.select_encoder_cudagraph_items(bridge.graph_inputs(mm_kwargs), indices)
+        inputs = bridge.graph_inputs(mm_kwargs)
+        selected = select_backend_items(mm_kwargs, bridge.adapter.get_input_modality(inputs), indices)
+        graph = bridge.adapter.select_encoder_cudagraph_items(inputs, indices)
         if ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG in graph:
             selected[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] = tuple(graph[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG])
         return selected
