@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from eager_check import assert_matches_eager
 from vllm_consumer import ProtocolConsumer
 
 from vitcg.errors import UnsupportedError
@@ -20,24 +21,12 @@ from vitcg.runtime import protocol
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.engine import engine_config
 from vitcg.tools.encoders import build_encoder
-from vitcg.tools.workloads import InputBuilder, relative_error
+from vitcg.tools.workloads import InputBuilder
 
 REPO = Path(__file__).resolve().parents[2]
 REGISTRY = load_registry([REPO / "vitcg" / "specs"])
 PLAIN = [spec.name for spec in REGISTRY if not spec.graph_scope]
 SCOPED = [spec.name for spec in REGISTRY if spec.graph_scope]
-TOLERANCE = 1e-5
-
-
-def assert_matches_eager(adapter, kwargs, outputs):
-    items = adapter.get_encoder_cudagraph_item_specs(kwargs)
-    assert len(outputs) == len(items)
-    for index, got in enumerate(outputs):
-        want = adapter.encoder_eager_forward(adapter.select_encoder_cudagraph_items(kwargs, [index]))
-        assert got.shape == want.shape, f"item {index}: {tuple(got.shape)} vs eager {tuple(want.shape)}"
-        assert torch.isfinite(got).all(), f"item {index} is not finite"
-        error = relative_error(got, want)
-        assert error <= TOLERANCE, f"item {index}: relative error {error:.2e}"
 
 
 def sizes_for(builder: InputBuilder, modality: str) -> list:

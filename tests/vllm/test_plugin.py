@@ -24,13 +24,12 @@ from typing import Any
 import pytest
 import torch
 from doubles import CpuCaptureManager, modalities_from_model, no_accelerator_empty_cache
+from eager_check import assert_items_match
 
 from vitcg.lang import load_registry
 from vitcg.tools.vlm import Unavailable, backend_batches, build_vlm
-from vitcg.tools.workloads import relative_error
 
 REGISTRY = load_registry()
-TOLERANCE = 1e-5
 STOCK_CLASSES = ("TransformersMultiModalForCausalLM", "TransformersMultiModalMoEForCausalLM")
 DECLINED = {
     "blip_2": "not the spec's Blip2ForConditionalGeneration",
@@ -197,11 +196,7 @@ def check_modality(manager, model, modality, batch, want, stock_reason=None):
         with torch.inference_mode():
             got = manager.execute(batch)
         assert manager.graph_hits - hits == items, f"{modality}, {attempt}: not every item replayed"
-        assert len(got) == items
-        for index, (g, w) in enumerate(zip(got, want)):
-            assert g.shape == w.shape, f"{modality} {index} ({attempt}): {tuple(g.shape)} vs {tuple(w.shape)}"
-            error = relative_error(g, w)
-            assert error <= TOLERANCE, f"{modality} {index} ({attempt}): relative error {error:.1e}"
+        assert_items_match(got, want, what=f"{modality} ({attempt}): ")
         if stock_reason is None:
             assert model._vitcg.broken is None, f"{modality} ({attempt}): {model._vitcg.broken}"
         else:

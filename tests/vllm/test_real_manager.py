@@ -27,17 +27,17 @@ from pathlib import Path
 import pytest
 import torch
 from doubles import CpuCaptureManager
+from eager_check import assert_matches_eager
 
 from vitcg.errors import InputError
 from vitcg.lang import load_registry, spec_from_text
 from vitcg.runtime.adapter import SpecAdapter, adapter_for
 from vitcg.runtime.inputs import BACKEND_ROW_KEYS
 from vitcg.tools.encoders import build_encoder
-from vitcg.tools.workloads import InputBuilder, relative_error
+from vitcg.tools.workloads import InputBuilder
 
 REGISTRY = load_registry()
 PLAIN = [spec.name for spec in REGISTRY if not spec.graph_scope]
-TOLERANCE = 1e-5
 ITEMS_PER_BATCH = 3
 """Fewer than a modality's items in :func:`sizes_for`: every call spans several packs."""
 
@@ -122,14 +122,7 @@ def execute(manager, adapter, kwargs) -> tuple[int, int]:
     hits, misses = manager.graph_hits, manager.graph_misses
     with torch.inference_mode():
         outputs = manager.execute(kwargs)
-    items = adapter.get_encoder_cudagraph_item_specs(kwargs)
-    assert len(outputs) == len(items)
-    for index, got in enumerate(outputs):
-        want = adapter.encoder_eager_forward(adapter.select_encoder_cudagraph_items(kwargs, [index]))
-        assert got.shape == want.shape, f"item {index}: {tuple(got.shape)} vs eager {tuple(want.shape)}"
-        assert torch.isfinite(got).all(), f"item {index} is not finite"
-        error = relative_error(got, want)
-        assert error <= TOLERANCE, f"item {index}: relative error {error:.2e}"
+    assert_matches_eager(adapter, kwargs, outputs)
     return manager.graph_hits - hits, manager.graph_misses - misses
 
 
