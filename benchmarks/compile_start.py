@@ -34,7 +34,7 @@ def child(spec_name: str, device: str, size: str) -> dict:
     from vitcg.lang import load_registry
     from vitcg.runtime.adapter import adapter_for
     from vitcg.runtime.compile_cache import capture_compiled
-    from vitcg.runtime.manager import EncoderCudaGraphManager
+    from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
     from vitcg.tools.encoders import build_encoder
     from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
 
@@ -47,7 +47,7 @@ def child(spec_name: str, device: str, size: str) -> dict:
     built = time.perf_counter()
     adapter = adapter_for(spec, module, compile_forward=True)
     # routing off: the check below must replay graphs, not explore its first call eagerly
-    manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype, route_eager=False)
+    manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype, options=ManagerOptions(route_eager=False))
     report, cache = capture_compiled(manager, spec)
     sync()
     ready = time.perf_counter()

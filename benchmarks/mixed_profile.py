@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from vitcg.lang import load_registry
 from vitcg.runtime import regions
 from vitcg.runtime.adapter import adapter_for
-from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from vitcg.runtime.timing import timed
 from vitcg.tools.bench import _eager_call
 from vitcg.tools.encoders import build_encoder
@@ -103,7 +103,7 @@ def main() -> None:
             adapter._blocks = regions.compile_blocks(regions.repeated_blocks(module), dynamic=blocks)
         tic = time.perf_counter()
         manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype, token_budgets=[budget],
-                                          route_eager=False, progress=False)
+                                          options=ManagerOptions(route_eager=False))
         manager.capture()
         report(name, lambda manager=manager: torch.cat(manager.execute(inputs)), time.perf_counter() - tic)
         del manager

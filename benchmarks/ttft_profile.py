@@ -58,8 +58,8 @@ def main() -> None:
     manager_ms = timed(lambda: handle.manager.execute(mm))
     print(f"{name} {workload}: features eager {eager_feat:.2f} ms, routed {graph_feat:.2f} ms; manager.execute "
           f"{manager_ms:.2f} ms; generate(1 token) eager {eager_gen:.2f} ms, routed {graph_gen:.2f} ms")
-    print("replay costs", {b: round(c, 2) for b, c in handle.manager.replay_costs.items()})
-    print("eager costs", {b: round(c, 2) for b, c in handle.manager.eager_costs.items()})
+    print("replay costs", {b: round(c, 2) for b, c in handle.manager.costs.replay.items()})
+    print("eager timings", handle.manager.costs.eager_samples)
     print("stats", handle.manager.stats.as_dict())
     profile = cProfile.Profile()
     profile.enable()

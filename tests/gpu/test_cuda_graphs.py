@@ -54,10 +54,10 @@ def qwen2():
 
 def test_replay_costs_are_measured_for_every_budget(qwen2):
     _, manager = qwen2
-    assert sorted(manager.replay_costs) == sorted(manager.budgets)
-    assert all(ms > 0 for ms in manager.replay_costs.values())
+    assert sorted(manager.costs.replay) == sorted(manager.budgets)
+    assert all(ms > 0 for ms in manager.costs.replay.values())
     # the largest budget computes 16x the rows of the smallest: it cannot replay faster
-    assert manager.replay_costs[manager.budgets[-1]] > manager.replay_costs[manager.budgets[0]]
+    assert manager.costs.replay[manager.budgets[-1]] > manager.costs.replay[manager.budgets[0]]
 
 
 def test_buffer_identity_and_earlier_outputs_survive_later_replays(qwen2):

@@ -11,7 +11,7 @@ import torch
 
 from vitcg.lang import load_registry
 from vitcg.runtime.adapter import adapter_for
-from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
 
@@ -26,7 +26,7 @@ def test_compiled_blocks_replay_equal_to_eager(name):
     adapter = adapter_for(spec, module, compile_forward=True)
     assert adapter._blocks, "no repeated blocks found to compile"
     manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=2048, device="cuda", dtype=torch.bfloat16,
-                                      route_eager=False)
+                                      options=ManagerOptions(route_eager=False))
     manager.capture()
     for workload in ("1x224", "mixed"):
         inputs = on_device(adapter, make_inputs(adapter, WORKLOADS[workload], torch.Generator().manual_seed(3)),

@@ -8,6 +8,7 @@ import torch
 
 from vitcg.lang import load_registry
 from vitcg.runtime.adapter import adapter_for
+from vitcg.runtime.costs import CostModel
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
@@ -20,11 +21,10 @@ def test_a_mixed_call_routed_eagerly_matches_eager_per_item():
     kwargs = {**builder.inputs("image", [builder.image(2, 2)]), **builder.inputs("video", [builder.video(2, 4, 4)])}
     manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=256)
     # replays dear, eager cheap: the one pack (video first, the larger item) goes to the eager call
-    manager.replay_costs = {b: 100.0 for b in manager.budgets}
-    manager.eager_costs = {b: 1.0 for b in manager.budgets}
-    packs, eager = manager.plan_packs(adapter.get_encoder_cudagraph_item_specs(kwargs),
-                                      adapter.get_encoder_cudagraph_item_frames(kwargs))
-    assert not packs and eager == [1, 0]
+    manager.costs = CostModel({b: 100.0 for b in manager.budgets}, eager=lambda tokens: 1.0)
+    routed = manager.route([item.output_tokens for item in adapter.get_encoder_cudagraph_item_specs(kwargs)],
+                           adapter.get_encoder_cudagraph_item_frames(kwargs))
+    assert not routed.packs and routed.eager == [1, 0]
     got = manager.execute(kwargs)
     for index in (0, 1):
         want = adapter.encoder_eager_forward(adapter.select_encoder_cudagraph_items(kwargs, [index]))

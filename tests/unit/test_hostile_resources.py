@@ -42,7 +42,7 @@ def test_check_proves_the_graphs_with_eager_routing_off(monkeypatch):
 
     class Stop(cases.EncoderCudaGraphManager):
         def __init__(self, adapter, **kwargs):
-            seen.append(kwargs.get("route_eager", True))
+            seen.append(kwargs["options"].route_eager)
             raise VitcgError("stopped before capture")
 
     monkeypatch.setattr(cases, "EncoderCudaGraphManager", Stop)

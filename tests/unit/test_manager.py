@@ -6,11 +6,13 @@ is its input row plus the sum of its segment, so a wrong segment boundary change
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from vitcg.errors import InputError
-from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from vitcg.runtime.protocol import (
     EncoderCudaGraphCaptureInputs,
     EncoderCudaGraphConfig,
@@ -115,8 +117,11 @@ def toy():
 
 
 def make(toy, **kwargs) -> EncoderCudaGraphManager:
+    """A manager on ``toy``: keywords are ManagerOptions fields or engine limits."""
     kwargs.setdefault("max_num_batched_tokens", 32)
-    return EncoderCudaGraphManager(toy, dtype=torch.float64, **kwargs)
+    fields = {f.name for f in dataclasses.fields(ManagerOptions)}
+    options = ManagerOptions(**{k: kwargs.pop(k) for k in list(kwargs) if k in fields})
+    return EncoderCudaGraphManager(toy, dtype=torch.float64, options=options, **kwargs)
 
 
 def test_toy_satisfies_protocol_and_not_the_extension(toy):
@@ -130,13 +135,13 @@ def test_manager_reads_only_the_protocol(toy):
     """The manager gets no device or dtype from the model: it uses what it is given, as vLLM does."""
     manager = make(toy)
     assert manager.device == torch.device("cpu") and manager.dtype == torch.float64
-    assert manager.extension is None and not manager.scoped
+    assert manager.extension is None and type(manager.boundary).__name__ == "WholeCall"
 
 
 def test_select_follows_indices_order(toy):
     manager = make(toy, max_items_per_batch=3, packing="greedy")
     kwargs = batch(5, 1, 9, 3, 2)
-    packs, _ = manager.plan_packs(toy.get_encoder_cudagraph_item_specs(kwargs))
+    packs = manager.route([5, 1, 9, 3, 2]).packs
     assert [p.indices for p in packs] == [(1, 4, 3), (0, 2)]  # packing order, not sorted
     for got, want in zip(manager.execute(kwargs), reference(kwargs, toy)):
         torch.testing.assert_close(got, want)
@@ -150,29 +155,6 @@ def test_results_match_eager_in_caller_order(toy):
     assert [g.shape[0] for g in got] == [5, 1, 9, 3, 40, 2]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
-
-
-def test_packing_is_greedy_smallest_first(toy):
-    manager = make(toy, max_items_per_batch=3, packing="greedy")
-    items = [EncoderItemSpec(n, n) for n in (5, 1, 9, 3, 40, 2)]
-    packs, eager = manager.plan_packs(items)
-    assert eager == [4]  # 40 > largest budget 32
-    assert [p.indices for p in packs] == [(1, 5, 3), (0, 2)]  # sizes 1,2,3 then 5,9
-    assert [p.budget for p in packs] == [8, 16]  # smallest budgets >= 6 and >= 14
-    assert all(p.tokens <= p.budget for p in packs)
-
-
-def test_token_cap_closes_a_pack(toy):
-    manager = make(toy, max_items_per_batch=4, packing="greedy")
-    packs, _ = manager.plan_packs([EncoderItemSpec(n, n) for n in (20, 10, 15)])
-    assert [p.indices for p in packs] == [(1, 2), (0,)]
-
-
-def test_greedy_closes_a_pack_when_an_item_alone_outweighs_it(toy):
-    """vLLM's rule: 3 tokens then a 16-token item: 4 + 16 budget tokens beat one replay of 32."""
-    manager = make(toy, max_items_per_batch=4, packing="greedy")
-    packs, _ = manager.plan_packs([EncoderItemSpec(n, n) for n in (3, 16)])
-    assert [(p.indices, p.budget) for p in packs] == [((0,), 4), ((1,), 16)]
 
 
 def test_stats_add_up(toy):
@@ -240,138 +222,7 @@ def test_cuda_graphs_need_cuda(toy):
     from vitcg.errors import BudgetError
 
     with pytest.raises(BudgetError, match="need a CUDA device"):
-        EncoderCudaGraphManager(toy, use_cuda_graphs=True)
-
-
-def test_tight_packing_pads_less_than_greedy(toy):
-    sizes = (2, 30, 3)  # greedy: 2+3 in 8, 30 in 32; tight: 30+2 in 32, 3 in 4
-    greedy = make(toy, max_num_batched_tokens=64, packing="greedy")
-    tight = make(toy, max_num_batched_tokens=64, packing="tight")
-    items = toy.get_encoder_cudagraph_item_specs(batch(*sizes))
-    g_packs, _ = greedy.plan_packs(items)
-    t_packs, _ = tight.plan_packs(items)
-    assert [p.budget for p in g_packs] == [8, 32]
-    assert sorted(p.budget for p in t_packs) == [4, 32]
-    padded = lambda packs: sum(p.budget - p.tokens for p in packs)  # noqa: E731
-    assert padded(t_packs) < padded(g_packs)
-    assert sorted(i for p in t_packs for i in p.indices) == list(range(len(sizes)))
-    kwargs = batch(*sizes, seed=5)
-    for got, want in zip(tight.execute(kwargs), reference(kwargs, toy)):
-        torch.testing.assert_close(got, want)
-
-
-def test_tight_packing_minimizes_replay_costs(toy):
-    """With measured costs (as on CUDA: a replay costs milliseconds of launches whatever its size), tight
-    packing prefers one larger replay to two smaller ones; without, it counts padded tokens."""
-    items = toy.get_encoder_cudagraph_item_specs(batch(2, 30, 1))
-    manager = make(toy, max_num_batched_tokens=64, packing="tight")
-    assert sorted(p.budget for p in manager.plan_packs(items)[0]) == [4, 32]
-    assert manager.replay_cost(32) == 32 + 4  # the token model: budget plus the smallest budget
-    manager.replay_costs = {4: 10.0, 8: 10.5, 16: 11.0, 32: 12.0, 64: 14.0}
-    assert [p.budget for p in manager.plan_packs(items)[0]] == [64]
-    manager.replay_costs = {4: 1.0, 8: 2.0, 16: 4.0, 32: 8.0, 64: 16.0}  # cost proportional to size
-    assert sorted(p.budget for p in manager.plan_packs(items)[0]) == [4, 32]
-    kwargs = batch(2, 30, 1, seed=3)
-    for got, want in zip(manager.execute(kwargs), reference(kwargs, toy)):
-        torch.testing.assert_close(got, want)
-
-
-@pytest.mark.parametrize("packing", ["tight", "greedy"])
-def test_packs_cheaper_eagerly_run_eagerly(toy, packing):
-    """With injected costs: a pack whose replay costs more than its real tokens cost eagerly (a compute-bound
-    batch padded to a large budget) goes to the one eager call; results stay those of eager."""
-    items = toy.get_encoder_cudagraph_item_specs(batch(2, 33, 1))
-    manager = make(toy, max_num_batched_tokens=64, packing=packing)
-    manager.replay_costs = {4: 1.0, 8: 1.1, 16: 1.2, 32: 1.4, 64: 10.0}
-    manager.eager_costs = {4: 2.0, 8: 2.0, 16: 2.5, 32: 3.0, 64: 6.0}
-    assert manager.eager_cost(33) == pytest.approx(3.0 + 3.0 * 1 / 32)
-    assert manager.eager_cost(2) == 2.0 and manager.eager_cost(128) == pytest.approx(12.0)
-    packs, eager = manager.plan_packs(items)
-    assert eager == [1] or sorted(eager) == [0, 1, 2]
-    assert all(p.budget < 64 for p in packs)
-    kwargs = batch(2, 33, 1, seed=4)
-    for got, want in zip(manager.execute(kwargs), reference(kwargs, toy)):
-        torch.testing.assert_close(got, want)
-    assert manager.stats.routed_eager >= 1 and manager.stats.misses >= manager.stats.routed_eager
-    manager.route_eager = False
-    assert manager.plan_packs(items)[1] == []
-
-
-def test_real_eager_calls_calibrate_the_eager_estimate(toy):
-    """The capture-time eager costs time the graph-less static forward; a real eager call that took half that
-    scales every estimate, so a compute-bound pack the estimate kept as a replay now goes eagerly."""
-    items = toy.get_encoder_cudagraph_item_specs(batch(20, 20))
-    manager = make(toy, max_num_batched_tokens=64)
-    manager.replay_costs = {4: 1.0, 8: 1.5, 16: 2.0, 32: 3.0, 64: 5.0}
-    manager.eager_costs = {4: 3.0, 8: 3.0, 16: 3.5, 32: 4.0, 64: 6.0}
-    assert manager.plan_packs(items)[1] == []  # estimated 4.0 eagerly against a 3.0 replay: the graph
-    manager.eager_timings = {64: [(32, 2.0)]}  # a real eager call of 32 tokens took 2.0 ms, not 4.0
-    assert manager.eager_cost(32) == pytest.approx(2.0) and manager.eager_cost(4) == pytest.approx(1.5)
-    assert sorted(manager.plan_packs(items)[1]) == [0, 1]
-
-
-def test_the_first_compute_bound_calls_of_a_budget_run_wholly_eagerly_timed(toy, monkeypatch):
-    from vitcg.runtime import manager as manager_module
-    from vitcg.runtime.manager import PackPlan
-
-    manager = make(toy, max_num_batched_tokens=64)
-    manager.replay_costs = {4: 1.0, 8: 1.5, 16: 2.0, 32: 9.0, 64: 20.0}
-    manager.eager_costs = {4: 3.0, 8: 3.0, 16: 3.5, 32: 10.0, 64: 25.0}
-    small, large = PackPlan(16, (0,), 10), PackPlan(64, (1, 2), 50)
-    assert manager._explore([small, large], []) == ([small, large], [], None)  # CPU: nothing is timed
-    manager.use_cuda_graphs = True  # the choice alone; nothing runs here
-    monkeypatch.setattr(manager_module, "EXPLORE_MS", 8.0)
-    assert manager._explore([small, large], []) == ([], [0, 1, 2], 64)  # the whole call; 60 tokens: class 64
-    assert manager._explore([small, large], [3])[2] is None  # other items run eagerly: no clean timing
-    assert manager._explore([small], [])[2] is None  # a launch-bound call: its replay costs 2.0 < 8.0
-    manager.eager_timings[64] = [(50, 12.0)]
-    assert manager._explore([small, large], [])[2] == 64  # one cold call is no price: timed twice
-    manager.eager_timings[64].append((50, 11.0))
-    assert manager._explore([small, large], []) == ([small, large], [], None)  # timed already
-    # a call four times larger is its own size class: small calls' timings cannot price its batched eager call
-    many = [PackPlan(64, (i,), 60) for i in range(4)]
-    assert manager._explore(many, []) == ([], [0, 1, 2, 3], 256)
-
-
-def test_measured_costs_route_without_margin(toy):
-    """Before both sides are measured, eager must be estimated 10% cheaper to win (the estimate is the static
-    forward's); once a budget's real replays and real eager calls are timed, the cheaper side wins outright (a pack
-    4% cheaper eagerly, as the H100's mixed batch, runs eagerly)."""
-    from vitcg.runtime.manager import OBSERVED_REPLAYS
-
-    items = toy.get_encoder_cudagraph_item_specs(batch(20, 20))
-    manager = make(toy, max_num_batched_tokens=64)
-    manager.replay_costs = {4: 1.0, 8: 1.5, 16: 2.0, 32: 6.0, 64: 10.0}
-    manager.eager_costs = {4: 3.0, 8: 3.0, 16: 3.5, 32: 9.0, 64: 9.8}
-    assert [p.budget for p in manager.plan_packs(items)[0]] == [64]
-    assert manager.plan_packs(items)[1] == []  # 9.2 eagerly against a 10.0 replay: within the margin
-    manager._observed_replays[64] = [10.0] * OBSERVED_REPLAYS
-    assert manager.plan_packs(items)[1] == []  # only one side measured
-    manager.eager_timings[64] = [(40, 9.6)] * OBSERVED_REPLAYS
-    assert sorted(manager.plan_packs(items)[1]) == [0, 1]
-
-
-def test_several_packs_go_eager_together_when_one_eager_call_is_cheaper(toy):
-    """Each 30-token pack replays for 5.0, less than the 6.0 its items cost alone eagerly; but one eager call of
-    all 90 tokens (about 11.4) is cheaper than three replays (15.0): the whole call runs eagerly."""
-    from vitcg.runtime.manager import PackPlan
-
-    items = toy.get_encoder_cudagraph_item_specs(batch(30, 30, 30))
-    manager = make(toy, max_num_batched_tokens=64)
-    manager.replay_costs = {4: 1.0, 8: 1.5, 16: 2.0, 32: 5.0, 64: 9.0}
-    manager.eager_costs = {4: 6.0, 8: 6.0, 16: 6.0, 32: 6.0, 64: 9.0}
-    packs = [PackPlan(32, (i,), 30) for i in range(3)]
-    assert manager._route_eager(items, packs, []) == ([], [0, 1, 2])
-    manager.eager_costs = {4: 6.0, 8: 6.0, 16: 6.0, 32: 6.0, 64: 16.0}  # all eagerly about 25: the replays win
-    assert manager._route_eager(items, packs, []) == (packs, [])
-
-
-def test_launch_bound_packs_keep_their_graphs(toy):
-    items = toy.get_encoder_cudagraph_item_specs(batch(2, 5, 1))
-    manager = make(toy, max_num_batched_tokens=64)
-    manager.replay_costs = {4: 0.1, 8: 0.1, 16: 0.12, 32: 0.15, 64: 0.2}
-    manager.eager_costs = {4: 5.0, 8: 5.0, 16: 5.1, 32: 5.2, 64: 5.5}
-    assert manager.plan_packs(items)[1] == []
+        EncoderCudaGraphManager(toy, options=ManagerOptions(use_cuda_graphs=True))
 
 
 def test_static_path_measures_nothing(toy):
@@ -387,7 +238,7 @@ def test_unknown_packing_is_rejected(toy):
 
 
 def test_lean_caps_apply_only_to_inferred_limits(toy):
-    from vitcg.runtime.manager import LEAN_ITEMS
+    from vitcg.runtime.budgets import LEAN_ITEMS
 
     lean = make(toy, max_num_batched_tokens=1024)  # vLLM would infer 1024 // 4 = 256, capped by min budget 4
     vllm = make(toy, max_num_batched_tokens=1024, lean=False)
@@ -428,15 +279,49 @@ def test_finite_inputs_take_the_usual_path(toy):
     assert manager.stats.nonfinite_items == 0 and manager.stats.misses == 0 and manager.stats.replays == 1
 
 
-def test_the_first_real_replay_of_each_budget_is_timed_on_cuda_only(toy):
-    """Capture-time replay costs run padding segments; the first real replay per budget is timed (on CUDA) and
-    the larger cost kept, so long real segments are not under-priced against eager."""
-    manager = make(toy, max_num_batched_tokens=64)
-    manager.replay_costs = {b: 1.0 for b in manager.budgets}
-    assert not manager._observe_replay(64)  # CPU: the static path times nothing
-    manager.use_cuda_graphs = True  # the decision alone; nothing runs here
-    assert manager._observe_replay(64)
-    manager._observed_replays[64] = [3.0, 2.0]  # two real replays timed: enough
-    assert not manager._observe_replay(64) and manager._observe_replay(32)
-    manager.route_eager = False
-    assert not manager._observe_replay(32)
+
+
+@pytest.mark.parametrize("eager_ms, served", [(31.0, "graphs"), (12.0, "eager")])
+def test_the_router_explores_then_keeps_the_side_measured_faster(toy, monkeypatch, eager_ms, served):
+    """Timings injected as the H100 gave them (a budget-32 replay 21 ms; eager calls of this size 31 ms, or 12):
+    the first calls of the size run eagerly, timed; then every call takes the faster side, and outputs stay
+    those of eager throughout."""
+    manager = make(toy, max_num_batched_tokens=32)
+    manager.capture()
+    manager.costs.learn = True  # as on CUDA with routing on; the timings below stand in for the device's
+    manager.costs.replay.update({b: 21.0 * b / 32 for b in manager.budgets})
+
+    def synced_ms(fn):
+        replays = toy.forward_calls  # the static forward stands in for a replay
+        result = fn()
+        return result, 21.0 if toy.forward_calls > replays else eager_ms
+    monkeypatch.setattr(manager, "_synced_ms", synced_ms)
+    for seed in range(6):
+        kwargs = batch(10, 12, seed=seed)
+        for got, want in zip(manager.execute(kwargs), reference(kwargs, toy), strict=True):
+            torch.testing.assert_close(got, want)
+    stats = manager.stats
+    explored = 2  # OBSERVED calls, each wholly eager
+    assert stats.eager_calls >= explored and stats.routed_eager >= 2 * explored
+    if served == "graphs":
+        assert stats.replays == 6 - explored and stats.eager_calls == explored
+    else:
+        assert stats.replays == 0 and stats.eager_calls == 6
+
+
+def test_routing_is_logged_at_debug_and_capture_at_info(toy, caplog):
+    manager = make(toy)
+    with caplog.at_level("DEBUG", logger="vitcg.runtime"):
+        manager.execute(batch(3, 2))
+    messages = [r.getMessage() for r in caplog.records if r.name == "vitcg.runtime"]
+    assert any(m.startswith("allocated 4 graphs at budgets 4,8,16,32") for m in messages)
+    assert any("call of 2 items, 5 tokens: 1 replays, 0 items eager (nothing measured)" in m for m in messages)
+
+
+def test_options_and_limits_are_checked(toy):
+    from vitcg.errors import BudgetError, UsageError
+
+    with pytest.raises(BudgetError, match="packing must be one of tight, greedy"):
+        ManagerOptions(packing="best")
+    with pytest.raises(UsageError, match=r"unknown engine limits \['route_eager'\].*ManagerOptions"):
+        EncoderCudaGraphManager(toy, route_eager=False)

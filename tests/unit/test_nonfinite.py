@@ -9,7 +9,7 @@ import torch
 
 from vitcg.lang import load_registry
 from vitcg.runtime.adapter import adapter_for
-from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
@@ -64,7 +64,7 @@ def test_a_poisoned_video_leaves_the_image_of_its_call_as_eager(adapters):
 def test_without_isolation_packed_attention_spreads_the_poison(adapters):
     """The root cause the option exists for (packed styles; tiles attend within each tile)."""
     adapter = adapters["qwen2_vl"]
-    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=1024, isolate_nonfinite=False)
+    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=1024, options=ManagerOptions(isolate_nonfinite=False))
     got = manager.execute(poisoned_images(adapter, float("nan")))
     assert manager.stats.replays == 1 and not torch.isfinite(got[0]).all()
 
@@ -72,7 +72,7 @@ def test_without_isolation_packed_attention_spreads_the_poison(adapters):
 def test_the_quick_check_misses_no_poison_and_flags_no_finite_item(adapters):
     """One float32 sum per tensor answers the common case with one sync; inf and -inf together still sum to NaN;
     huge finite values that overflow the sum are cleared by the exact per-item check, not isolated."""
-    from vitcg.runtime.manager import _finite
+    from vitcg.runtime.nonfinite import finite as _finite
 
     values = torch.zeros(6, 4)
     values[1, 0], values[4, 2] = float("inf"), float("-inf")

@@ -149,18 +149,18 @@ def test_a_stack_scope_takes_only_the_last_hidden_state(pixtral):
 def test_a_scoped_specs_real_replays_are_timed_for_routing(pixtral):
     """The manager prices a scope's replay by its first real replays, as for whole-encoder specs (capture-time
     replays run padding rows only): the H100 found VideoLLaMA3's scoped 1x448 slower than eager, unrouted."""
-    from vitcg.runtime.manager import OBSERVED_REPLAYS, EncoderCudaGraphManager
+    from vitcg.runtime.costs import OBSERVED
+    from vitcg.runtime.manager import EncoderCudaGraphManager
 
     spec, module = pixtral
     manager = EncoderCudaGraphManager(adapter_for(spec, module), max_num_batched_tokens=256)
     manager.capture()
-    manager.replay_costs = {b: 0.5 for b in manager.budgets}
-    manager.use_cuda_graphs = True  # the decision alone: the timing below is injected
+    manager.costs.replay.update({b: 0.5 for b in manager.budgets})  # launch-bound: never explored
+    manager.costs.learn = True  # as on CUDA: the timing below is injected
     manager._synced_ms = lambda fn: (fn(), 9.0)
     inputs = {"pixel_values": torch.randn(1, 3, 96, 96), "image_sizes": torch.tensor([[32, 48]])}
-    manager._route_eager = lambda items, packs, eager: (packs, eager)  # keep the replay: it is what is timed
-    manager._explore = lambda packs, eager: (packs, eager, None)
-    for _ in range(OBSERVED_REPLAYS):
+    for _ in range(OBSERVED):
         manager.execute(inputs)
-    (budget,) = [b for b, seen in manager._observed_replays.items() if seen]
-    assert manager._observed_replays[budget] == [9.0] * OBSERVED_REPLAYS and manager.replay_costs[budget] == 9.0
+    assert manager.stats.replays == OBSERVED
+    (budget,) = [b for b, seen in manager.costs.replay_samples.items() if seen]
+    assert manager.costs.replay_samples[budget] == [9.0] * OBSERVED and manager.costs.replay_cost(budget) == 9.0

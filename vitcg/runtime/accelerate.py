@@ -20,7 +20,7 @@ import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from ..lang.bindings import import_object
 from ..lang.model import Spec
 from .adapter import adapter_for, output_entry, per_item, pixels_to_rows
 from .compile_cache import CompileCacheUse, capture_compiled
-from .manager import EncoderCudaGraphManager, ManagerStats
+from .manager import EncoderCudaGraphManager, ManagerOptions, ManagerStats
 
 _MODALITY: contextvars.ContextVar[str | None] = contextvars.ContextVar("vitcg_modality", default=None)
 FEATURE_METHODS = {"get_image_features": "image", "get_video_features": "video"}
@@ -284,9 +284,11 @@ class Accelerated:
     """The handle :func:`accelerate` returns: statistics, :meth:`restore` (also on leaving a ``with``)."""
 
     def __init__(self, model: nn.Module, spec: Spec, owners: list[Any], encoder: nn.Module,
-                 limits: Mapping[str, Any], progress: bool, compile_forward: bool = False):
+                 limits: Mapping[str, Any], progress: bool, compile_forward: bool = False,
+                 options: ManagerOptions | None = None):
         self.model, self.spec, self.encoder = model, spec, encoder
         self.limits = dict(limits)
+        self.options = options or ManagerOptions()
         self.progress = progress
         self.compile_forward = compile_forward
         self.compile_cache: CompileCacheUse | None = None
@@ -313,7 +315,7 @@ class Accelerated:
             if router is not None:
                 setattr(self.encoder, self.spec.encoder.method, router)
         self.manager = EncoderCudaGraphManager(self.adapter, device=self.adapter.device, dtype=self.adapter.dtype,
-                                               progress=self.progress, **self.limits)
+                                               options=replace(self.options, progress=self.progress), **self.limits)
         try:
             if self.compile_forward:
                 _, self.compile_cache = capture_compiled(self.manager, self.spec)
@@ -450,7 +452,8 @@ def _with_modality(method: Callable, modality: str, known: tuple[str, ...]) -> C
 
 
 def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Registry | SpecFolders | None = None,
-               progress: bool | None = None, compile: bool = False, **engine_limits: Any) -> Accelerated:
+               progress: bool | None = None, compile: bool = False, options: ManagerOptions | None = None,
+               **engine_limits: Any) -> Accelerated:
     """Route ``model``'s vision encoder through budget CUDA graphs (on CUDA; the static path elsewhere).
 
     ``model``: a loaded transformers VLM (a class in a spec's ``architectures``, or its inner model).
@@ -458,7 +461,8 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Regis
     from :func:`registry_for` ``specs``: the packaged specs, then ``$VITCG_SPECS_DIR``, then ``specs`` (a folder
     or a list of folders, whose specs replace packaged ones of the same name), or a :class:`~vitcg.lang.Registry`.
     ``engine_limits``: the manager's engine options (``max_num_batched_tokens``, ``token_budgets``,
-    ``max_items_per_batch``...). ``progress``: a capture progress bar (default: when stderr is a terminal).
+    ``max_items_per_batch``...); ``options``: the manager's packing and routing
+    (:class:`~vitcg.runtime.manager.ManagerOptions`). ``progress``: a capture progress bar (default: when stderr is a terminal).
     ``compile``: compile the encoder's repeated blocks with inductor before capture (faster replays; the first
     capture compiles one block, later processes load its kernels from vitcg's persistent compile cache, see
     :mod:`vitcg.runtime.regions` and :mod:`vitcg.runtime.compile_cache`).
@@ -476,4 +480,4 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Regis
     owners, encoder = encoder_of(model, chosen)
     if progress is None:
         progress = sys.stderr.isatty()
-    return Accelerated(model, chosen, [*owners, encoder], encoder, engine_limits, progress, compile)
+    return Accelerated(model, chosen, [*owners, encoder], encoder, engine_limits, progress, compile, options)

@@ -5,6 +5,7 @@ Torch-free, so ``vitcg compile-config`` checks engine options without importing 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,24 @@ class BudgetPlan:
     """Most video frames in one pack (0 when video is disabled)."""
     min_budget: int
     max_budget: int
+
+
+LEAN_ITEMS = 16
+"""Items per pack when the engine leaves the count to be inferred and ``lean`` is on (vitcg's default).
+vLLM infers ``max_budget // min_budget`` (128 for Qwen2-VL at 8192 tokens) and frames per pack as items
+times frames per video (4096): capture buffers must then hold that many attention segments, and every
+slot of ``cu_seqlens`` widens the flash kernel's grid at every layer. Measured on the H100 (Qwen2-VL-7B
+tower, benchmarks/RESULTS.md), vLLM's caps made 8 images 1.4x and a mixed batch 2.3-2.8x slower than
+these. Lean caps: this many items, and the frames of one longest video."""
+
+
+def lean_caps(plan: BudgetPlan, max_frames_per_video: int, infer_frames: bool) -> BudgetPlan:
+    """``plan`` with inferred caps made lean: at most :data:`LEAN_ITEMS` items, and (when ``infer_frames``) the
+    frames of one longest video. For a plan whose items per batch were inferred."""
+    frames = plan.max_frames
+    if infer_frames and frames:
+        frames = min(frames, max_frames_per_video)
+    return dataclasses.replace(plan, max_items=min(plan.max_items, LEAN_ITEMS), max_frames=frames)
 
 
 def doubling_budgets(start: int, max_budget: int) -> list[int]:

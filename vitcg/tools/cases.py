@@ -19,7 +19,7 @@ from ..errors import VitcgError
 from ..lang import InvalidSpec
 from ..lang.model import Spec
 from ..runtime.adapter import adapter_for
-from ..runtime.manager import EncoderCudaGraphManager
+from ..runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from .encoders import build_encoder
 from .workloads import InputBuilder, Inputs, on_device, relative_error
 
@@ -148,7 +148,7 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
         # route_eager off: a check proves the graphs, so every pack that fits a budget replays (on CUDA the
         # router would run the first calls of each size eagerly, to time them, and a check makes only such calls)
         manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=limit, max_model_len=limit,
-                                          device=device, dtype=dtype, route_eager=False)
+                                          device=device, dtype=dtype, options=ManagerOptions(route_eager=False))
         report.budgets, report.max_items = manager.budgets, manager.plan.max_items
         manager.capture()
         generator = torch.Generator().manual_seed(seed)
