@@ -358,8 +358,7 @@ def plan(
                          "raise --max-num-batched-tokens / --max-model-len")
     grouped = planning.group(lambda r: planning.request_items(chosen, geometry, r), sample)
     tic = time.perf_counter()
-    result = planning.make_plan(target, grouped, cost_model, manager=manager, memory_cap_mib=memory_cap_mib,
-                                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
+    result = planning.make_plan(target, grouped, cost_model, manager=manager, memory_cap_mib=memory_cap_mib)
     seconds = time.perf_counter() - tic
     limits = (max_num_batched_tokens, max_model_len)
     if as_json:

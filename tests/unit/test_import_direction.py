@@ -21,9 +21,13 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "vitcg"
 ROOMS = ("lang", "runtime", "tools")
 SHARED = {"vitcg", "vitcg.errors"}
-PROTOCOL_SIDE = SHARED | {"vitcg.runtime", "vitcg.runtime.budgets", "vitcg.runtime.engine", "vitcg.runtime.extension",
-                          "vitcg.runtime.graphs", "vitcg.runtime.manager", "vitcg.runtime.padding", "vitcg.runtime.protocol",
-                          "vitcg.runtime.syncs", "vitcg.runtime.timing"}
+PROTOCOL_SIDE = SHARED | {"vitcg.runtime", "vitcg.runtime.budgets", "vitcg.runtime.costs", "vitcg.runtime.engine",
+                          "vitcg.runtime.extension", "vitcg.runtime.graphs", "vitcg.runtime.manager",
+                          "vitcg.runtime.nonfinite", "vitcg.runtime.packing", "vitcg.runtime.padding",
+                          "vitcg.runtime.protocol", "vitcg.runtime.stats", "vitcg.runtime.syncs", "vitcg.runtime.timing"}
+POLICY = {"vitcg.runtime.packing": {"vitcg.runtime.budgets"},
+          "vitcg.runtime.costs": {"vitcg.runtime.budgets", "vitcg.runtime.packing"}}
+"""The manager's policies: torch-free, each importing only these vitcg modules (besides the shared ones)."""
 
 
 def imported_by(module: str) -> set[str]:
@@ -88,6 +92,19 @@ def test_manager_imports_only_the_protocol_side():
     loaded = {m for m in imported_by("vitcg.runtime.manager") if m.startswith("vitcg")}
     assert loaded <= PROTOCOL_SIDE, f"the manager pulls in {sorted(loaded - PROTOCOL_SIDE)}"
     assert not any(m.startswith("transformers") for m in imported_by("vitcg.runtime.manager"))
+
+
+@pytest.mark.parametrize("module", sorted(POLICY))
+def test_packing_and_costs_are_pure(module):
+    """``vitcg plan`` and the manager share them; neither torch nor the mechanism may creep in."""
+    loaded = imported_by(module)
+    assert {m for m in loaded if m.startswith("vitcg")} <= SHARED | {"vitcg.runtime", module} | POLICY[module]
+    assert not {m for m in loaded if m.split(".")[0] in ("torch", "transformers")}
+
+
+def test_plan_packs_and_prices_without_the_manager():
+    loaded = imported_by("vitcg.tools.plan")
+    assert not {"vitcg.runtime.manager", "vitcg.runtime.graphs", "torch"} & loaded, sorted(loaded)
 
 
 @pytest.mark.parametrize("module", ["vitcg.runtime.protocol", "vitcg.runtime.extension", "vitcg.runtime.engine"])

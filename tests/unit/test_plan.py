@@ -1,5 +1,5 @@
 """``vitcg plan``'s model and search, on the CPU: item sizes from the spec, packing by the manager's own
-``plan_packs``, the search never worse than vLLM's ladder, memory caps, eager routing, input errors."""
+``plan_packs`` and ``route``, the search never worse than vLLM's ladder, memory caps, eager routing, input errors."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_a_cap_below_the_smallest_graph_is_a_clear_error(qwen):
 
 
 def test_expensive_replays_route_items_eagerly(qwen):
-    costs = P.CostModel("injected", r0=500.0, r1=1.0, e0=1.0, e1=0.001, mib_per_token=0.01)
+    costs = P.CostCurves("injected", r0=500.0, r1=1.0, e0=1.0, e1=0.001, mib_per_token=0.01)
     sample = [P.Request(((448, 448), (224, 224))), P.Request(((224, 224),))]
     plan = planned(qwen, sample, costs)
     assert plan.planned.eager_items == plan.default.eager_items == 3  # the manager's own routing, both ladders

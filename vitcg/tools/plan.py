@@ -2,15 +2,15 @@
 
 From a sample of requests (the images and videos of one encoder call each), item sizes come from the spec
 itself (:meth:`Spec.shape_item` and :meth:`Spec.item_sizes` at the checkpoint's geometry). Each candidate
-configuration is judged by driving the real :meth:`EncoderCudaGraphManager.plan_packs` over a protocol stub
-(no encoder, no weights) with injected replay and eager costs, so packing, eager fallback and eager routing
-are the manager's own. The expected latency of a configuration is the mean over requests of the replay cost
+configuration is judged by the manager's own packing (:func:`vitcg.runtime.packing.plan_packs`) and routing
+(:func:`vitcg.runtime.costs.route`) over the configuration's costs (:class:`vitcg.runtime.costs.CostModel`),
+with no encoder and no weights. The expected latency of a configuration is the mean over requests of the replay cost
 of each pack plus one eager call for the items routed eagerly. The search starts from vLLM's default ladder
 and improves it by deterministic local search (add, remove or move one budget; change items or frames per
 batch) while the graphs' memory stays under a cap, so the plan is never worse than the default under the
 same cost model.
 
-Costs (:class:`CostModel`): by default a linear model fitted to H100 measurements of the Qwen2-VL-7B vision
+Costs (:class:`CostCurves`): by default a linear model fitted to H100 measurements of the Qwen2-VL-7B vision
 tower; ``--costs`` reads a ``vitcg bench --json`` result instead.
 """
 
@@ -20,7 +20,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,10 +28,9 @@ from typing import Any
 from ..errors import BudgetError, UsageError, VitcgError
 from ..lang.catalogue import buffer_names
 from ..lang.model import Spec, thaw
-from ..runtime.budgets import doubling_budgets, interpolate
-from ..runtime.engine import engine_config
-from ..runtime.manager import EncoderCudaGraphManager
-from ..runtime.protocol import EncoderCudaGraphConfig, EncoderItemSpec
+from ..runtime.budgets import BudgetPlan, doubling_budgets, interpolate, lean_caps, plan_budgets
+from ..runtime.costs import CostModel, route
+from ..runtime.packing import plan_packs
 from .compile_config import compile_config
 from .files import read_json
 from .sizes import WORKLOADS
@@ -75,8 +74,8 @@ def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
-class CostModel:
-    """What a replay, an eager forward and a graph cost. Replays: ``r0 + r1*b`` ms, or ``replay_points``
+class CostCurves:
+    """What a replay, an eager forward and a graph cost, as curves over sizes. Replays: ``r0 + r1*b`` ms, or ``replay_points``
     interpolated when measured; plus :data:`SLOT_MS` per segment slot over :data:`REF_SLOTS` per budget token.
     Eager: ``e0 + e1*t`` ms for ``t`` output tokens in one call. Memory: ``mib_per_token * b`` per graph."""
 
@@ -99,6 +98,10 @@ class CostModel:
     def memory(self, budget: int) -> float:
         return self.mib_per_token * budget
 
+    def model(self, plan: BudgetPlan, slots: Callable[[int], int]) -> CostModel:
+        """The runtime's cost model for ``plan``'s graphs (``slots(budget)``: their attention segment slots)."""
+        return CostModel({b: self.replay(b, slots(b)) for b in plan.budgets}, eager=self.eager)
+
     def describe(self) -> str:
         replay = ("measured replay_ms interpolated" if self.replay_points
                   else f"replay {self.r0:.2f} + {self.r1:.4f}*budget ms")
@@ -114,16 +117,16 @@ class CostModel:
                 "ref_slots": REF_SLOTS}
 
 
-def default_costs() -> CostModel:
+def default_costs() -> CostCurves:
     """The linear model fitted to the H100 measurements of the Qwen2-VL-7B tower."""
     r0, r1 = fit_line(H100_REPLAY_MS)
     e0, e1 = fit_line(H100_EAGER_MS)
     memory = H100_POOL_MIB / sum(b for b, _ in H100_REPLAY_MS)
-    return CostModel("default: linear model fitted to Qwen2-VL-7B tower on an H100 (2026-11-22)", r0, r1, e0, e1,
+    return CostCurves("default: linear model fitted to Qwen2-VL-7B tower on an H100 (2026-11-22)", r0, r1, e0, e1,
                      memory)
 
 
-def costs_from_results(path: Path, spec: str) -> CostModel:
+def costs_from_results(path: Path, spec: str) -> CostCurves:
     """A cost model from a ``vitcg bench --json`` file: ``spec``'s measured replay_ms per budget
     (interpolated), pool_mib over its budgets, and a line through its workloads' eager times."""
     where = f"--costs {path}"
@@ -148,7 +151,7 @@ def costs_from_results(path: Path, spec: str) -> CostModel:
     if not replay or not budgets or pool <= 0 or any(ms <= 0 or b <= 0 for b, ms in replay):
         raise UsageError(f"{where}: the {spec} entry has no usable replay_ms or pool_mib")
     r0, r1 = fit_line(replay) if len(replay) > 1 else (0.0, replay[0][1] / replay[0][0])
-    return CostModel(f"measured: {path} ({spec})", r0, r1, e0, e1, pool / sum(budgets), tuple(replay))
+    return CostCurves(f"measured: {path} ({spec})", r0, r1, e0, e1, pool / sum(budgets), tuple(replay))
 
 
 # ---------------------------------------------------------------------------------------------- the sample
@@ -289,26 +292,6 @@ def request_items(spec: Spec, geometry: dict[str, int], request: Request) -> Ite
 
 # ---------------------------------------------------------------------------------------------- the search
 
-class _Stub:
-    """The protocol members a manager reads before it packs: config and budget range (nothing runs)."""
-
-    supports_encoder_cudagraph = True
-
-    def __init__(self, target: Target):
-        self.target = target
-
-    def get_encoder_cudagraph_config(self) -> EncoderCudaGraphConfig:
-        t = self.target
-        return EncoderCudaGraphConfig(list(t.modalities), list(t.buffer_keys), t.out_hidden_size,
-                                      max_frames_per_video=t.max_frames_per_video)
-
-    def get_encoder_cudagraph_budget_range(self, vllm_config: Any) -> tuple[int, int]:
-        return self.target.min_budget, self.target.max_budget
-
-    def get_max_frames_per_video(self) -> int:
-        return self.target.max_frames_per_video
-
-
 @dataclass(frozen=True)
 class Config:
     """One candidate: budgets, items and frames per batch."""
@@ -331,7 +314,7 @@ class Evaluation:
 @dataclass
 class Plan:
     target: Target
-    costs: CostModel
+    costs: CostCurves
     manager: str
     requests: list[tuple[Request, int, Items]]
     """Distinct requests: (request, how many times it occurs, its items)."""
@@ -344,27 +327,26 @@ class Plan:
 
 
 class Planner:
-    def __init__(self, target: Target, requests: Sequence[tuple[Request, int, Items]], costs: CostModel,
-                 manager: str = "vitcg", max_num_batched_tokens: int = 8192, max_model_len: int = 32768):
+    def __init__(self, target: Target, requests: Sequence[tuple[Request, int, Items]], costs: CostCurves,
+                 manager: str = "vitcg"):
         if manager not in MANAGERS:
             raise UsageError(f"--manager must be one of {', '.join(MANAGERS)}, got {manager!r}")
         self.target, self.requests, self.costs, self.manager = target, list(requests), costs, manager
         self.packing, self.route_eager, self.lean = MANAGERS[manager]
-        self.limits = (max_num_batched_tokens, max_model_len)
-        self.stub = _Stub(target)
         self.total = sum(count for _, count, _ in self.requests)
         self._cache: dict[Config, Evaluation | None] = {}
 
-    def _manager(self, budgets=None, items=0, frames=None) -> EncoderCudaGraphManager:
-        return EncoderCudaGraphManager(
-            self.stub, vllm_config=engine_config(*self.limits, token_budgets=list(budgets) if budgets else None,
-                                                 max_items_per_batch=items, max_frames_per_batch=frames,
-                                                 video=self.target.video),
-            packing=self.packing, lean=self.lean, route_eager=self.route_eager)
+    def _budget_plan(self, budgets: Sequence[int] | None = None, items: int = 0, frames: int | None = None
+                     ) -> BudgetPlan:
+        """The budgets and caps the manager would capture with these engine options."""
+        t = self.target
+        plan = plan_budgets(t.min_budget, t.max_budget, list(budgets) if budgets else None, items, frames,
+                            t.max_frames_per_video, video=t.video)
+        return lean_caps(plan, t.max_frames_per_video, frames is None) if self.lean and not items else plan
 
     def default_config(self) -> Config:
         """What the manager captures with no options: vLLM's ladder and the manager's inferred caps."""
-        plan = self._manager().plan
+        plan = self._budget_plan()
         return Config(plan.budgets, plan.max_items, plan.max_frames)
 
     def memory(self, config: Config) -> float:
@@ -375,19 +357,20 @@ class Planner:
         if config in self._cache:
             return self._cache[config]
         try:
-            manager = self._manager(config.budgets, config.max_items, config.max_frames)
+            plan = self._budget_plan(config.budgets, config.max_items, config.max_frames)
         except BudgetError:
             self._cache[config] = None
             return None
-        plan = manager.plan
-        replay = {b: self.costs.replay(b, self.target.slots(b, plan.max_items, plan.max_frames)) for b in plan.budgets}
-        manager.replay_costs = dict(replay)
-        manager.eager_costs = {b: self.costs.eager(b) for b in plan.budgets}
+        costs = self.costs.model(plan, lambda b: self.target.slots(b, plan.max_items, plan.max_frames))
         per_request, total, replays, eager_items = [], 0.0, 0, 0
         for _, count, items in self.requests:
-            specs = [EncoderItemSpec(tokens, tokens) for tokens, _ in items]
-            packs, eager = manager.plan_packs(specs, [frames for _, frames in items])
-            ms = sum(replay[p.budget] for p in packs) + self.costs.eager(sum(items[i][0] for i in eager))
+            tokens = [n for n, _ in items]
+            packs, eager = plan_packs(tokens, plan, frames=[f for _, f in items], policy=self.packing,
+                                      price=costs.replay.__getitem__)
+            if self.route_eager:
+                routed = route(tokens, packs, eager, costs)
+                packs, eager = routed.packs, routed.eager
+            ms = sum(costs.replay[p.budget] for p in packs) + self.costs.eager(sum(tokens[i] for i in eager))
             per_request.append(ms)
             total += ms * count
             replays += len(packs) * count
@@ -504,13 +487,12 @@ def group(spec_items, requests: Sequence[Request]) -> list[tuple[Request, int, I
     return out
 
 
-def make_plan(target: Target, requests: Sequence[tuple[Request, int, Items]], costs: CostModel, *,
-              manager: str = "vitcg", memory_cap_mib: float | None = None, max_num_batched_tokens: int = 8192,
-              max_model_len: int = 32768) -> Plan:
+def make_plan(target: Target, requests: Sequence[tuple[Request, int, Items]], costs: CostCurves, *,
+              manager: str = "vitcg", memory_cap_mib: float | None = None) -> Plan:
     """Plan budgets, items and frames for ``requests`` (grouped, with items) on ``target``."""
     if not requests:
         raise UsageError("no requests to plan for")
-    planner = Planner(target, requests, costs, manager, max_num_batched_tokens, max_model_len)
+    planner = Planner(target, requests, costs, manager)
     try:
         default_memory = planner.memory(planner.default_config())
     except BudgetError as exc:  # every limit here came from the command line
