@@ -6,13 +6,17 @@ own image processor (PIL backend, defaults) on random images, and ``input_ids`` 
 processor's tokenizer would expand. TTFT is the median wall time of ``generate(max_new_tokens=1)`` after
 warm-up, eager and accelerated measured alternately in one process (``handle.paused()``); the accelerated
 model should give the same first tokens as the eager one (bf16: a near tie may flip). A third measurement
-answers ``get_image_features`` from a cache (a free encoder): the TTFT no encoder speed-up can beat.
+answers ``get_image_features`` from a cache (a free encoder): the TTFT no encoder speed-up can beat. A fourth
+runs the same manager with routing off (``ManagerOptions(route_eager=False)``: every pack that fits a budget
+replays), so the router's choice is judged against both sides in one process: "eager only" is the original
+call, "graphs only" the manager without routing, "default" the manager as shipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -147,22 +151,27 @@ def free_vision(model, inputs):
         del base.get_image_features
 
 
-def ttft_triple(model, handle, inputs, iters, warmup=3):
-    """Median TTFT without the graphs, with them, and with a free encoder, measured in turn in one process
-    (handle.paused() runs the original calls), so clock and cache drift hit all alike; and whether the first
-    tokens of the first two agree."""
-    eager, graphs, bound = [], [], []
+def ttft_quad(model, handle, inputs, iters, warmup=3):
+    """Median TTFT without the graphs, with them (default routing), with graphs only (routing off), and with a free
+    encoder, measured in turn in one process (handle.paused() runs the original calls), so clock and cache drift
+    hit all alike; and whether the first tokens of eager and default agree."""
+    eager, graphs, only, bound = [], [], [], []
+    default = handle.manager.options
     for i in range(warmup + iters):
         with handle.paused():
             ms_eager, first_eager = one_call(model, inputs)
             with free_vision(model, inputs):
                 ms_bound, _ = one_call(model, inputs)
         ms_graphs, first_graphs = one_call(model, inputs)
+        handle.manager.options = dataclasses.replace(default, route_eager=False)
+        ms_only, _ = one_call(model, inputs)
+        handle.manager.options = default
         if i >= warmup:
             eager.append(ms_eager)
             graphs.append(ms_graphs)
+            only.append(ms_only)
             bound.append(ms_bound)
-    return (statistics.median(eager), statistics.median(graphs), statistics.median(bound),
+    return (statistics.median(eager), statistics.median(graphs), statistics.median(only), statistics.median(bound),
             bool(torch.equal(first_eager, first_graphs)))
 
 
@@ -187,17 +196,23 @@ def main() -> None:
             capture_s = time.perf_counter() - start
             rows = {}
             for w, inputs in workloads.items():
-                eager_ms, ms, bound_ms, same = ttft_triple(model, handle, inputs, args.iters)
+                eager_ms, ms, only_ms, bound_ms, same = ttft_quad(model, handle, inputs, args.iters)
+                best = min(eager_ms, only_ms)
                 rows[w] = {"eager_ms": eager_ms, "vitcg_ms": ms, "gain": eager_ms / ms, "same_first_token": same,
+                           "graphs_only_ms": only_ms, "default_vs_best": ms / best,
                            "free_encoder_ms": bound_ms, "gain_bound": eager_ms / bound_ms}
                 print(f"{name:11s} {w:7s} eager {eager_ms:8.2f} ms  vitcg {ms:8.2f} ms  {eager_ms / ms:.2f}x  "
+                      f"graphs only {only_ms:8.2f} ms  default/best {ms / best:.3f}  "
                       f"free encoder {bound_ms:8.2f} ms (bound {eager_ms / bound_ms:.2f}x)  same token: {same}",
                       flush=True)
             stats = handle.stats
             results["models"][name] = {"workloads": rows, "capture_s": capture_s, "budgets": list(handle.manager.budgets),
                                        "routed": stats.routed, "original": stats.original,
                                        "reasons": dict(stats.reasons), "hits": stats.manager.hits,
-                                       "misses": stats.manager.misses}
+                                       "misses": stats.manager.misses, "routed_eager": stats.manager.routed_eager,
+                                       "eager_samples": {str(k): v for k, v in
+                                                         handle.manager.costs.eager_samples.items()},
+                                       "replay_ms": handle.manager.costs.replay}
             handle.restore()
             del model, handle
             torch.cuda.empty_cache()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, tests-gpu, ttft, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, tests-gpu, ttft, router-ttft, router-bench, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -30,6 +30,8 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     tests-gpu) run 300 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu tests/engine tests/hf -m gpu ;;
     bench-below) run 500 bench.log python3 -m vitcg bench qwen3_vl qwen3_5_moe idefics2 mllama glm_ocr cosmos3_edge \
       internvl --no-compile --iters 10 --device cuda --json "$OUT/bench_below.json" ;;
+    router-ttft) run 560 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl qwen3_vl internvl --json "$OUT/ttft_router.json" ;;
+    router-bench) run 420 bench.log python3 -m vitcg bench qwen2_vl --no-compile --device cuda --json "$OUT/bench_router.json" ;;
     ttft-focus) run 280 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl qwen3_vl internvl gemma3 --json "$OUT/ttft.json" ;;
     compile-start) run 280 compile.log python3 benchmarks/compile_start.py qwen2_vl --cache-dir "$VITCG_CACHE_DIR" \
       --json "$OUT/compile_start.json" ;;

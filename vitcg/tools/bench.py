@@ -19,7 +19,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +137,9 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
     adapter = adapter_for(spec, module)
     limits = {"max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
               "token_budgets": list(token_budgets) if token_budgets else None}
-    manager = EncoderCudaGraphManager(adapter, **limits, device=device, dtype=dtype, progress=False)
+    manager = EncoderCudaGraphManager(adapter, **limits, device=device, dtype=dtype)
     report = manager.capture()
+    default = manager.options
     result = SpecBench(spec.name, size, str(dtype).removeprefix("torch."), list(manager.budgets),
                        manager.plan.max_items, round(report.seconds, 3), round(report.pool_bytes / 2**20, 1),
                        round(sum(p.numel() for p in module.parameters()) / 1e6, 1),
@@ -188,10 +189,12 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
         # eager is host-bound and noisy on a shared VM: three times the runs for a stable median
         row.ms["eager"] = timed(lambda inputs=inputs: adapter.encoder_eager_forward(inputs), 3 * iters, warmup, torch_device)
         for packing in PACKINGS:
-            manager.packing = packing
+            manager.options = replace(default, packing=packing)
             row.packing[packing] = _measure(manager, inputs, iters, warmup, torch_device)
             row.ms[f"vitcg_{packing}"] = row.packing[packing].pop("ms")
-        manager.packing = PACKINGS[0]
+        manager.options = replace(default, route_eager=False)  # the router's other side: every fitting pack replays
+        row.ms["vitcg_graphs"] = timed(lambda inputs=inputs: manager.execute(inputs), iters, warmup, torch_device)
+        manager.options = default
         if inductor is not None:
             got = inductor.execute(inputs)
             row.max_rel_error = max(row.max_rel_error, relative_error(torch.cat(got), eager_out))
