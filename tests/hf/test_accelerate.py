@@ -159,8 +159,38 @@ def test_cuda_graphs_match_the_original_per_item(no_tf32):
         features(cuda_model, inputs)
         got = features(cuda_model, inputs)
         assert handle.manager.use_cuda_graphs and handle.stats.routed == 1 and handle.stats.manager.replays >= 1
+        assert handle.compile_forward and handle.adapter._blocks  # compiled blocks by default on CUDA
     for g, w in zip(got, want, strict=True):
         assert relative_error(g, w) <= 1e-5
+
+
+def test_compiled_blocks_are_the_cuda_default_and_a_failed_compile_falls_back(model, monkeypatch):
+    """On the CPU's static path nothing is compiled unasked. Where blocks compile by default (CUDA, stood in for
+    here) and their compilation fails, the graphs are captured without them, with a warning that says why; asked
+    for explicitly, the failure is the caller's error."""
+    from vitcg.errors import SpecRuntimeError
+    from vitcg.runtime import accelerate as module
+
+    inputs = images((56, 84), (84, 84))
+    want = features(model, inputs)
+    with vitcg.accelerate(model, max_num_batched_tokens=1024) as handle:
+        assert not handle.compile_forward and not handle.adapter._blocks
+
+    def broken(manager, spec):
+        raise RuntimeError("inductor: no kernel for this block")
+    monkeypatch.setattr(module, "compiles_by_default", lambda encoder: True)
+    monkeypatch.setattr(module, "capture_compiled", broken)
+    with pytest.warns(RuntimeWarning, match="inductor: no kernel for this block; capturing without compiled blocks"):
+        handle = vitcg.accelerate(model, max_num_batched_tokens=1024)
+    with handle:
+        assert not handle.compile_forward and not handle.adapter._blocks
+        features(model, inputs)  # the first call learns the output layout
+        got = features(model, inputs)
+        assert handle.stats.routed == 1 and handle.stats.manager.replays == 1
+    for g, w in zip(got, want, strict=True):
+        assert relative_error(g, w) <= 1e-5
+    with pytest.raises(SpecRuntimeError, match="inductor: no kernel for this block"):
+        vitcg.accelerate(model, max_num_batched_tokens=1024, compile=True)
 
 
 def test_routed_calls_keep_their_signatures(model):

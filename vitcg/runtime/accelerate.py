@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import itertools
 import sys
 import warnings
 from collections import Counter
@@ -280,19 +281,28 @@ def call_inputs(spec: Spec, adapter: Any, signature: inspect.Signature, modality
     return mm, None
 
 
+def compiles_by_default(encoder: nn.Module) -> bool:
+    """Whether ``accelerate`` compiles ``encoder``'s blocks unasked: on CUDA, where graphs replay the kernels (on the
+    CPU's static path inductor would only add compile time)."""
+    return any(p.device.type == "cuda" for p in itertools.islice(encoder.parameters(), 1))
+
+
 class Accelerated:
     """The handle :func:`accelerate` returns: statistics, :meth:`restore` (also on leaving a ``with``)."""
 
     def __init__(self, model: nn.Module, spec: Spec, owners: list[Any], encoder: nn.Module,
-                 limits: Mapping[str, Any], progress: bool, compile_forward: bool = False,
+                 limits: Mapping[str, Any], progress: bool, compile: bool | None = None,
                  options: ManagerOptions | None = None):
         self.model, self.spec, self.encoder = model, spec, encoder
         self.limits = dict(limits)
         self.options = options or ManagerOptions()
         self.progress = progress
-        self.compile_forward = compile_forward
+        self.compile = compile
+        """Compiled blocks asked for (True), refused (False), or wherever they pay (None: on CUDA)."""
+        self.compile_forward = False
+        """Whether the graphs of the last capture hold inductor-compiled blocks."""
         self.compile_cache: CompileCacheUse | None = None
-        """How the last capture used the persistent compile cache (``compile=True`` only)."""
+        """How the last capture used the persistent compile cache (compiled blocks only)."""
         self.stats = AccelerateStats()
         self.adapter: Any = None
         self.manager: EncoderCudaGraphManager | None = None
@@ -307,7 +317,21 @@ class Accelerated:
         self._install()
 
     def _capture(self) -> None:
-        """Adapter and manager on the encoder as it is now (its device and dtype), graphs captured."""
+        """Adapter and manager on the encoder as it is now (its device and dtype), graphs captured: with compiled
+        blocks when asked, or by default on CUDA (where the graphs replay their kernels); when the default's
+        compilation fails, without them and a warning saying why."""
+        self.compile_forward = self.compile if self.compile is not None else compiles_by_default(self.encoder)
+        try:
+            self._capture_graphs()
+        except SpecRuntimeError as exc:
+            if self.compile is not None or not self.compile_forward:
+                raise
+            warnings.warn(f"vitcg.accelerate: {exc}; capturing without compiled blocks (accelerate(..., "
+                          "compile=False) skips the attempt)", RuntimeWarning, stacklevel=4)
+            self.compile_forward, self.compile_cache = False, None
+            self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
         router = vars(self.encoder).pop(self.spec.encoder.method, None)  # the adapter must bind the original call
         try:
             self.adapter = adapter_for(self.spec, self.encoder, compile_forward=self.compile_forward)
@@ -452,7 +476,7 @@ def _with_modality(method: Callable, modality: str, known: tuple[str, ...]) -> C
 
 
 def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Registry | SpecFolders | None = None,
-               progress: bool | None = None, compile: bool = False, options: ManagerOptions | None = None,
+               progress: bool | None = None, compile: bool | None = None, options: ManagerOptions | None = None,
                **engine_limits: Any) -> Accelerated:
     """Route ``model``'s vision encoder through budget CUDA graphs (on CUDA; the static path elsewhere).
 
@@ -464,8 +488,9 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Regis
     ``max_items_per_batch``...); ``options``: the manager's packing and routing
     (:class:`~vitcg.runtime.manager.ManagerOptions`). ``progress``: a capture progress bar (default: when stderr is a terminal).
     ``compile``: compile the encoder's repeated blocks with inductor before capture (faster replays; the first
-    capture compiles one block, later processes load its kernels from vitcg's persistent compile cache, see
-    :mod:`vitcg.runtime.regions` and :mod:`vitcg.runtime.compile_cache`).
+    capture compiles one block per budget, later processes load its kernels from vitcg's persistent compile cache,
+    see :mod:`vitcg.runtime.regions` and :mod:`vitcg.runtime.compile_cache`). None (default): on CUDA, and
+    without them (with a warning) when their compilation fails; off on the CPU's static path. False: never.
 
     Build it after moving the model to its device and dtype; if the encoder moves later, the next call
     captures again. Calling it again on the same model restores the first routing and starts over.
