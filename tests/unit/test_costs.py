@@ -89,11 +89,14 @@ def test_eager_prices_interpolate_within_a_size_class():
     assert costs.eager_cost(0) == 0.0
 
 
-def test_real_replays_raise_the_replay_price_to_their_fastest():
-    costs = CostModel({1024: 15.0}, learn=True)
+def test_real_replays_replace_the_capture_price_with_their_fastest():
+    costs = CostModel({1024: 15.0, 2048: 50.0}, learn=True)
     assert costs.times_replay(1024) and not costs.times_replay(512)
     costs.observe_replay(1024, 25.0)
     assert costs.replay_cost(1024) == 15.0  # one replay is no price
     costs.observe_replay(1024, 21.0)
     assert costs.replay_cost(1024) == 21.0 and not costs.times_replay(1024)
+    for ms in (44.0, 43.0):  # a noisy capture-time run priced it too high
+        costs.observe_replay(2048, ms)
+    assert costs.replay_cost(2048) == 43.0
     assert not CostModel({1024: 15.0}).times_replay(1024)  # not learning

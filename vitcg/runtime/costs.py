@@ -3,8 +3,9 @@
 Torch-free: the manager fills it from timings (capture, then real calls) and ``vitcg plan`` from cost curves
 (:mod:`vitcg.tools.plan`); both route with :func:`route`.
 
-A replay's price is its budget's: measured at capture (padding segments, which attend only to themselves), then
-raised to the fastest of its first real replays (real items make longer segments, whose attention costs more).
+A replay's price is its budget's: measured once at capture (padding segments, which attend only to themselves),
+then replaced by the fastest of its first real replays (real items make longer segments, whose attention costs
+more; one capture-time run is no price either).
 An eager call's price is that of eager calls measured at a comparable size: the same :func:`size_class` of
 output tokens (an eager call's cost is far from proportional to its tokens: 8 images batched cost 2.7x one,
 not 8x, on the H100's Gemma 4 tower; and a graph-less forward at budget size prices nothing, since it is
@@ -83,7 +84,7 @@ class CostModel:
         seen = self.replay_samples.setdefault(budget, [])
         seen.append(ms)
         if len(seen) == OBSERVED:
-            self.replay[budget] = max(self.replay[budget], min(seen))
+            self.replay[budget] = min(seen)
 
     def observe_eager(self, tokens: int, ms: float) -> None:
         self.eager_samples.setdefault(size_class(tokens), []).append((tokens, ms))

@@ -24,8 +24,10 @@ from .timing import timed
 
 log = logging.getLogger("vitcg.runtime")
 
-COST_RUNS = 3
-"""Timed replays per budget graph when replay costs are measured at capture (after one untimed replay)."""
+COST_RUNS = 1
+"""Timed replays per budget graph when replay costs are measured at capture (after one untimed replay): a first
+price only, replaced by the budget's real replays (:mod:`vitcg.runtime.costs`); each extra run costs a start-up
+the sum of all replays (about 0.36 s for the Qwen2-VL-7B tower's 8 budgets on the H100)."""
 
 
 def capture_graph(fn: Callable[[], Any], device: torch.device, pool: Any = None) -> tuple[Any, Any]:
