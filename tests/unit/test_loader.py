@@ -42,7 +42,7 @@ def test_quoted_scalar_style_is_recorded():
         ("a: !custom 1\n", 1, "unsupported YAML tag"),
         ("1: x\n", 1, "mapping keys must be strings"),
         ("? [a]\n: x\n", 1, "mapping keys must be strings"),
-        ("yes: x\n", 1, "mapping keys must be strings"),
+        ("true: x\n", 1, "mapping keys must be strings"), ("1: x\n", 1, "mapping keys must be strings"),
         ("a: &x {b: 1}\nc:\n  <<: *x\n", 3, "merge keys"),
         ("a: [1, 2\n", 2, "invalid YAML"),
         ("a: 1\n---\nb: 2\n", 2, "invalid YAML"),
@@ -127,3 +127,36 @@ def test_a_diagnostic_is_one_line_and_a_hint_whatever_the_spec_holds():
     # str.splitlines() breaks at \x1e and \u2028 too: a key holding one once split a diagnostic in two.
     d = Diagnostic("f.yaml", 2, 3, format_path(("a\x1eb",)), "unknown key 'a\nb'", hint="did you mean\u2028'ab'?")
     assert d.format().splitlines() == ["f.yaml:2:3: $['a\\x1eb']: unknown key 'a\\nb'", "    hint: did you mean\\u2028'ab'?"]
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1:30", "1:30"),  # YAML 1.1: 90 (base 60)
+    ("yes", "yes"), ("no", "no"), ("on", "on"), ("off", "off"), ("Y", "Y"),  # YAML 1.1: booleans
+    ("010", 10), ("0o10", 8), ("0x1f", 31), ("-7", -7), ("+3", 3),  # YAML 1.1: 010 is octal 8
+    ("0b101", "0b101"), ("1_000", "1_000"),  # YAML 1.1: integers
+    ("1e3", 1000.0), ("-.5", -0.5), ("2.", 2.0),  # YAML 1.1: 1e3 is a string (no dot)
+    ("true", True), ("False", False), ("~", None), ("null", None), ("", None),
+    ("'1:30'", "1:30"), ('"010"', "010"),
+])
+def test_plain_scalars_follow_yaml_1_2_core(text, value):
+    loaded, problems = load_text(f"a: {text}\n", "f.yaml")
+    assert not problems
+    assert loaded.data["a"] == value and type(loaded.data["a"]) is type(value)
+
+
+@pytest.mark.parametrize(("text", "col", "char"), [
+    ('a: "x\\x01y"\n', 4, "U+0001"),
+    ('b:\n  c: "\\e[31m"\n', 6, "U+001B"),
+    ('"k\\x7f": 1\n', 1, "U+007F"),
+    ('d: "\\x85"\n', 4, "U+0085"),
+])
+def test_control_characters_are_refused_with_line_and_column(text, col, char):
+    loaded, problems = load_text(text, "f.yaml")
+    assert loaded is None and len(problems) == 1
+    problem = problems[0]
+    assert char in problem.message and problem.col == col and problem.line == text.count("\n", 0, text.index("\\"))+1
+
+
+def test_tabs_and_newlines_are_text():
+    loaded, problems = load_text('a: "x\\ty"\nb: |\n  one\n  two\n', "f.yaml")
+    assert not problems and loaded.data == {"a": "x\ty", "b": "one\ntwo\n"}

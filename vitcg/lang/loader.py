@@ -1,12 +1,18 @@
 """Safe YAML with positions: a spec file becomes plain data plus a map from YAML path to line and column.
 
 PyYAML's ``compose`` keeps node marks; this module walks the node tree itself so that duplicate keys,
-non-string keys, unsafe tags and alias-expansion bombs are errors instead of silent surprises.
+non-string keys, unsafe tags and alias-expansion bombs are errors instead of silent surprises. Plain scalars are
+resolved as YAML 1.2's core schema says, not as PyYAML's YAML 1.1: ``1:30`` is a string (1.1: 90, base 60),
+``yes``/``no``/``on``/``off`` are strings, ``010`` is ten and ``0o10`` eight, ``1e3`` is a number. Control
+characters (written as escapes in double-quoted strings; the reader refuses them raw) are refused in every
+string but tab, line feed and carriage return.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +28,51 @@ MAX_NODES = 20_000
 MAX_DEPTH = 64
 """Deepest collection nesting. Checked on the parser's events before composing: libyaml's composer recurses
 in C, so 25,000 nested ``[`` overflow its stack and kill the process before any Python check can run."""
-_COMPOSER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""libyaml's composer when PyYAML has it (5x faster); nodes and marks are the same either way."""
+
+
+class _CoreResolver(yaml.resolver.BaseResolver):
+    """YAML 1.2's core schema for plain scalars (section 10.3.2); anything else is a string."""
+
+
+for _tag, _pattern, _first in (
+    ("null", r"~|null|Null|NULL|", "~nN"),
+    ("bool", r"true|True|TRUE|false|False|FALSE", "tTfF"),
+    ("int", r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", "-+0123456789"),
+    ("float", r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+     "-+.0123456789"),
+    ("merge", r"<<", "<"),  # not core YAML 1.2: recognized only to be refused with a clear message
+):
+    _CoreResolver.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(f"^(?:{_pattern})$"),
+                                        [*_first, ""] if _tag == "null" else list(_first))
+
+if hasattr(yaml, "CSafeLoader"):  # libyaml's parser (5x faster); nodes and marks are the same either way
+    class _COMPOSER(yaml.cyaml.CParser, yaml.constructor.SafeConstructor, _CoreResolver):
+        def __init__(self, stream: str):
+            yaml.cyaml.CParser.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            _CoreResolver.__init__(self)
+else:  # pragma: no cover - PyYAML built without libyaml
+    class _COMPOSER(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer,
+                    yaml.constructor.SafeConstructor, _CoreResolver):
+        def __init__(self, stream: str):
+            yaml.reader.Reader.__init__(self, stream)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+            yaml.composer.Composer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            _CoreResolver.__init__(self)
+
+
+def _core_int(text: str) -> int:
+    """A YAML 1.2 core integer: decimal (leading zeros allowed), ``0o`` octal or ``0x`` hexadecimal."""
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
+def _control(text: str) -> str | None:
+    """The first control character of ``text`` other than tab, line feed and carriage return, or None."""
+    return next((c for c in text if c not in "\t\n\r" and unicodedata.category(c) == "Cc"), None)
 
 Path_ = tuple  # a YAML path: a tuple of str keys and int indices
 
@@ -243,9 +292,16 @@ class _Converter:
             return [self.convert(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
         self.loaded.styles.setdefault(path, node.style or None)
         try:
-            value = self.constructor.construct_object(node, deep=True)
+            if node.tag == "tag:yaml.org,2002:int" and not node.style:
+                value = _core_int(node.value)
+            else:
+                value = self.constructor.construct_object(node, deep=True)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
             raise self.error(node, path, f"invalid value: {exc}") from None
+        if isinstance(value, str) and (bad := _control(value)) is not None:
+            self.problems.append(self.error(node, path, f"string holds the control character U+{ord(bad):04X}",
+                                            "remove it; specs hold printable text (tabs and newlines are fine)"
+                                            ).diagnostic)
         if isinstance(value, float) and not math.isfinite(value):
             # Neither JSON nor a Python literal can hold it: registry/ would render Infinity, a NameError.
             kind = "NaN" if value != value else "infinite"
@@ -267,6 +323,10 @@ class _Converter:
                                                 "quote the key").diagnostic)
                 continue
             key = key_node.value
+            if (bad := _control(key)) is not None:
+                self.problems.append(self.error(key_node, path, f"key holds the control character U+{ord(bad):04X}",
+                                                "remove it").diagnostic)
+                continue
             if key in first_seen:
                 first = _pos(first_seen[key])
                 self.problems.append(self.error(
