@@ -1,4 +1,4 @@
-"""A persistent cache for the inductor kernels of ``compile_forward`` adapters.
+"""A persistent cache for the inductor kernels of ``compile_forward`` adapters, used only when vitcg can vouch for it.
 
 Inductor's own caches live under ``/tmp`` and key on graphs that dynamo must first trace again. vitcg keeps what
 ``torch.compiler.save_cache_artifacts`` returns after a capture in one file per key, and hands it back to
@@ -7,20 +7,45 @@ repeated blocks compiled once per budget (:mod:`vitcg.runtime.regions`), qwen2_v
 capture in 22 s on an H100 from nothing and in 10 s from this cache. The key covers what the kernels depend
 on: the spec's file, the budgets and capture limits, dtype, device model, the torch, transformers and triton
 versions, and how the forward is compiled (:data:`COMPILE_FORMAT`). The file lives under ``compile/`` in
-vitcg's cache folder (``VITCG_CACHE_DIR``); a file that cannot be read or loaded is ignored (and replaced),
-never fatal.
+vitcg's cache folder (``VITCG_CACHE_DIR``).
+
+Loading an artifact runs code: torch unpickles parts of it, and writes each entry to a path built from the entry's
+key. The key is computable from public facts, so anyone who can put a file at ``compile/KEY.bin`` chooses what runs
+inside ``accelerate``. So a file is handed to torch only when all of these hold, checked before any byte of it is
+unpickled, on the very file descriptor that is read:
+
+- the ``compile/`` folder is owned by the current user and writable by no one else (vitcg makes it with mode 0700);
+- the file is a regular file (not a link, FIFO or device), owned by the current user, writable by no one else, and
+  at most :data:`MAX_ARTIFACT_BYTES` (read in bounded steps, never whole-then-check);
+- it carries an HMAC-SHA256 tag over its cache key and payload made with ``compile/key``, 32 random bytes that vitcg
+  made for this user (mode 0600, owned by the user, readable by no one else);
+- its payload is torch's artifact container holding only the artifact kinds a ``torch.compile`` produces
+  (:data:`EXPECTED_KINDS`), each keyed by a relative path without ``..``: checked with a plain byte reader, no pickle.
+
+Anything else is not loaded (``CompileCacheUse.loaded`` stays False), one warning says why, the kernels are compiled
+as if the file were absent, and the file is replaced (through a temporary file and ``os.replace``, which replaces a
+link rather than writing through it). On systems without ``os.getuid`` (Windows) the ownership and mode checks are
+skipped; the tag still holds.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import hashlib
+import hmac
 import json
+import logging
 import os
+import secrets
+import stat
+import tempfile
 import warnings
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import torch
@@ -28,8 +53,39 @@ import torch
 from ..lang.bindings import cache_root, transformers_version, write_cache_file
 from ..lang.model import Spec
 
+log = logging.getLogger(__name__)
+
 COMPILE_FORMAT = "blocks-static-1"
 """What is compiled (the repeated blocks, per budget): artifacts of another strategy are not reused."""
+
+MAGIC = b"vitcgcc1"
+"""The first bytes of every file vitcg writes; the number changes when the layout below does.
+Layout: ``MAGIC``, a 32-byte HMAC-SHA256 tag, then the bytes ``save_cache_artifacts`` returned."""
+
+TAG_BYTES = hashlib.sha256().digest_size
+KEY_BYTES = 32
+"""The secret's length: 256 random bits from :mod:`secrets`, as long as the HMAC's block of SHA-256 output."""
+
+KEY_FILE = "key"
+"""The secret's name inside ``compile/``: beside the artifacts it vouches for, so one private folder holds both."""
+
+MAX_ARTIFACT_BYTES = 1 << 30
+"""The largest file read (1 GiB). A small CPU graph saves 156 kB; the cap bounds what a planted or runaway file
+costs (a 3 GiB file read whole took a process to 6.4 GB), not what vitcg writes, which it stays far below.
+A larger artifact is not stored (a warning says so)."""
+
+EXPECTED_KINDS = frozenset({"inductor", "aot_autograd", "autotune", "pgo", "precompile"})
+"""The artifact kinds ``torch.compile`` records (torch 2.6 to 2.13): any other kind is not loaded."""
+
+_CONTAINER_VERSION = 1
+"""The version that opens torch's artifact container (``torch.utils._appending_byte_serializer``)."""
+
+_OWNERSHIP = hasattr(os, "getuid")
+"""Whether files have POSIX owners and modes to check (not on Windows)."""
+
+
+class UntrustedCacheFile(Exception):
+    """A compile-cache file (or its folder or key) that vitcg will not hand to torch; the message says why."""
 
 
 def compile_key(spec: Spec, device: torch.device, dtype: torch.dtype, **shapes: Any) -> str:
@@ -55,38 +111,242 @@ def compile_key(spec: Spec, device: torch.device, dtype: torch.dtype, **shapes: 
 class CompileCacheUse:
     path: Path
     loaded: bool = False
-    """Whether artifacts were found and loaded before the capture."""
+    """Whether artifacts were found, trusted and loaded before the capture."""
     saved_bytes: int = 0
-    """Bytes written after the capture (0 when nothing new was compiled)."""
+    """Bytes of artifacts written after the capture (0 when nothing new was compiled or they could not be stored)."""
+    refused: str | None = None
+    """Why the file at :attr:`path` was not loaded though it existed (vitcg could not vouch for it, or torch could
+    not load it), or None."""
+
+
+def _check_owner(st: os.stat_result, what: str, path: Path, *, private: bool = False) -> None:
+    """Raise :class:`UntrustedCacheFile` unless ``st`` is the current user's and no one else may write it
+    (``private``: nor read it)."""
+    if not _OWNERSHIP:
+        return
+    if st.st_uid != os.getuid():
+        raise UntrustedCacheFile(f"{what} {path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})")
+    mode = stat.S_IMODE(st.st_mode)
+    if private and mode & 0o077:
+        raise UntrustedCacheFile(f"{what} {path} has mode {mode:04o}: others may read it (vitcg makes it 0600)")
+    if mode & 0o022:
+        raise UntrustedCacheFile(f"{what} {path} has mode {mode:04o}: group or others may write it "
+                                 f"(chmod go-w {path})")
+
+
+def _check_folder(folder: Path) -> None:
+    """Raise :class:`UntrustedCacheFile` unless ``folder`` is a directory of the current user that only they may
+    write: anyone else who may write it could swap files between the checks and the read."""
+    try:
+        st = os.stat(folder)
+    except OSError as exc:
+        raise UntrustedCacheFile(f"cannot inspect the folder {folder}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UntrustedCacheFile(f"{folder} is not a folder")
+    _check_owner(st, "the folder", folder)
+
+
+def _read_trusted(path: Path, limit: int, *, what: str, private: bool = False) -> bytes | None:
+    """The bytes of ``path`` (None when there is no such entry), read through one file descriptor whose owner, mode,
+    kind and size are checked first, at most ``limit + 1`` bytes of it. Raises :class:`UntrustedCacheFile`."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    if not hasattr(os, "O_NOFOLLOW") and os.path.islink(path):
+        raise UntrustedCacheFile(f"{what} {path} is a symbolic link")
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise UntrustedCacheFile(f"{what} {path} is a symbolic link") from None
+        return None
+    except OSError as exc:  # ELOOP: the entry is a link, which O_NOFOLLOW refuses to open
+        reason = "is a symbolic link" if os.path.islink(path) else f"cannot be opened: {exc.strerror}"
+        raise UntrustedCacheFile(f"{what} {path} {reason}") from None
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UntrustedCacheFile(f"{what} {path} is not a regular file")
+        _check_owner(st, what, path, private=private)
+        if st.st_size > limit:
+            raise UntrustedCacheFile(f"{what} {path} holds {st.st_size} bytes, over the {limit}-byte cap")
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = handle.read(min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:  # it grew after the fstat
+            raise UntrustedCacheFile(f"{what} {path} holds more than the {limit}-byte cap")
+        return b"".join(chunks)
+
+
+def _secret(folder: Path, *, create: bool) -> bytes:
+    """This user's key for ``folder``: read (and checked), or, with ``create``, made when missing or unusable.
+    Raises :class:`UntrustedCacheFile` (without ``create``: when there is no usable key)."""
+    path = folder / KEY_FILE
+    try:
+        secret = _read_trusted(path, KEY_BYTES, what="the key", private=True)
+        if secret is not None and len(secret) == KEY_BYTES:
+            return secret
+        problem = None if secret is None else f"the key {path} holds {len(secret)} bytes, not {KEY_BYTES}"
+    except UntrustedCacheFile as exc:
+        problem = str(exc)
+    if not create:
+        raise UntrustedCacheFile(problem or f"there is no key {path} to check it with (vitcg did not write it)")
+    secret = secrets.token_bytes(KEY_BYTES)
+    if problem is not None:  # a key anyone else may have read or written vouches for nothing: a new one
+        warnings.warn(f"vitcg: replacing the compile cache key: {problem}", stacklevel=5)
+        write_cache_file(path, secret)
+        return secret
+    fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{KEY_FILE}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(secret)
+        os.link(temporary, path)  # never replaces a key another process made meanwhile: keep theirs
+    except FileExistsError:
+        return _secret(folder, create=False)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+    return secret
+
+
+def _tag(secret: bytes, key: str, payload: bytes) -> bytes:
+    """The HMAC of a file's cache key and payload: a file moved to another key's name does not verify."""
+    mac = hmac.new(secret, MAGIC, hashlib.sha256)
+    mac.update(key.encode() + b"\0")
+    mac.update(payload)
+    return mac.digest()
+
+
+def artifact_index(payload: bytes) -> list[tuple[str, str]]:
+    """The ``(kind, key)`` of every artifact in torch's artifact container ``payload``, read as plain bytes (no
+    pickle). Raises :class:`UntrustedCacheFile` for a malformed container, a kind outside :data:`EXPECTED_KINDS`,
+    or a key torch would turn into a path outside its cache folder (absolute, a drive, ``..``, NUL, backslash)."""
+    view = memoryview(payload)
+    end, pos = len(payload), 4
+    if end < 12 or int.from_bytes(view[:4], "big") != zlib.crc32(view[4:]):
+        raise UntrustedCacheFile("the artifacts are truncated or corrupt (checksum)")
+
+    def number() -> int:
+        nonlocal pos
+        if pos + 8 > end:
+            raise UntrustedCacheFile("the artifacts are truncated")
+        pos += 8
+        return int.from_bytes(view[pos - 8:pos], "big")
+
+    def chunk() -> memoryview:
+        nonlocal pos
+        size = number()
+        if size > end - pos:
+            raise UntrustedCacheFile("the artifacts are truncated")
+        pos += size
+        return view[pos - size:pos]
+
+    def text() -> str:
+        try:
+            return base64.b64decode(chunk(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            raise UntrustedCacheFile("the artifacts hold a malformed name") from None
+
+    if number() != _CONTAINER_VERSION:
+        raise UntrustedCacheFile("the artifacts are in a container version vitcg does not know")
+    index = []
+    while pos < end:
+        kind = text()
+        if kind not in EXPECTED_KINDS:
+            raise UntrustedCacheFile(f"the artifacts hold a kind torch.compile does not make: {kind[:60]!r}")
+        for _ in range(number()):
+            key = text()
+            parts = PurePosixPath(key).parts
+            if (not key or len(key) > 512 or "\0" in key or "\\" in key or key.startswith("/")
+                    or ".." in parts or PureWindowsPath(key).drive):
+                raise UntrustedCacheFile(f"a {kind} artifact is keyed {key[:80]!r}: a path outside torch's cache")
+            chunk()
+            index.append((kind, key))
+    return index
+
+
+def _trusted_payload(path: Path, key: str) -> bytes | None:
+    """The artifacts in ``path`` if vitcg can vouch for them (see the module docstring), None when there is no file.
+    Raises :class:`UntrustedCacheFile` saying why not."""
+    if not os.path.lexists(path):
+        return None
+    _check_folder(path.parent)
+    data = _read_trusted(path, MAX_ARTIFACT_BYTES, what="the file")
+    if data is None:  # removed since the lexists
+        return None
+    header = len(MAGIC) + TAG_BYTES
+    if len(data) <= header or not data.startswith(MAGIC):
+        raise UntrustedCacheFile(f"the file {path} is not one vitcg wrote (no vitcg header) or is truncated")
+    secret = _secret(path.parent, create=False)
+    payload = data[header:]
+    if not hmac.compare_digest(data[len(MAGIC):header], _tag(secret, key, payload)):
+        raise UntrustedCacheFile(f"the file {path} fails its integrity check: vitcg did not write it for this key "
+                                 f"with your key, or it was changed since")
+    artifact_index(payload)
+    return payload
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"vitcg: {message}", stacklevel=4)
 
 
 @contextlib.contextmanager
 def persistent_compile_cache(key: str, root: str | os.PathLike | None = None) -> Iterator[CompileCacheUse]:
-    """Load the artifacts stored under ``key`` (if any) on entry; on a clean exit, store what was compiled."""
+    """Load the artifacts stored under ``key`` on entry, if vitcg can vouch for them (see the module docstring);
+    on a clean exit, store what was compiled. A file that is refused or fails to load is reported
+    (``loaded`` False, ``refused`` the reason, one warning) and replaced by what this capture compiles."""
     path = Path(root or cache_root()) / "compile" / f"{key}.bin"
     use = CompileCacheUse(path)
     try:
-        data = path.read_bytes()
-    except OSError:
-        data = None
-    if data:
+        payload = _trusted_payload(path, key)
+    except UntrustedCacheFile as exc:
+        payload, use.refused = None, str(exc)
+        _warn(f"not loading the compile cache: {exc}; compiling instead")
+    if payload is not None:
         try:
-            torch.compiler.load_cache_artifacts(data)
-            use.loaded = True
-        except Exception as exc:  # a stale or corrupt file: compile as if it were absent, then replace it
-            warnings.warn(f"vitcg: ignoring the compile cache {path}: {type(exc).__name__}: {exc}", stacklevel=3)
+            use.loaded = torch.compiler.load_cache_artifacts(payload) is not None  # None: torch could not read it
+            if not use.loaded:
+                use.refused = "torch could not read the artifacts"
+        except Exception as exc:  # a stale file (another torch build): compile as if it were absent, then replace it
+            use.refused = f"{type(exc).__name__}: {exc}"
+        if use.loaded:
+            log.info("compile cache: loaded %d bytes of artifacts from %s", len(payload), path)
+        else:
+            _warn(f"ignoring the compile cache {path}: {use.refused}; compiling instead")
     yield use
     if use.loaded:
         return
     artifacts = torch.compiler.save_cache_artifacts()
-    if not artifacts:
-        return
-    blob = artifacts[0]
+    blob = artifacts[0] if artifacts else b""
     try:
-        write_cache_file(path, blob)
-        use.saved_bytes = len(blob)
+        if blob:
+            _store(path, key, blob)
+            use.saved_bytes = len(blob)
+        elif use.refused is not None:  # nothing new to store: drop the refused entry so it is not read again
+            _check_folder(path.parent)
+            os.unlink(path)
+    except UntrustedCacheFile as exc:
+        _warn(f"not storing the compile cache {path}: {exc}")
     except OSError as exc:  # a read-only cache folder costs the next start its compile time, nothing else
-        warnings.warn(f"vitcg: could not store the compile cache {path}: {exc}", stacklevel=3)
+        _warn(f"could not store the compile cache {path}: {exc}")
+
+
+def _store(path: Path, key: str, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` with its tag, in a private folder, replacing (never writing through) what is
+    there. Raises :class:`UntrustedCacheFile` (a folder others may write, artifacts vitcg would refuse) or OSError."""
+    if len(payload) + len(MAGIC) + TAG_BYTES > MAX_ARTIFACT_BYTES:
+        raise UntrustedCacheFile(f"the artifacts take {len(payload)} bytes, over the {MAX_ARTIFACT_BYTES}-byte cap")
+    artifact_index(payload)  # what would be refused on loading is not stored
+    folder = path.parent
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    _check_folder(folder)
+    secret = _secret(folder, create=True)
+    write_cache_file(path, MAGIC + _tag(secret, key, payload) + payload)
+    log.info("compile cache: stored %d bytes of artifacts in %s", len(payload), path)
 
 
 def capture_compiled(manager: Any, spec: Spec) -> tuple[Any, CompileCacheUse]:
