@@ -144,7 +144,7 @@ class _Adapter:
         self._configs = configs_of(module)
         self._splits = any(m.split for m in spec.modalities)
         """Whether the encoder may see more grid rows than items (a modality split by frames)."""
-        self._item_roles = {r for m in spec.modalities for r in m.item_roles}
+        self._item_roles = frozenset(r for m in spec.modalities for r in m.item_roles)
         """Extra roles aligned with the items (``per_item``): their buffers hold a row per item."""
         self.pixel_layout = spec.pixel_layout(self.geometry)
         """Where the call's pixel argument holds its rows (the graphs and the inputs hold them rows-first)."""
@@ -295,11 +295,6 @@ class _Adapter:
             capture_axes=(self.spec.modality_names,) if self.spec.separate_modalities else (),
         )
 
-    def _is_segment_buffer(self, buffer) -> bool:
-        """Whether ``buffer`` holds one slot per attention segment (frame, clip, image)."""
-        return buffer.provider == "cu_seqlens" or (buffer.provider == "scope_arg"
-                                                   and buffer.padding == "trailing_segment")
-
     def prepare_encoder_cudagraph_capture_inputs(
         self, token_budget: int, max_batch_size: int, max_frames_per_batch: int,
         device: torch.device | str | None = None, dtype: torch.dtype | None = None,
@@ -308,8 +303,9 @@ class _Adapter:
         """Buffers for ``token_budget`` that hold any pack of ``max_batch_size`` items and
         ``max_frames_per_batch`` frames. Shape formulas may read ``max_segments``, the most attention
         segments such a pack has (``min(budget, max_items + max_frames)``: every segment has at least one
-        output token); whatever a spec's shape says, a segment buffer gets a slot per possible segment plus
-        the leading zero and a padding segment, and a grid buffer or an item role's buffer a row per item.
+        output token); whatever a spec's shape says, a buffer holds the leading rows its provider's capacity
+        rule asks (:data:`vitcg.runtime.providers.CAPACITIES`: a segment buffer a slot per possible segment plus
+        the leading zero and a padding segment, a grid buffer or an item role's buffer a row per item).
         ``axis_keys``: with ``separate`` modalities, the modality these graphs serve (the capture axis); a
         modality other than video sees ``max_frames`` 0."""
         _check_path(path)
@@ -319,6 +315,8 @@ class _Adapter:
             max_frames_per_batch = 0  # the graphs of a modality kept apart from video never see frames
         names = {**buffer_names(token_budget, max_batch_size, max_frames_per_batch), **self.geometry}
         segments = names["max_segments"]
+        limits = providers.CaptureLimits(max_batch_size, segments, segments if self._splits else max_batch_size,
+                                         self._item_roles)
         values: dict[str, torch.Tensor | int] = {}
         for buffer in self.spec.buffers:
             if buffer.is_host:
@@ -335,14 +333,9 @@ class _Adapter:
                                            f"{shape[buffer.rows_dim]}, not a multiple of one row's {layout.width} "
                                            "entries")
                 shape = (shape[buffer.rows_dim] // layout.width, *layout.row)
-            if self._is_segment_buffer(buffer):  # the leading zero, the segments, one padding segment
-                shape = (max(shape[0], segments + 2), *shape[1:])
-            elif buffer.provider == "grid":  # a row per item, or per segment when a modality splits its rows
-                # (and one for the padding item)
-                rows = (segments if self._splits else max_batch_size) + (buffer.padding == "trailing_item")
+            rows = providers.min_rows(buffer, limits)
+            if rows is not None:
                 shape = (max(shape[0], rows), *shape[1:])
-            elif buffer.provider == "aligned" and buffer.params.get("role") in self._item_roles:  # a row per item
-                shape = (max(shape[0], max_batch_size), *shape[1:])
             if self._scope is not None:
                 shape = self._scope.storage_shape(buffer, shape)
             values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else providers.DTYPES[kind],

@@ -1,8 +1,9 @@
 """Padding rules: how a new value is written into a fixed-size capture buffer, in place.
 
-Each rule is a function ``fill(dest, src, capacity, key)``; :class:`BufferPadding` binds one rule to one
-buffer as the protocol's padding logic, a callable ``(captured_buffer, new_value) -> None`` that any
-manager (vLLM's too) calls without knowing the rule:
+Each rule is one :class:`Padding` record: its function ``fill(dest, src, capacity, key, merge)``, the value
+that means "no data", and what it needs of the buffer. :class:`BufferPadding` binds one rule to one buffer as
+the protocol's padding logic, a callable ``(captured_buffer, new_value) -> None`` that any manager (vLLM's too)
+calls without knowing the rule:
 
 - ``zeros``: value rows first, zero rows after them;
 - ``ones``: value rows first, rows of ones after them (attention masks of padding tiles);
@@ -25,21 +26,49 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..errors import InputError
 
-Rule = Callable[[torch.Tensor, torch.Tensor, int, str], None]
-PADDING_RULES: dict[str, Rule] = {}
-"""Padding rule name (:data:`vitcg.lang.catalogue.PADDINGS`) -> ``fill(dest, src, row_capacity, key)``.
-``fixed`` buffers are never refilled, so that rule has no function."""
+Rule = Callable[..., None]
+"""``fill(dest, src, row_capacity, key, merge=1)``: writes ``src`` into ``dest`` in place; ``merge`` is the spec's
+spatial_merge_size (only ``trailing_item`` reads it)."""
 
 
-def padding_rule(name: str) -> Callable[[Rule], Rule]:
-    """Register the function of the padding rule ``name``."""
+def no_rows(dest: torch.Tensor) -> torch.Tensor:
+    """A value of no rows for ``dest``: every row is padding."""
+    return dest.new_zeros((0, *dest.shape[1:]))
+
+
+@dataclass(frozen=True)
+class Padding:
+    """One padding rule as the runtime applies it."""
+
+    fill: Rule
+    """Writes a value into a capture buffer in place."""
+    empty: Callable[[torch.Tensor], torch.Tensor] = no_rows
+    """The value meaning "no data" for a capture buffer (``src`` None or :data:`EMPTY`)."""
+    at_capacity: bool = False
+    """Its padding ends at the buffer set's row capacity (:class:`Capacities`), not at the buffer's own end."""
+    spare: int = 0
+    """Rows it needs after the value's own: the slot of a padding segment or the row of a padding item (the
+    capacity rules of :mod:`vitcg.runtime.providers` add them)."""
+    boundaries: bool = False
+    """Its value is segment boundaries ``[0, ..., R]`` (a scope argument so padded holds a slot per segment)."""
+
+
+PADDING_RULES: dict[str, Padding] = {}
+"""Padding rule name (:data:`vitcg.lang.catalogue.PADDINGS`) -> its record. ``fixed`` buffers are never refilled,
+so that rule has none."""
+
+
+def padding_rule(name: str, **record: Any) -> Callable[[Rule], Rule]:
+    """Register ``fill`` as the function of the padding rule ``name``; ``record``: the other :class:`Padding`
+    fields."""
     def register(fn: Rule) -> Rule:
-        PADDING_RULES[name] = fn
+        PADDING_RULES[name] = Padding(fn, **record)
         return fn
     return register
 
@@ -54,7 +83,7 @@ def _check_fits(dest: torch.Tensor, src: torch.Tensor, key: str) -> None:
 
 
 @padding_rule("zeros")
-def pad_zeros(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
+def pad_zeros(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str, merge: int = 1) -> None:
     _check_fits(dest, src, key)
     n = src.shape[0]
     dest[:n].copy_(src, non_blocking=True)
@@ -63,7 +92,7 @@ def pad_zeros(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) ->
 
 
 @padding_rule("ones")
-def pad_ones(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
+def pad_ones(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str, merge: int = 1) -> None:
     """Value rows, then rows of ones: padding tiles with an all-true attention mask never see an empty
     softmax, so they cannot turn into NaN."""
     _check_fits(dest, src, key)
@@ -73,8 +102,13 @@ def pad_ones(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> 
         dest[n:].fill_(1)
 
 
-@padding_rule("trailing_segment")
-def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
+def _no_segments(dest: torch.Tensor) -> torch.Tensor:
+    """Boundaries of no segments: every row is padding."""
+    return torch.zeros(1, dtype=dest.dtype)
+
+
+@padding_rule("trailing_segment", empty=_no_segments, at_capacity=True, spare=1, boundaries=True)
+def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str, merge: int = 1) -> None:
     """``src`` = boundaries ``[0, ..., R]`` on the host; rows ``R..capacity`` become trailing padding segments.
 
     The padding rows are spread over every free slot (at most ``ceil(P / free)`` rows each) instead of
@@ -100,7 +134,7 @@ def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, k
     dest.copy_(full, non_blocking=True)
 
 
-@padding_rule("trailing_item")
+@padding_rule("trailing_item", at_capacity=True, spare=1)
 def pad_trailing_item(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str, merge: int = 1) -> None:
     """Grid rows (``(t, h, w)`` or ``(h, w)``) first, then one more row holding the padding rows as an item of
     their own, ``(1, merge, P // merge)`` (without t: ``(merge, P // merge)``), then zero rows. An encoder that
@@ -127,7 +161,7 @@ def pad_trailing_item(dest: torch.Tensor, src: torch.Tensor, capacity: int, key:
 
 
 @padding_rule("identity")
-def pad_identity(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
+def pad_identity(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str, merge: int = 1) -> None:
     _check_fits(dest, src, key)
     n = src.shape[0]
     dest[:n].copy_(src, non_blocking=True)
@@ -144,8 +178,13 @@ def mask_values(dtype: torch.dtype) -> tuple[bool | int | float, bool | int | fl
     return (True, False) if dtype == torch.bool else (1, 0)
 
 
-@padding_rule("square_mask")
-def pad_square_mask(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
+def _no_mask(dest: torch.Tensor) -> torch.Tensor:
+    """A mask over no rows: every row is padding."""
+    return dest.new_zeros((0, *dest.shape[1:-1], 0))
+
+
+@padding_rule("square_mask", empty=_no_mask)
+def pad_square_mask(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str, merge: int = 1) -> None:
     """``src`` is an ``(n, ..., n)`` mask (rows first, then whatever lies between, then the same rows as
     columns); ``dest`` is ``(N, ..., N)``. The value lands top-left; every other entry masks, except that each
     padding row attends to itself, so its softmax is never empty (no NaN) and no real row sees it."""
@@ -170,7 +209,7 @@ def pad_square_mask(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: s
 
 
 @padding_rule("repeat")
-def pad_repeat(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str) -> None:
+def pad_repeat(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str, merge: int = 1) -> None:
     """Value rows whose dim 1 divides the buffer's, repeated along it to fill it (a mean over dim 1 is
     unchanged: a gather index of frames, each frame in the same number of slots); zero rows after them."""
     if src.dim() < 2 or dest.dim() != src.dim() or dest.shape[1] % max(src.shape[1], 1):
@@ -191,19 +230,10 @@ EMPTY = _Empty()
 
 
 def fill(rule: str, dest: torch.Tensor, src: torch.Tensor | None, capacity: int, key: str, merge: int = 1) -> None:
-    """Write ``src`` into ``dest`` by ``rule``; ``src=None`` or EMPTY writes the all-padding value. ``merge``: the
+    """Write ``src`` into ``dest`` by ``rule``; ``src=None`` or EMPTY writes the rule's empty value. ``merge``: the
     spec's spatial_merge_size (``trailing_item`` shapes its padding item by it)."""
-    if src is None or src is EMPTY:
-        if rule == "trailing_segment":
-            src = torch.zeros(1, dtype=dest.dtype)
-        elif rule == "square_mask":
-            src = dest.new_zeros((0, *dest.shape[1:-1], 0))
-        else:
-            src = dest.new_zeros((0, *dest.shape[1:]))
-    if rule == "trailing_item":
-        pad_trailing_item(dest, src, capacity, key, merge)
-    else:
-        PADDING_RULES[rule](dest, src, capacity, key)
+    padding = PADDING_RULES[rule]
+    padding.fill(dest, padding.empty(dest) if src is None or src is EMPTY else src, capacity, key, merge)
 
 
 class Capacities:
@@ -238,6 +268,5 @@ class BufferPadding:
     """The spec's spatial_merge_size (``trailing_item``)."""
 
     def __call__(self, dest: torch.Tensor, src: torch.Tensor | None) -> None:
-        ends_at_capacity = self.rule in ("trailing_segment", "trailing_item")
-        capacity = self.capacities.of(dest, self.key) if ends_at_capacity else dest.shape[0]
+        capacity = self.capacities.of(dest, self.key) if PADDING_RULES[self.rule].at_capacity else dest.shape[0]
         fill(self.rule, dest, src, capacity, self.key, self.merge)
