@@ -13,14 +13,15 @@ encoder call: the model's own forward runs eagerly around it (a prologue that ma
 may select data-dependent rows) and each scoped call is answered by a graph replay. Such a spec cannot be
 driven by a protocol-only manager, so :class:`ScopedSpecAdapter` does not claim the protocol: it offers
 what vitcg's manager needs and raises :class:`~vitcg.errors.UnsupportedError` for the rest.
-:func:`adapter_for` picks the class.
+:func:`adapter_for` picks the class; the graph boundary (:class:`WholeCall` or
+:class:`~vitcg.runtime.scope.Scope`) is chosen once, when the adapter is built.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from torch import nn
 from ..errors import InputError, SpecRuntimeError, UnsupportedError
 from ..lang.bindings import config_snapshot
 from ..lang.catalogue import MERGE_NAME, PROVIDERS, buffer_names
-from ..lang.model import Modality, PixelLayout, Spec, thaw
+from ..lang.model import Buffer, Modality, PixelLayout, Spec, thaw
 from . import providers
 from .attention import ATTENTION_NAME, configs_of, register, use_attention
 from .engine import read_limits
@@ -47,7 +48,7 @@ from .protocol import (
     postprocess_by_rows,
 )
 from .regions import compile_blocks, compiled_blocks, repeated_blocks
-from .scope import Scope
+from .scope import Boundary, Scope
 from .syncs import tensor_text_without_data
 
 ITEM_CACHE_SIZE = 4096
@@ -113,6 +114,50 @@ def pixels_to_rows(layout: PixelLayout | None, given: torch.Tensor) -> torch.Ten
         count, *layout.row)
 
 
+class WholeCall:
+    """The graph boundary of a whole-encoder spec (a :class:`~vitcg.runtime.scope.Boundary`): the encoder method
+    called with every buffer as its argument and ``call_kwargs`` beside them, under the spec's ``epilogue``, its
+    outputs combined into one tensor."""
+
+    scoped = False
+
+    def __init__(self, spec: Spec, module: nn.Module, combine: Callable[[Any], torch.Tensor],
+                 layout: PixelLayout | None):
+        """``combine``: the call's output as one tensor of rows; ``layout``: where the call's pixel argument holds
+        its rows."""
+        self.spec = spec
+        self.target = module
+        self._call = getattr(module, spec.encoder.method)
+        self._call_kwargs = thaw(spec.encoder.call_kwargs)
+        self._combine = combine
+        self._layout = layout
+        self._pixels = spec.providers().get("pixels")
+
+    def use_forwards(self, forwards: Mapping[nn.Module, Callable[..., Any]]) -> None:
+        """Nothing to do: :func:`~vitcg.runtime.regions.compiled_blocks` patches them in around the call."""
+
+    def compile(self) -> None:
+        """Run the encoder call through ``torch.compile`` (an encoder without repeated blocks)."""
+        self._call = torch.compile(self._call, dynamic=True)
+
+    def storage_shape(self, buffer: Buffer, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """Pixels with ``rows_dim`` stored rows-first, as the inputs come; every other buffer as the call takes it.
+        Raises SpecRuntimeError when the rows dimension is no multiple of one row's entries."""
+        if buffer is not self._pixels or not buffer.rows_dim:
+            return shape
+        if shape[buffer.rows_dim] % self._layout.width:
+            raise SpecRuntimeError(f"{self.spec.name}: pixel buffer dimension {buffer.rows_dim} is "
+                                   f"{shape[buffer.rows_dim]}, not a multiple of one row's {self._layout.width} "
+                                   "entries")
+        return (shape[buffer.rows_dim] // self._layout.width, *self._layout.row)
+
+    def forward(self, inputs: Mapping[str, torch.Tensor | int]) -> torch.Tensor:
+        kwargs = {b.arg: pixels_to_call(self._layout, inputs[b.name]) if b is self._pixels else inputs[b.name]
+                  for b in self.spec.buffers}
+        with epilogue(self.spec.epilogue):  # a deferred data-dependent end keeps fixed shapes here
+            return self._combine(self._call(**kwargs, **self._call_kwargs))
+
+
 def _check_path(path: str) -> None:
     if path != DEFAULT_PATH:
         raise InputError(f"encoder path {path!r} is unknown: spec adapters have one path, {DEFAULT_PATH!r}")
@@ -130,24 +175,24 @@ class _Adapter:
         self.module = module
         self.geometry: dict[str, int] = spec.resolve_geometry(config_snapshot(module.config))
         self._call = getattr(module, spec.encoder.method)
-        self._scope = Scope(spec, module) if spec.graph_scope else None
-        graph_call = self._scope.forward if self._scope is not None else self._call
-        self._blocks = compile_blocks(repeated_blocks(self._scope.target if self._scope else module)) \
-            if compile_forward else {}
+        self._call_kwargs = thaw(spec.encoder.call_kwargs)
+        self.pixel_layout = spec.pixel_layout(self.geometry)
+        """Where the call's pixel argument holds its rows (the graphs and the inputs hold them rows-first)."""
+        self._boundary: Boundary = Scope(spec, module) if spec.graph_scope else \
+            WholeCall(spec, module, self._combine, self.pixel_layout)
+        """What the graphs capture: the whole encoder call or the scoped submodule call."""
+        self._blocks = compile_blocks(repeated_blocks(self._boundary.target)) if compile_forward else {}
         """The compiled forward of each repeated block, patched in while the graph path runs."""
-        if self._scope is not None:
-            self._scope.use_forwards(self._blocks)
+        self._boundary.use_forwards(self._blocks)
         self._compiled = compile_forward and not self._blocks
         """Whether the whole fixed-shape forward is compiled (an encoder without repeated blocks)."""
-        self._graph_call = torch.compile(graph_call, dynamic=True) if self._compiled else graph_call
-        self._call_kwargs = thaw(spec.encoder.call_kwargs)
+        if self._compiled:
+            self._boundary.compile()
         self._configs = configs_of(module)
         self._splits = any(m.split for m in spec.modalities)
         """Whether the encoder may see more grid rows than items (a modality split by frames)."""
         self._item_roles = frozenset(r for m in spec.modalities for r in m.item_roles)
         """Extra roles aligned with the items (``per_item``): their buffers hold a row per item."""
-        self.pixel_layout = spec.pixel_layout(self.geometry)
-        """Where the call's pixel argument holds its rows (the graphs and the inputs hold them rows-first)."""
         self._rows_buffer = spec.rows_buffer
         """The buffer whose first dimension is the row (or tile) capacity: where padding segments end."""
         parameter = next(module.parameters())
@@ -217,7 +262,7 @@ class _Adapter:
         return groups
 
     def is_encoder_cudagraph_scoped(self) -> bool:
-        return self._scope is not None
+        return self._boundary.scoped
 
     def select_encoder_cudagraph_items(self, mm_kwargs: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:
         """The kwargs of the items at ``indices`` (canonical positions), in the order of ``indices``.
@@ -326,18 +371,10 @@ class _Adapter:
             if kind == "param":
                 kind = buffer.params.get("dtype", "model")
             shape = tuple(f.evaluate(names) for f in buffer.shape)
-            if buffer.provider == "pixels" and buffer.rows_dim:  # stored rows-first, as the inputs come
-                layout = self.pixel_layout
-                if shape[buffer.rows_dim] % layout.width:
-                    raise SpecRuntimeError(f"{self.spec.name}: pixel buffer dimension {buffer.rows_dim} is "
-                                           f"{shape[buffer.rows_dim]}, not a multiple of one row's {layout.width} "
-                                           "entries")
-                shape = (shape[buffer.rows_dim] // layout.width, *layout.row)
             rows = providers.min_rows(buffer, limits)
             if rows is not None:
                 shape = (max(shape[0], rows), *shape[1:])
-            if self._scope is not None:
-                shape = self._scope.storage_shape(buffer, shape)
+            shape = self._boundary.storage_shape(buffer, shape)
             values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else providers.DTYPES[kind],
                                               device=device)
         capacity = self.row_capacity(values)
@@ -409,10 +446,6 @@ class _Adapter:
                                    f"{[tuple(t.shape) for t in value]} do not share a last dimension")
         return torch.cat([t.reshape(-1, t.shape[-1]) for t in value])
 
-    def _call_view(self, buffer, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` (stored rows-first) as the call takes it: pixels in the call's layout."""
-        return pixels_to_call(self.pixel_layout, tensor) if buffer.provider == "pixels" else tensor
-
     def encoder_cudagraph_forward(self, inputs: Mapping[str, torch.Tensor | int], path: str = DEFAULT_PATH) -> Any:
         """The fixed-shape forward: the combined output tensor, or with ``graph_scope`` the scoped
         submodule's own output structure. With ``epilogue`` (:mod:`vitcg.runtime.epilogue`) a boolean-mask row
@@ -424,11 +457,7 @@ class _Adapter:
         text = contextlib.nullcontext() if self._compiled else tensor_text_without_data()
         with (use_attention(self._configs, ATTENTION_NAME), torch.no_grad(), torch.device(self.device), text,
               compiled_blocks(self._blocks)):
-            if self._scope is not None:
-                return self._graph_call(inputs)
-            kwargs = {b.arg: self._call_view(b, inputs[b.name]) for b in self.spec.buffers}
-            with epilogue(self.spec.epilogue):  # a deferred data-dependent end keeps fixed shapes here
-                return self._combine(self._graph_call(**kwargs, **self._call_kwargs))
+            return self._boundary.forward(inputs)
 
     def eager_calls(self, mm_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The keyword arguments of each encoder call the eager path makes: one per modality present, inputs
@@ -510,7 +539,7 @@ class ScopedSpecAdapter(_Adapter):
         (:class:`vitcg.runtime.scope.Scope`): ``replay`` gets the call's arguments as buffer values and returns the
         captured output and the capture values it ran on. Raises SpecRuntimeError when the scope is never
         called."""
-        output, calls = self._scope.run(lambda: self.encoder_eager_forward(mm_kwargs), replay)
+        output, calls = self._boundary.run(lambda: self.encoder_eager_forward(mm_kwargs), replay)
         if self._inputs(mm_kwargs) and not calls:
             raise SpecRuntimeError(f"{self.spec.name}: the eager forward never called graph_scope "
                                    f"{self.spec.graph_scope!r}; check the module path")

@@ -22,8 +22,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 Replay = Callable[[dict[str, Any]], tuple[Any, Mapping[str, Any]]]
-"""Given new buffer values, refills one budget's capture buffers through the padding logics, replays its
-graph, and returns the graph's output and the capture values it ran on."""
+"""Given new buffer values (rows-first tensors, None for host integers, ``padding.EMPTY`` for an absent mask),
+refills one budget's capture buffers through the padding logics, replays its graph, and returns the graph's
+output and the capture values it ran on."""
 
 MIXED = "image+video"
 """What ``get_input_modality`` answers for a call holding both modalities (vitcg extension)."""

@@ -1,5 +1,8 @@
 """Graph scope: capture one submodule call, or a stack of layers, inside the model's own eager forward.
 
+:class:`Boundary` is what an adapter asks of the part its graphs capture, chosen once: :class:`Scope` here, or
+the whole encoder call (:class:`vitcg.runtime.adapter.WholeCall`).
+
 ``graph_scope.module`` names a submodule. If it is a module, each of its calls is answered by a replay.
 If it is an ``nn.ModuleList`` the parent loops over, the whole loop is one graph: the call of layer 0
 replays the captured stack and returns its final output, and layers 1..L-1 pass that output through,
@@ -16,18 +19,38 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from ..errors import SpecRuntimeError
 from ..lang.model import Buffer, Spec
+from .extension import Replay
 from .padding import EMPTY
 
-Replay = Callable[[dict[str, Any]], tuple[Any, Mapping[str, Any]]]
-"""Takes buffer values (rows-first tensors, None for host integers, EMPTY for an absent mask), refills and
-replays the budget's graph, returns its output and the capture values it ran on."""
+
+@runtime_checkable
+class Boundary(Protocol):
+    """The part of the encoder's forward a graph captures."""
+
+    scoped: bool
+    """Whether it is one submodule call inside the model's eager forward (then the model's forward serves
+    packs, :meth:`Scope.run`)."""
+    target: nn.Module
+    """The module whose repeated blocks may be compiled (:mod:`vitcg.runtime.regions`)."""
+
+    def use_forwards(self, forwards: Mapping[nn.Module, Callable[..., Any]]) -> None:
+        """Run those blocks with ``forwards`` (compiled ones) inside :meth:`forward`."""
+
+    def compile(self) -> None:
+        """Run the captured computation through ``torch.compile`` (one compilation, dynamic shapes)."""
+
+    def storage_shape(self, buffer: Buffer, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The call's shape of ``buffer`` as it is stored: rows first, as the inputs come."""
+
+    def forward(self, inputs: Mapping[str, Any]) -> Any:
+        """The captured computation on capture buffer values."""
 
 
 def submodule(module: nn.Module, path: str) -> nn.Module:
@@ -44,7 +67,9 @@ def submodule(module: nn.Module, path: str) -> nn.Module:
 
 
 class Scope:
-    """The captured part of a graph-scoped spec, and the interception of its calls."""
+    """The captured part of a graph-scoped spec, and the interception of its calls (a :class:`Boundary`)."""
+
+    scoped = True
 
     def __init__(self, spec: Spec, module: nn.Module):
         self.spec = spec
@@ -63,6 +88,10 @@ class Scope:
         """Run the layers in :meth:`forward` with ``forwards`` (compiled ones, :mod:`vitcg.runtime.regions`)
         where given: the captured computation calls these, not whatever ``layer.forward`` is at the time."""
         self._forwards = [forwards.get(layer, forward) for layer, forward in zip(self.layers, self._forwards)]
+
+    def compile(self) -> None:
+        """Run :meth:`forward` through ``torch.compile`` (a scope without repeated blocks)."""
+        self.forward = torch.compile(self.forward, dynamic=True)
 
     def storage_shape(self, buffer: Buffer, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The call's shape of ``buffer`` with its rows moved first (how the buffer is stored)."""
