@@ -108,16 +108,21 @@ def check(
                                                    "bfloat16 on cuda).")] = None,
     spec_dirs: SpecFolders = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every spec's table of cases and the "
+                                          "warnings transformers and torch gave while it ran, not only a "
+                                          "failed spec's.")] = False,
 ) -> None:
     """Run fixed cases through the budget manager and through eager, per item, then (tiny size) the end-to-end
-    stage against the full VLM and its own image processor; fail on any mismatch."""
+    stage against the full VLM and its own image processor; fail on any mismatch. Prints one line per spec
+    (proven, spec stage only, or FAILED, with why) and a summary; a failed spec's table and warnings below it."""
     _check_device(device)
     import torch
 
     from .lang import InvalidSpec, select_specs, spec_folders
     from .tools.cases import check_spec, invalid_report
     from .tools.encoders import release
-    from .tools.report import check_json, check_text
+    from .tools.quiet import kept_warnings
+    from .tools.report import check_json, check_summary, check_text
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
@@ -126,18 +131,29 @@ def check(
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype is not None and dtype not in dtypes:
         raise UsageError(f"--dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
+    chosen = select_specs(specs, all_specs, spec_folders(spec_dirs or ()))
+    width = max((len(spec.name) for spec in chosen), default=0)
+    progress = sys.stderr.isatty()  # a terminal sees which spec runs; a log or a pipe gets no control codes
     reports = []
-    for spec in select_specs(specs, all_specs, spec_folders(spec_dirs or ())):
-        if isinstance(spec, InvalidSpec):  # a row of its own: a broken draft does not stop the other specs
-            report = invalid_report(spec, device=device, dtype=dtypes.get(dtype))
-        else:
-            report = check_spec(spec, device=device, dtype=dtypes.get(dtype), size=size)
+    for index, spec in enumerate(chosen, 1):
+        if progress:
+            sys.stderr.write(f"\r\x1b[K[{index}/{len(chosen)}] {spec.name}")
+            sys.stderr.flush()
+        with kept_warnings() as kept:
+            if isinstance(spec, InvalidSpec):  # a row of its own: a broken draft does not stop the other specs
+                report = invalid_report(spec, device=device, dtype=dtypes.get(dtype))
+            else:
+                report = check_spec(spec, device=device, dtype=dtypes.get(dtype), size=size)
+            release(device)
+        report.warnings = kept.lines()
         reports.append(report)
-        release(device)
+        if progress:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
         if not as_json:
-            sys.stdout.write(check_text([report], summary=False))
+            sys.stdout.write(check_text([report], verbose=verbose, summary=False, width=width))
             sys.stdout.flush()
-    sys.stdout.write(check_json(reports) if as_json else check_text(reports, details=False))
+    sys.stdout.write(check_json(reports) if as_json else check_summary(reports) + "\n")
     raise typer.Exit(0 if all(r.ok for r in reports) else 1)
 
 

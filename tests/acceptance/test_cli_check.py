@@ -1,20 +1,45 @@
-"""``vitcg check`` as a user runs it: a table per spec, exit 0 when all match, 1 on any mismatch."""
+"""``vitcg check`` as a user runs it: one line per spec and a summary (a table per spec on failure or with
+``--verbose``), exit 0 when all match, 1 on any mismatch."""
 
 from __future__ import annotations
 
+import os
+import pty
+import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, vitcg
+from helpers import REPO, vitcg, vitcg_command
 
 FAILS = REPO / "tests" / "specs" / "check_fails"
 
 
-def test_check_one_spec_prints_a_table():
-    run = vitcg("check", "qwen2_vl")
+def test_passing_specs_print_one_line_each_and_a_summary():
+    """A passing spec is one line (proven: both stages passed) and the summary. gemma4's tiny config makes
+    transformers warn ("Last layer must use `full_attention`"): the warning is kept with its report, and stderr
+    stays empty."""
+    run = vitcg("check", "qwen2_vl", "gemma4")
     assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines() == ["qwen2_vl  proven: 6 cases, and the VLM end to end on 3 items",
+                                       "gemma4    proven: 3 cases, and the VLM end to end on 3 items",
+                                       "2 specs checked: 2 passed (2 proven)"]
+    assert run.stderr == ""
+
+
+def test_check_verbose_prints_the_table_and_shows_progress_on_a_terminal():
+    """--verbose: the table of cases under the spec's line. With stderr a terminal, as a user runs it, stderr
+    shows which spec runs (and a redirected stderr gets nothing: the test above)."""
+    terminal, stderr = pty.openpty()
+    run = subprocess.run([*vitcg_command(), "check", "qwen2_vl", "--verbose"], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=stderr, text=True, timeout=600)
+    os.close(stderr)
+    progress = os.read(terminal, 65536).decode()
+    os.close(terminal)
+    assert "[1/1] qwen2_vl" in progress, progress
+    assert run.returncode == 0, run.stdout
     lines = run.stdout.splitlines()
-    assert lines[0].startswith("qwen2_vl (cpu, float32; budgets 64/128/256")
+    assert lines[0].startswith("qwen2_vl  proven: ")
+    assert lines[1].startswith("  cpu, float32; budgets 64/128/256")
     for case in ("one small image", "images of different sizes", "one video", "image and video in one call",
                  "item larger than the largest budget", "empty batch"):
         assert any(line.split(None, 1)[1].startswith(case) and line.rstrip().endswith("ok")
@@ -22,7 +47,7 @@ def test_check_one_spec_prints_a_table():
     # the end-to-end stage: the full VLM's own features and greedy tokens, with and without vitcg
     (vlm,) = [line for line in lines if line.startswith("  vlm ")]
     assert "VLM features and generate" in vlm and vlm.rstrip().endswith("ok"), vlm
-    assert lines[-1] == "1 spec checked: 1 passed"
+    assert lines[-1] == "1 spec checked: 1 passed (1 proven)"
 
 
 @pytest.mark.parametrize("path", sorted(FAILS.glob("*.yaml")), ids=lambda p: p.stem)
@@ -36,6 +61,7 @@ def test_specs_that_do_not_describe_their_encoder_fail_clearly(path):
     assert vitcg("validate", str(path)).returncode == 0  # the spec is well-formed ...
     run = vitcg("check", str(path))
     assert run.returncode == 1  # ... but does not describe the encoder
+    assert run.stdout.startswith(f"{path.stem}  FAILED: ")  # its line says why, its table below it
     assert path.with_suffix(".expected").read_text().strip() in run.stdout
     assert "Traceback" not in run.stdout + run.stderr
     assert run.stdout.splitlines()[-1] == f"1 spec checked: 0 passed, 1 failed ({path.stem})"
@@ -73,9 +99,9 @@ def test_check_passes_a_spec_with_per_item_outputs():
     one tensor per image (``pooler_output[*]``): every case and the end-to-end stage pass."""
     run = vitcg("check", "tests/specs/valid/per_item_outputs.yaml")
     assert run.returncode == 0, run.stdout + run.stderr
-    (vlm,) = [line for line in run.stdout.splitlines() if line.startswith("  vlm ")]
-    assert vlm.rstrip().endswith("ok"), vlm
-    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed"
+    # proven: the end-to-end stage ran and passed
+    assert run.stdout.splitlines()[0].startswith("per_item_outputs  proven: "), run.stdout
+    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed (1 proven)"
 
 
 def _specs_folder(tmp_path: Path, *names: str) -> Path:
@@ -94,13 +120,15 @@ def test_a_broken_spec_in_the_folder_blocks_nothing(tmp_path: Path):
     folder = _specs_folder(tmp_path, "internvl")
     run = vitcg("check", "internvl", "--specs", str(folder))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed"
+    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed (1 proven)"
     run = vitcg("check", "broken", "internvl", "--specs", str(folder))
     assert run.returncode == 1
     assert "Traceback" not in run.stdout + run.stderr
     assert f"FAILED before any case: {folder / 'broken.yaml'} does not validate (1 error" in run.stdout
     assert "duplicate key" in run.stdout
-    assert run.stdout.splitlines()[-1] == "2 specs checked: 1 passed, 1 failed (broken)"
+    # its line (cut to 120 characters: the reason is in full below it, as asserted above)
+    assert run.stdout.splitlines()[0].startswith(f"broken    FAILED: before any case: {str(folder)[:40]}")
+    assert run.stdout.splitlines()[-1] == "2 specs checked: 1 passed (1 proven), 1 failed (broken)"
 
 
 @pytest.mark.parametrize("how", ["file", "name"])
@@ -119,8 +147,8 @@ def test_check_of_a_file_checks_that_file_only(tmp_path: Path):
     folder = _specs_folder(tmp_path, "internvl", "qwen2_vl")
     run = vitcg("check", str(folder / "internvl.yaml"))
     assert run.returncode == 0, run.stdout
-    assert run.stdout.splitlines()[0].startswith("internvl (")
-    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed"
+    assert run.stdout.splitlines()[0].startswith("internvl  proven: ")
+    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed (1 proven)"
 
 
 def test_every_invalid_example_is_a_failed_row():

@@ -114,8 +114,8 @@ def test_commands_work_outside_the_checkout(installed):
 
     run = installed.vitcg("check", "qwen2_vl")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.splitlines()[0].startswith("qwen2_vl (cpu, float32")
-    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed"
+    assert run.stdout.splitlines() == ["qwen2_vl  proven: 6 cases, and the VLM end to end on 3 items",
+                                       "1 spec checked: 1 passed (1 proven)"]
 
 
 def test_generate_renders_the_repository_registry_from_the_packaged_templates(installed):

@@ -71,6 +71,9 @@ class SpecReport:
     error: str | None = None
     unavailable: str | None = None
     """Why the installed transformers cannot run the spec (not a failure), or None."""
+    warnings: list[str] = field(default_factory=list)
+    """What transformers and torch warned while the spec was checked (:mod:`.quiet`), one line per distinct
+    warning; filled by the caller that kept them."""
 
     @property
     def ok(self) -> bool:

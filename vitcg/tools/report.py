@@ -1,7 +1,9 @@
-"""Reporters: a :class:`~vitcg.lang.LoadResult` as text for people or JSON for machines."""
+"""Reporters: a :class:`~vitcg.lang.LoadResult` (``validate``) and the spec reports of ``check``, as text for
+people or JSON for machines."""
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import TYPE_CHECKING
 
@@ -46,53 +48,139 @@ def json_report(result: LoadResult) -> str:
     return json.dumps(document, indent=2) + "\n"
 
 
-def check_text(reports: list[SpecReport], *, summary: bool = True, details: bool = True) -> str:
-    """A table of cases per spec (``details``), then one summary line (``summary``)."""
+class Verdict(enum.Enum):
+    """What ``vitcg check`` proved about one spec; the value is the word its line starts with."""
+
+    PROVEN = "proven"
+    """Every spec-stage case and the end-to-end VLM stage passed."""
+    SPEC_ONLY = "spec stage only"
+    """Every spec-stage case passed; the end-to-end stage did not run (the reason says why)."""
+    FAILED = "FAILED"
+    """A case failed, or the spec failed before any case."""
+    UNAVAILABLE = "skipped"
+    """The installed transformers cannot run the spec: not checked, not failed."""
+
+    @property
+    def passed(self) -> bool:
+        return self in (Verdict.PROVEN, Verdict.SPEC_ONLY)
+
+
+def verdict(report: SpecReport) -> tuple[Verdict, str]:
+    """The spec's verdict and its reason in one line: what ran, why the end-to-end stage did not, or what
+    failed first."""
+    if report.unavailable:
+        return Verdict.UNAVAILABLE, report.unavailable
+    if report.error:
+        return Verdict.FAILED, "before any case: " + _first_line(report.error)
+    failed = next((c for c in report.cases if not c.ok), None)
+    if failed is not None:
+        why = (failed.error if failed.error else f"max rel err {failed.max_error:.2e} > tolerance "
+               f"{failed.tolerance:.0e}" if failed.finite else "output not finite")
+        where = "end-to-end stage" if failed.stage == "vlm" else failed.name
+        return Verdict.FAILED, f"{where}: {_first_line(why)}"
+    ran = [c for c in report.cases if c.stage == "spec" and not c.skipped]
+    cases = f"{len(ran)} case{'s' if len(ran) != 1 else ''}"
+    end_to_end = next((c for c in report.cases if c.stage == "vlm"), None)
+    if end_to_end is None:
+        return Verdict.SPEC_ONLY, f"{cases}; no end-to-end stage: it runs at --size tiny only"
+    if end_to_end.skipped:
+        return Verdict.SPEC_ONLY, f"{cases}; no end-to-end stage: {_first_line(end_to_end.skipped)}"
+    return Verdict.PROVEN, f"{cases}, and the VLM end to end on {end_to_end.items} items"
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+LINE_WIDTH = 120
+"""A spec's line is cut at a word to at most this many characters (ending in ``...``), so that it never wraps in
+a terminal of that width: some reasons for a skipped end-to-end stage run to 300 characters. ``--verbose`` and
+``--json`` keep the whole reason, and a failed spec's table below its line says it in full."""
+
+
+def check_line(report: SpecReport, width: int = 0) -> str:
+    """``NAME  verdict: reason``, the name padded to ``width``, at most :data:`LINE_WIDTH` characters."""
+    kind, reason = verdict(report)
+    line = f"{report.spec:<{width}}  {kind.value}: {reason}"
+    return line if len(line) <= LINE_WIDTH else line[:LINE_WIDTH - 2].rsplit(" ", 1)[0].rstrip(",;:") + "..."
+
+
+def check_details(report: SpecReport) -> list[str]:
+    """The spec's table of cases (device, dtype and budgets above it), then the warnings kept while it ran;
+    every line indented."""
+    head = f"  {report.device}, {report.dtype}"
+    if report.budgets:
+        head += f"; budgets {'/'.join(map(str, report.budgets))}, up to {report.max_items} items"
+    lines = [head]
+    if report.unavailable:
+        lines.append(f"  skipped: {report.unavailable}")
+    elif report.error:
+        lines.append("  FAILED before any case: " + report.error.replace("\n", "\n    "))
+    else:
+        lines += _table(report)
+    if report.warnings:
+        lines.append(f"  warnings ({len(report.warnings)}):")
+        lines += ["    " + w.replace("\n", "\n      ") for w in report.warnings]
+    return lines
+
+
+def _table(r: SpecReport) -> list[str]:
+    half = any(c.graph_vs_fp32 is not None for c in r.cases)
+    extra = f"  {'vs fp32 graph/eager':>19}" if half else ""
+    lines = [f"  {'stage':<5} {'case':<38} {'items':>5}  {'route':<22} {'max rel err':>11}{extra}  "
+             f"{'finite':<6}  result"]
+    for c in r.cases:
+        if c.skipped:
+            lines.append(f"  {c.stage:<5} {c.name:<38} {'':>5}  {'-':<22} {'':>11}  {'':<6}  skipped ({c.skipped})")
+            continue
+        result = "ok" if c.ok else ("FAILED: " + c.error if c.error else
+                                    f"FAILED (tolerance {c.tolerance:.0e})" if c.finite else "FAILED: not finite")
+        noise = (f"  {c.graph_vs_fp32:>9.2e}/{c.eager_vs_fp32:.2e}" if c.graph_vs_fp32 is not None
+                 else f"  {'':>19}" if half else "")
+        if c.ok and c.max_error > c.tolerance:
+            result = "ok (as accurate as eager vs fp32)"
+        lines.append(f"  {c.stage:<5} {c.name:<38} {c.items:>5}  {c.route:<22} {c.max_error:>11.2e}{noise}  "
+                     f"{'yes' if c.finite else 'NO':<6}  {result}")
+    return lines
+
+
+def check_summary(reports: list[SpecReport]) -> str:
+    """``N specs checked: P passed (X proven, Y spec stage only), F failed (names), U unavailable ...``."""
+    kinds = [verdict(r)[0] for r in reports]
+    failed = [r.spec for r, k in zip(reports, kinds) if k is Verdict.FAILED]
+    unavailable = [r.spec for r, k in zip(reports, kinds) if k is Verdict.UNAVAILABLE]
+    passed = sum(k.passed for k in kinds)
+    line = f"{len(reports)} spec{'s' if len(reports) != 1 else ''} checked: {passed} passed"
+    if passed:
+        parts = [f"{kinds.count(k)} {k.value}" for k in (Verdict.PROVEN, Verdict.SPEC_ONLY) if kinds.count(k)]
+        line += f" ({', '.join(parts)})"
+    line += f", {len(failed)} failed ({', '.join(failed)})" if failed else ""
+    line += f", {len(unavailable)} unavailable in this transformers ({', '.join(unavailable)})" if unavailable else ""
+    return line
+
+
+def check_text(reports: list[SpecReport], *, verbose: bool = False, summary: bool = True, width: int = 0) -> str:
+    """One line per spec (:func:`check_line`, names padded to ``width`` or the longest here), its details
+    below it when it failed or with ``verbose``, then the summary line (``summary``)."""
+    width = max(width, *(len(r.spec) for r in reports), 0)
     lines = []
-    for r in reports if details else ():
-        head = f"{r.spec} ({r.device}, {r.dtype}"
-        if r.budgets:
-            head += f"; budgets {'/'.join(map(str, r.budgets))}, up to {r.max_items} items"
-        lines.append(head + ")")
-        if r.unavailable:
-            lines.append(f"  skipped: {r.unavailable}")
-            continue
-        if r.error:
-            lines.append("  FAILED before any case: " + r.error.replace("\n", "\n    "))
-            continue
-        half = any(c.graph_vs_fp32 is not None for c in r.cases)
-        extra = f"  {'vs fp32 graph/eager':>19}" if half else ""
-        lines.append(f"  {'stage':<5} {'case':<38} {'items':>5}  {'route':<22} {'max rel err':>11}{extra}  "
-                     f"{'finite':<6}  result")
-        for c in r.cases:
-            if c.skipped:
-                lines.append(f"  {c.stage:<5} {c.name:<38} {'':>5}  {'-':<22} {'':>11}  {'':<6}  skipped ({c.skipped})")
-                continue
-            result = "ok" if c.ok else ("FAILED: " + c.error if c.error else
-                                        f"FAILED (tolerance {c.tolerance:.0e})" if c.finite else "FAILED: not finite")
-            noise = (f"  {c.graph_vs_fp32:>9.2e}/{c.eager_vs_fp32:.2e}" if c.graph_vs_fp32 is not None
-                     else f"  {'':>19}" if half else "")
-            if c.ok and c.max_error > c.tolerance:
-                result = "ok (as accurate as eager vs fp32)"
-            lines.append(f"  {c.stage:<5} {c.name:<38} {c.items:>5}  {c.route:<22} {c.max_error:>11.2e}{noise}  "
-                         f"{'yes' if c.finite else 'NO':<6}  {result}")
+    for r in reports:
+        lines.append(check_line(r, width))
+        if verbose or not r.ok:
+            lines += check_details(r)
     if summary:
-        failed = [r.spec for r in reports if not r.ok]
-        unavailable = [r.spec for r in reports if r.unavailable]
-        passed = len(reports) - len(failed) - len(unavailable)
-        line = f"{len(reports)} spec{'s' if len(reports) != 1 else ''} checked: {passed} passed"
-        line += f", {len(failed)} failed ({', '.join(failed)})" if failed else ""
-        line += f", {len(unavailable)} unavailable in this transformers ({', '.join(unavailable)})" if unavailable else ""
-        lines.append(line)
+        lines.append(check_summary(reports))
     return "\n".join(lines) + "\n"
 
 
 def check_json(reports: list[SpecReport]) -> str:
+    """Every spec's report with all its cases, its verdict and the warnings kept while it ran."""
     document = {
         "ok": all(r.ok for r in reports),
         "specs": [
             {"spec": r.spec, "device": r.device, "dtype": r.dtype, "budgets": list(r.budgets),
              "max_items": r.max_items, "ok": r.ok, "error": r.error, "unavailable": r.unavailable,
+             "verdict": verdict(r)[0].name.lower(), "reason": verdict(r)[1], "warnings": list(r.warnings),
              "cases": [{"name": c.name, "stage": c.stage, "items": c.items, "route": c.route, "max_error": c.max_error,
                         "graph_vs_fp32": c.graph_vs_fp32, "eager_vs_fp32": c.eager_vs_fp32,
                         "finite": c.finite, "tolerance": c.tolerance, "ok": c.ok, "error": c.error,
