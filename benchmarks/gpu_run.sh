@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, tests-gpu, ttft, router-ttft, router-bench, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, tests-gpu, ttft, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -48,6 +48,7 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     tests-regions) run 240 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu/test_regions_gpu.py -m gpu ;;
     mixed-profile) run 300 profile.log python3 benchmarks/mixed_profile.py qwen2_vl --json "$OUT/mixed_profile.json" ;;
     profile) run 200 profile.log python3 benchmarks/host_profile.py qwen2_vl 1x224 8x224 ;;
+    profile-mixed) run 150 profile.log python3 benchmarks/host_profile.py qwen2_vl mixed image+video ;;
     eager-path) run 150 eager_path.log python3 benchmarks/eager_path.py internvl image+video mixed 1x448 \
       --json "$OUT/eager_path_internvl.json" ;;
     bench-new-a) run 330 bench.log python3 -m vitcg bench glm4v llava_onevision mlcd --no-compile --iters 10 \
