@@ -171,7 +171,7 @@ class BudgetGraphs(Mapping):
             pad_zeros(dest, value, dest.shape[0], name)
 
 
-class WholeCall:
+class WholeReplay:
     """The graphs hold the whole encoder call: a pack's buffers come from the protocol, its output is the
     graph's own buffer (rows are cloned)."""
 
@@ -184,7 +184,7 @@ class WholeCall:
         return replay(fresh.values)[0]
 
 
-class ScopedCall:
+class ScopedReplay:
     """The graphs hold one submodule call inside the model's eager forward (vitcg extension): the forward runs
     with that call answered by a replay, on items in canonical order, and returns a fresh tensor."""
 

@@ -30,7 +30,7 @@ from .budgets import lean_caps, plan_budgets
 from .costs import CostModel, Route, route
 from .engine import EngineConfig, engine_config
 from .extension import MIXED, SupportsVitcgExtension
-from .graphs import BudgetGraphs, CaptureReport, ScopedCall, WholeCall, progress_bar
+from .graphs import BudgetGraphs, CaptureReport, ScopedReplay, WholeReplay, progress_bar
 from .nonfinite import nonfinite_items
 from .packing import PACKING, PackPlan, plan_except
 from .protocol import DEFAULT_PATH, ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, SupportsEncoderCudaGraph, postprocess_by_rows
@@ -90,7 +90,7 @@ class EncoderCudaGraphManager:
         self.plan = self._plan_budgets(options)
         self.extension = model if isinstance(model, SupportsVitcgExtension) else None
         """The model's vitcg extension (frames per item, graph scope), or None for a protocol-only model."""
-        self.boundary = ScopedCall() if self.extension and self.extension.is_encoder_cudagraph_scoped() else WholeCall()
+        self.boundary = ScopedReplay() if self.extension and self.extension.is_encoder_cudagraph_scoped() else WholeReplay()
         self.axes = tuple(tuple(axis) for axis in self.config.capture_axes)
         if any(not axis for axis in self.axes):
             raise BudgetError("capture_axes must each hold at least one key")
