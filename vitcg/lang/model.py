@@ -245,6 +245,9 @@ class VlmTest:
     """Config fields of the token ids that close each image."""
     skip: str | None = None
     """Why the stage cannot run for this model, or None."""
+    engine_keys: str | None = None
+    """Why the processor's outputs are not the spec's inputs (``tests.vlm.engine_keys``), or None: then the stage
+    also feeds the processor's outputs to the graphs under the spec's input keys."""
     architecture: str | None = None
     """The VLM class to build; None: the first of the spec's architectures that transformers has."""
     processor_class: str | None = None

@@ -85,7 +85,8 @@ def verdict(report: SpecReport) -> tuple[Verdict, str]:
         return Verdict.SPEC_ONLY, f"{cases}; no end-to-end stage: it runs at --size tiny only"
     if end_to_end.skipped:
         return Verdict.SPEC_ONLY, f"{cases}; no end-to-end stage: {_first_line(end_to_end.skipped)}"
-    return Verdict.PROVEN, f"{cases}, and the VLM end to end on {end_to_end.items} items"
+    keys = " (inputs as the VLM passes them: tests.vlm.engine_keys)" if "engine_keys" in (end_to_end.route or "") else ""
+    return Verdict.PROVEN, f"{cases}, and the VLM end to end on {end_to_end.items} items{keys}"
 
 
 def _first_line(text: str) -> str:

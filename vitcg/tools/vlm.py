@@ -13,6 +13,7 @@ feature layer or pixel layout fails here even when the spec agrees with itself.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -245,24 +246,71 @@ def _engine_tokens(spec: Spec, vlm: torch.nn.Module, total: int, device: str) ->
     return smaller if top >= least else wanted
 
 
+@contextlib.contextmanager
+def _recording(encoder: torch.nn.Module, method: str) -> Iterator[list[Any]]:
+    """The outputs of every call of ``encoder.method`` inside the block, in call order (shallow copies: a VLM may
+    replace a field of the output object it got, as Qwen2-VL splits ``pooler_output`` per image)."""
+    calls: list[Any] = []
+    original = getattr(encoder, method)
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        output = original(*args, **kwargs)
+        calls.append(copy.copy(output))
+        return output
+    setattr(encoder, method, record)
+    try:
+        yield calls
+    finally:
+        delattr(encoder, method)
+
+
+def _served_by_keys(spec: Spec, handle: Any, processed: Mapping[str, Mapping[str, Any]],
+                    own: Mapping[str, torch.Tensor], device: str) -> None:
+    """The processor's outputs under the spec's input keys, as an engine passes them, through the graphs: their
+    rows must be the VLM's own encoder rows. Raises VitcgError naming the keys when they are not (a spec whose
+    keys are swapped or misnamed is routed by the encoder call's arguments above, and would pass without this)."""
+    for modality, made in processed.items():
+        keys = sorted(set(spec.modality(modality).inputs.values()))
+        where = f"modalities.{modality}.inputs ({', '.join(keys)})"
+        missing = [k for k in keys if k not in made]
+        if missing:
+            raise VitcgError(f"the processor makes no {', '.join(map(repr, missing))} for {modality}s (it makes "
+                             f"{', '.join(sorted(made))}): check {where}")
+        batch = {k: made[k].to(device) for k in keys}
+        try:
+            served = torch.cat(handle.manager.execute(batch))
+        except VitcgError as exc:
+            raise VitcgError(f"the processor's {modality} outputs under the spec's input keys fail: {exc}; "
+                             f"check {where}") from None
+        if served.shape != own[modality].shape or relative_error(served, own[modality]) > TOLERANCE:
+            detail = (f"rows {tuple(served.shape)} against {tuple(own[modality].shape)}"
+                      if served.shape != own[modality].shape else
+                      f"relative error {relative_error(served, own[modality]):.1e} > {TOLERANCE:.0e}")
+            raise VitcgError(f"fed the processor's {modality} outputs under the spec's input keys, the graphs differ "
+                             f"from the VLM's own encoder call ({detail}): check {where}")
+
+
 def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
     vlm = build_vlm(spec, device, seed)
     processor = build_processor(spec, vlm)
     rng = np.random.default_rng(seed)
     images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in IMAGE_SIZES]
-    made = {"image": _feature_inputs(vlm, processor(images=images, return_tensors="pt"))}
+    processed = {"image": dict(processor(images=images, return_tensors="pt"))}
     counts = {"image": len(images)}
     frames: list[int] = []
     if spec.tests.vlm.video is not None:
         videos = [rng.integers(0, 255, (f, h, w, 3), dtype=np.uint8) for f, h, w in VIDEO_SIZES]
         frames = [f for f, _, _ in VIDEO_SIZES]  # a grid t per frame: compose_videos makes one row per frame
-        made["video"] = _feature_inputs(vlm, compose_videos(spec, processor, videos), "video")
+        processed["video"] = compose_videos(spec, processor, videos)
         counts["video"] = len(videos)
+    made = {m: _feature_inputs(vlm, found, m) for m, found in processed.items()}
     inputs = {m: {k: v.to(device) for k, v in found.items()} for m, found in made.items()}
-    want = {}
+    encoder = encoder_of(vlm, spec)[1]
+    want, own_calls = {}, {}
     for modality, given in inputs.items():
         try:
-            want[modality] = _features(vlm, given, modality)
+            with _recording(encoder, spec.encoder.method) as own_calls[modality]:
+                want[modality] = _features(vlm, given, modality)
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
             # the spec's tiny config does not describe what the processor makes (patch, frames, channels...)
             raise VitcgError(f"the VLM built from the spec's tiny config fails on its own processor's inputs "
@@ -288,6 +336,9 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
         with torch.no_grad():
             accelerated = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
         stats = handle.stats
+        if not spec.tests.vlm.engine_keys:
+            own = {m: torch.cat([handle.adapter._combine(out) for out in calls]) for m, calls in own_calls.items()}
+            _served_by_keys(spec, handle, processed, own, device)
     reasons = {r: n for r, n in stats.reasons.items() if not r.startswith("first call")}
     if reasons or not stats.routed:
         raise VitcgError("the VLM's calls ran the original encoder call: "
@@ -309,7 +360,8 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
                              f"{accelerated[modality][0, -NEW_TOKENS:].tolist()} vs the VLM's "
                              f"{want_tokens[0, -NEW_TOKENS:].tolist()}")
     manager = stats.manager
-    return sum(counts.values()), worst, f"{manager.replays} replays, {manager.misses} eager"
+    keys = "; input keys not fed from the processor (tests.vlm.engine_keys)" if spec.tests.vlm.engine_keys else ""
+    return sum(counts.values()), worst, f"{manager.replays} replays, {manager.misses} eager{keys}"
 
 
 TEXT_KEYS = {"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"}
