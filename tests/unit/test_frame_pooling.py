@@ -18,7 +18,7 @@ from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.runtime.padding import fill
 from vitcg.runtime.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
-from vitcg.runtime.providers import Pack, RowCache, compute
+from vitcg.runtime.providers import Pack, RowCache, argument_rebuild, compute
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import relative_error
 
@@ -41,6 +41,14 @@ def buffer(provider: str, padding: str = "zeros") -> Buffer:
     return Buffer(provider, provider, provider, (), None, padding, {})
 
 
+def pooled_by_the_model(hidden: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """The installed model code's own temporal pooling of ``hidden`` (the rows of ``grid``'s items): a gather and a
+    mean over the frames up to transformers 5.23, an ``index_add_`` of weighted rows from 5.24 on."""
+    if hasattr(kimi.Kimi_K25VisionModel, "temporal_merge"):  # 5.24
+        return kimi.Kimi_K25VisionModel.temporal_merge(None, hidden, grid, 2, 2)
+    return hidden[kimi.get_vision_temporal_merge_index(grid, 2, 2)].mean(dim=1)
+
+
 @settings(max_examples=40, deadline=None)
 @given(rows=ROWS)
 def test_frame_index_is_the_models(rows):
@@ -55,20 +63,26 @@ def test_temporal_merge_index_pools_like_the_model(rows):
     helper cannot take a pack of mixed frame counts: its rows differ in length)."""
     pack = pack_of(rows)
     index = compute(buffer("temporal_merge_index", "repeat"), pack)
-    hidden = torch.randn(int(pack.counts.prod(-1).sum()), 3, dtype=torch.float64)
+    hidden = torch.randn(int(pack.counts.prod(-1).sum()), 3)
     got, start, token = hidden[index].mean(dim=1), 0, 0
     for row in pack.counts:
-        want_index = kimi.get_vision_temporal_merge_index(row[None], 2, 2) + start
-        want = hidden[want_index].mean(dim=1)
-        assert torch.allclose(got[token:token + want.shape[0]], want)
+        want = pooled_by_the_model(hidden[start:start + int(row.prod())], row[None])
+        assert torch.allclose(got[token:token + want.shape[0]], want, atol=1e-6)
         start, token = start + int(row.prod()), token + want.shape[0]
     assert token == index.shape[0]
 
 
 def test_temporal_merge_index_of_one_frame_count_is_the_models():
+    """In the form the installed model code takes it (5.24's scatter form rebuilt from the stored gather index)."""
     pack = pack_of([(4, 2, 3), (4, 1, 1)])
+    merge = buffer("temporal_merge_index", "repeat")
     want = kimi.get_vision_temporal_merge_index(pack.counts, 2, 2)
-    assert torch.equal(compute(buffer("temporal_merge_index", "repeat"), pack), want)
+    index = compute(merge, pack)
+    rebuild = argument_rebuild(merge)
+    got = rebuild(index, int(pack.counts.prod(-1).sum())) if rebuild else index
+    assert type(got) is type(want)
+    for g, w in zip(*((got, want) if isinstance(want, tuple) else ((got,), (want,))), strict=True):
+        assert torch.equal(g, w) if isinstance(w, torch.Tensor) else g == w
 
 
 def test_repeat_padding_fills_the_frame_slots_and_refuses_what_does_not_divide():

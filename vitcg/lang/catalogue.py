@@ -194,6 +194,19 @@ SEGMENT_DOCS = {"frame": "one segment per frame", "clip": "one segment per clip"
 
 
 @dataclass(frozen=True)
+class ArgumentForm:
+    """A form in which the model code of a later transformers release takes a provider's buffer, where it differs
+    from the stored one (the spec's shape, padded by the spec's rule). The runtime rebuilds it from the stored
+    value inside the fixed-shape forward (``vitcg.runtime.providers.REBUILDS``), so one spec serves both
+    releases."""
+
+    since: str
+    """The first transformers release whose model code takes this form."""
+    doc: str
+    """What the argument is in this form."""
+
+
+@dataclass(frozen=True)
 class Provider:
     """A metadata provider: fills one buffer of the graph from the items of a pack."""
 
@@ -214,6 +227,8 @@ class Provider:
     """Allowed keys of the buffer's ``params``, each with its JSON Schema."""
     scoped: bool = False
     """Fills the arguments of a graph-scoped submodule call (``graph_scope``) and nothing else."""
+    forms: tuple[ArgumentForm, ...] = ()
+    """Later forms of the argument, oldest first; before the first's release the stored value is the argument."""
 
 
 ALL = frozenset(STYLES)
@@ -271,7 +286,10 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
              "(merged tokens, frame slots, merge**2) gather index: per merged token, the rows of its merge block "
              "in every frame of its item, each frame in the same number of slots, so that a mean over dim 1 "
              "pools the item's frames (slots: a multiple of every frame count, e.g. 12 for 1 to 4 frames)",
-             ("spatial_merge_size",)),
+             ("spatial_merge_size",),
+             forms=(ArgumentForm("5.24", "`(destination, weight, tokens)` for an `index_add_` into `tokens * merge**2` "
+                                         "slots: per row, its slot and 1 / its item's frames (zero for padding "
+                                         "rows); `tokens` is dim 0, fixed at capture"),)),
     Provider("aligned", "tensor", ALL, ("zeros", "ones"), "param",
              "an extra input aligned with the pixels on dim 0 (a per-tile mask, per-image shapes), sliced and "
              "padded like them", (),
@@ -334,7 +352,8 @@ def vocabulary() -> dict[str, Any]:
                     "shaping": {m: dict(f) for m, f in s.shaping.items()}} for s in STYLES.values()},
         "providers": {p.name: {"name": p.name, "kind": p.kind, "doc": p.doc, "paddings": list(p.paddings),
                        "styles": [s for s in STYLES if s in p.styles], "dtype": p.dtype,
-                       "geometry": list(p.geometry), "params": sorted(p.params), "scoped": p.scoped}
+                       "geometry": list(p.geometry), "params": sorted(p.params), "scoped": p.scoped,
+                       "forms": [{"since": f.since, "doc": f.doc} for f in p.forms]}
                       for p in PROVIDERS.values()},
         "paddings": {r.name: {"name": r.name, "doc": r.doc, "row_wise": r.row_wise} for r in PADDINGS.values()},
         "dtypes": list(DTYPES),

@@ -132,6 +132,8 @@ class WholeCall:
         self._combine = combine
         self._layout = layout
         self._pixels = spec.providers().get("pixels")
+        # arguments the installed transformers takes in another form than the buffer's, chosen once
+        self._rebuilds = [(b, r) for b in spec.buffers if (r := providers.argument_rebuild(b)) is not None]
 
     def use_forwards(self, forwards: Mapping[nn.Module, Callable[..., Any]]) -> None:
         """Nothing to do: :func:`~vitcg.runtime.regions.compiled_blocks` patches them in around the call."""
@@ -154,6 +156,8 @@ class WholeCall:
     def forward(self, inputs: Mapping[str, torch.Tensor | int]) -> torch.Tensor:
         kwargs = {b.arg: pixels_to_call(self._layout, inputs[b.name]) if b is self._pixels else inputs[b.name]
                   for b in self.spec.buffers}
+        for buffer, rebuild in self._rebuilds:
+            kwargs[buffer.arg] = rebuild(inputs[buffer.name], inputs[self._pixels.name].shape[0])
         with epilogue(self.spec.epilogue):  # a deferred data-dependent end keeps fixed shapes here
             return self._combine(self._call(**kwargs, **self._call_kwargs))
 

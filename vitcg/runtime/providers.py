@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from transformers import vision_utils
 
+from ..lang.bindings import release, transformers_version
 from ..lang.catalogue import GRID_COLUMNS, PROVIDERS
 from ..lang.model import Buffer
 from .padding import PADDING_RULES
@@ -266,6 +267,55 @@ def _temporal_merge_index(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor
         parts.append(index.repeat(1, slots // row[0], 1) + start)
         start += row[0] * row[1] * row[2]
     return _cat(parts, (0, slots, m * m), torch.int64, pack.cache.device)
+
+
+Rebuild = Callable[[torch.Tensor, int], Any]
+REBUILDS: dict[tuple[str, str], Rebuild] = {}
+"""(provider name, release) -> the rebuild of one of its later argument forms
+(:attr:`vitcg.lang.catalogue.Provider.forms`): the stored value and the rows of the call (the pixel buffer's) ->
+the argument that release's model code takes. It runs inside the fixed-shape forward: torch ops of fixed
+shapes only, no host syncs."""
+
+
+def rebuild(name: str, since: str) -> Callable[[Rebuild], Rebuild]:
+    """Register the rebuild of provider ``name``'s argument form of transformers ``since`` on."""
+    def register(fn: Rebuild) -> Rebuild:
+        REBUILDS[(name, since)] = fn
+        return fn
+    return register
+
+
+def argument_rebuild(buffer: Buffer, version: str | None = None) -> Rebuild | None:
+    """The rebuild ``buffer``'s argument needs under the installed transformers (or ``version``): the newest of its
+    provider's forms whose release is not after it, or None where the stored value is the argument. Asked once,
+    where the graph boundary is built, never per call."""
+    installed = release(version or transformers_version())
+    forms = [f for f in PROVIDERS[buffer.provider].forms if release(f.since) <= installed]
+    return REBUILDS[(buffer.provider, forms[-1].since)] if forms else None
+
+
+@rebuild("temporal_merge_index", since="5.24")
+def _temporal_merge_scatter(index: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The gather index ``(tokens, slots, m * m)`` in the form transformers 5.24's Kimi-K2.5 merger pops from its
+    kwargs: ``(destination, weight, tokens)``, with ``destination`` (rows,) the slot ``token * m * m + k`` each row
+    of the tower is added to, ``weight`` (rows,) float32 ``1 / t`` of its item, and ``tokens`` the index's dim 0, a
+    host int fixed by the buffer's shape (so no sync). Fixed-shape ops only: this runs inside the graph.
+
+    Every real row sits in one ``(token, k)`` of the index, in ``slots / t`` of its slots, so the count of its
+    slots over ``slots`` is ``1 / t`` (exactly: both are integers). The zero rows the ``repeat`` padding writes
+    after the real tokens point at row 0 too, with targets past every real token's; row 0 keeps its real target
+    0 (the least) and counts only the slots that agree with it. Rows no token points at (padding rows) get
+    destination 0 and weight 0: they add nothing. (In an empty pack every token is padding and row 0 counts for
+    token 0: nothing of it is kept.)"""
+    tokens, slots, kernel = index.shape
+    flat = index.reshape(-1)
+    target = (torch.arange(tokens, device=index.device)[:, None, None] * kernel
+              + torch.arange(kernel, device=index.device)).expand(tokens, slots, kernel).reshape(-1)
+    destination = torch.zeros(rows, dtype=torch.int64, device=index.device).scatter_reduce_(
+        0, flat, target, "amin", include_self=False)
+    agrees = (destination[flat] == target).to(torch.float32)
+    weight = torch.zeros(rows, dtype=torch.float32, device=index.device).index_add_(0, flat, agrees) / slots
+    return destination, weight, tokens
 
 
 @provider("pixels")
