@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -52,4 +53,19 @@ def test_specs_in_the_repository_state_their_oldestrelease_where_it_matters():
     pins = [s.transformers for s in load_specs([REPO / "vitcg" / "specs"], bindings=False).specs if s.transformers]
     assert all(release(p) > release("5.17") for p in pins)
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert '"transformers>=5.17,<5.24"' in pyproject
+    assert '"transformers>=5.17,<5.25"' in pyproject
+
+
+def test_ci_runs_both_ends_of_the_supported_range():
+    """pyproject's range, .ci/setup's default (the newest stage), .ci/run's oldest stage and the README agree, so
+    moving the upper end (docs/writing-specs.md, "A new transformers release") cannot miss one of them."""
+    low, high = re.search(r'"transformers>=([0-9.]+),<([0-9.]+)"', (REPO / "pyproject.toml").read_text()).groups()
+    newest = re.search(r"^transformers=\$\{2:-([0-9.]+)\}$", (REPO / ".ci" / "setup").read_text(), re.M).group(1)
+    run = (REPO / ".ci" / "run").read_text()
+    oldest = re.search(r"^\.ci/setup \.venv-oldest ([0-9.]+)$", run, re.M).group(1)
+    assert release(oldest)[:2] == release(low)[:2]
+    assert release(newest) < release(high) and release(newest)[:2] == (release(high)[0], release(high)[1] - 1)
+    assert re.search(r"^\.ci/setup$", run, re.M) and f"({newest})" in run
+    readme = (REPO / "README.md").read_text()
+    assert f"the newest ({newest}) and the oldest ({oldest})" in readme
+    assert f"transformers {low} through {'.'.join(map(str, release(newest)[:2]))}" in " ".join(readme.split())
