@@ -135,7 +135,8 @@ def test_manager_reads_only_the_protocol(toy):
     """The manager gets no device or dtype from the model: it uses what it is given, as vLLM does."""
     manager = make(toy)
     assert manager.device == torch.device("cpu") and manager.dtype == torch.float64
-    assert manager.extension is None and type(manager.boundary).__name__ == "WholeReplay"
+    assert manager.extension.item_frames is None and not manager.extension.scoped
+    assert type(manager.boundary).__name__ == "WholeReplay"
 
 
 def test_select_follows_indices_order(toy):

@@ -32,7 +32,7 @@ from ..lang.bindings import config_snapshot
 from ..lang.catalogue import MERGE_NAME, PROVIDERS, buffer_names
 from ..lang.model import Buffer, Modality, PixelLayout, Spec, thaw
 from . import providers
-from .attention import ATTENTION_NAME, configs_of, register, use_attention
+from .attention import ATTENTION_NAME, configs_of, encoder_lock, register, use_attention
 from .engine import read_limits
 from .epilogue import epilogue
 from .extension import MIXED, Replay
@@ -458,9 +458,11 @@ class _Adapter:
         # tensors the model creates without a device (SAM's torch.arange index) must not be host tensors
         # copied in during capture: the encoder's device is the default one here
         # messages the model formats from tensors (before its checks run) must not read them on the host
+        # the attention selection and the compiled blocks are state of the module, which every thread sees: the
+        # module's lock keeps vitcg's other calls of it out of this window
         text = contextlib.nullcontext() if self._compiled else tensor_text_without_data()
-        with (use_attention(self._configs, ATTENTION_NAME), torch.no_grad(), torch.device(self.device), text,
-              compiled_blocks(self._blocks)):
+        with (encoder_lock(self.module), use_attention(self._configs, ATTENTION_NAME), torch.no_grad(),
+              torch.device(self.device), text, compiled_blocks(self._blocks)):
             return self._boundary.forward(inputs)
 
     def eager_calls(self, mm_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -485,7 +487,7 @@ class _Adapter:
         _check_path(path)
         outputs = []
         for kwargs in self.eager_calls(mm_kwargs):
-            with torch.no_grad():
+            with encoder_lock(self.module), torch.no_grad():  # never inside another thread's graph-path window
                 outputs.append(self._combine(self._call(**kwargs)))
         if not outputs:
             return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
@@ -512,12 +514,22 @@ class SpecAdapter(_Adapter):
         path: str = DEFAULT_PATH,
     ) -> EncoderCudaGraphReplayBuffers:
         """Unpadded buffer values for the items of ``mm_kwargs``, in their order; host integers are None.
-        Raises InputError when the items exceed ``max_batch_size``. (Frames are not checked here: vLLM packs
-        by items and tokens, and the segment buffers hold a slot per output token if need be.)"""
+        Raises InputError when the items exceed ``max_batch_size``, or when their frames exceed
+        ``max_frames_per_batch`` by more than the buffers' spare segment slots hold (vLLM packs by items and
+        tokens only: buffers captured for ``max_batch_size`` items and ``max_frames_per_batch`` frames hold
+        ``max_batch_size + max_frames_per_batch`` attention segments, whatever mix of items fills them)."""
         _check_path(path)
         pack, items = self._pack(mm_kwargs)
         if len(items) > max_batch_size:
             raise InputError(f"{self.spec.name}: {len(items)} items exceed max_batch_size {max_batch_size}")
+        frames = sum(self.get_encoder_cudagraph_item_frames(mm_kwargs))
+        if frames and len(items) + frames > max_batch_size + max_frames_per_batch:
+            raise InputError(
+                f"{self.spec.name}: {len(items)} items with {frames} frames exceed what buffers captured for "
+                f"max_batch_size {max_batch_size} and max_frames_per_batch {max_frames_per_batch} hold "
+                f"({max_batch_size + max_frames_per_batch} segments); raise encoder_cudagraph_max_frames_per_batch "
+                f"to at least {len(items) + frames - max_batch_size}, or cut videos to at most "
+                f"{self.get_max_frames_per_video()} frames (max_frames_per_video)")
         return EncoderCudaGraphReplayBuffers({b.name: providers.compute(b, pack) for b in self.spec.buffers})
 
 

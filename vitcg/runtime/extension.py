@@ -1,7 +1,8 @@
 """vitcg's extension of the vLLM protocol: what vitcg's manager uses when a model offers it, and never needs.
 
 A vLLM-style consumer knows only :mod:`vitcg.runtime.protocol`. vitcg's own manager also looks for these
-members, each optional in effect (the manager checks :class:`SupportsVitcgExtension` once):
+members, each optional and looked up by name on its own (:meth:`Extension.of`, once per manager): a model
+offering only some of them (a whole-encoder adapter has frames but no scoped forward) gets those used:
 
 - frames per item, so a pack never holds more video frames than ``max_frames_per_batch`` and a video
   longer than that runs eagerly (vLLM packs by items and tokens only);
@@ -17,6 +18,7 @@ members, each optional in effect (the manager checks :class:`SupportsVitcgExtens
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -43,3 +45,25 @@ class SupportsVitcgExtension(Protocol):
     def encoder_scoped_forward(self, mm_kwargs: Mapping[str, Any], replay: Replay) -> torch.Tensor:
         """The model's eager forward with each call of the graph scope answered by ``replay``; rows of all
         items of ``mm_kwargs`` in ascending index order."""
+
+
+@dataclass(frozen=True)
+class Extension:
+    """The extension members one model offers, each found on its own; what it lacks is None (or not scoped)."""
+
+    item_frames: Callable[[Mapping[str, Any]], list[int]] | None
+    """``get_encoder_cudagraph_item_frames``: frames per item, so packs respect the frame cap and a video longer
+    than a pack runs eagerly; None: the manager packs by items and tokens only, as vLLM does."""
+    item_groups: Callable[[Mapping[str, Any]], list[list[int]]] | None
+    """``get_encoder_cudagraph_item_groups``: items that may share an encoder call (mixed calls only)."""
+    scoped: bool
+    """``is_encoder_cudagraph_scoped()``: the graphs hold a submodule call (:meth:`encoder_scoped_forward`)."""
+
+    @classmethod
+    def of(cls, model: Any) -> Extension:
+        def member(name: str) -> Callable | None:
+            found = getattr(model, name, None)
+            return found if callable(found) else None
+        scoped = member("is_encoder_cudagraph_scoped")
+        return cls(member("get_encoder_cudagraph_item_frames"), member("get_encoder_cudagraph_item_groups"),
+                   bool(scoped()) if scoped is not None else False)

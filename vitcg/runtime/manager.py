@@ -6,10 +6,15 @@ implementation, hand-written ones included. The parts: :mod:`~vitcg.runtime.grap
 buffer identity), :mod:`~vitcg.runtime.packing` (which items share a replay), :mod:`~vitcg.runtime.costs` (what a
 replay and an eager call cost, and the router), :mod:`~vitcg.runtime.nonfinite`.
 
-Budgets follow vLLM's ``EncoderCudaGraphManager`` (:func:`~vitcg.runtime.budgets.plan_budgets`). With the
-extension, packs also respect the frame cap, and a video with more frames than a pack allows runs eagerly. Each
+Budgets follow vLLM's ``EncoderCudaGraphManager`` (:func:`~vitcg.runtime.budgets.plan_budgets`). Where the
+model tells each item's frames (the extension's ``get_encoder_cudagraph_item_frames``, which every spec adapter
+offers), packs also respect the frame cap, and a video with more frames than a pack allows runs eagerly. Each
 pack replays the smallest budget that fits; an item larger than every budget runs eagerly. Results come back in
 the caller's item order, a graph's rows cloned before the next replay can overwrite them.
+
+Threads: one manager serves one call at a time. :meth:`EncoderCudaGraphManager.execute` and
+:meth:`~EncoderCudaGraphManager.capture` hold the manager's lock, so threads sharing a manager each get correct
+results, one after another (the graphs' buffers and the cost model are the manager's state).
 
 The log ``vitcg.runtime`` says at INFO what was captured and at DEBUG where each call went and why.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,7 +35,7 @@ from ..errors import BudgetError, SpecRuntimeError, UsageError
 from .budgets import lean_caps, plan_budgets
 from .costs import CostModel, Route, route
 from .engine import EngineConfig, engine_config
-from .extension import MIXED, SupportsVitcgExtension
+from .extension import MIXED, Extension
 from .graphs import BudgetGraphs, CaptureReport, ScopedReplay, WholeReplay, progress_bar
 from .nonfinite import nonfinite_items
 from .packing import PACKING, PackPlan, plan_except
@@ -88,9 +94,9 @@ class EncoderCudaGraphManager:
                              f"{sorted(ENGINE_LIMITS)}, and packing and routing are ManagerOptions fields")
         self.vllm_config = vllm_config if vllm_config is not None else engine_config(**engine_limits)
         self.plan = self._plan_budgets(options)
-        self.extension = model if isinstance(model, SupportsVitcgExtension) else None
-        """The model's vitcg extension (frames per item, graph scope), or None for a protocol-only model."""
-        self.boundary = ScopedReplay() if self.extension and self.extension.is_encoder_cudagraph_scoped() else WholeReplay()
+        self.extension = Extension.of(model)
+        """The members of the vitcg extension the model offers (frames per item, item groups, graph scope)."""
+        self.boundary = ScopedReplay() if self.extension.scoped else WholeReplay()
         self.axes = tuple(tuple(axis) for axis in self.config.capture_axes)
         if any(not axis for axis in self.axes):
             raise BudgetError("capture_axes must each hold at least one key")
@@ -103,6 +109,8 @@ class EncoderCudaGraphManager:
         self.costs = CostModel()
         self.options = options
         self.stats = ManagerStats()
+        self._lock = threading.RLock()
+        """Held by every call: one call at a time uses the graphs' buffers and the counters."""
 
     @property
     def options(self) -> ManagerOptions:
@@ -131,11 +139,12 @@ class EncoderCudaGraphManager:
 
     def capture(self) -> CaptureReport:
         """Every budget's buffers and graph, largest budget first, into one shared pool (once)."""
-        with progress_bar(self.options.progress and not self.graphs.entries, len(self.graphs.planned()),
-                       "capturing" if self.use_cuda_graphs else "allocating") as advance:
+        with self._lock, progress_bar(self.options.progress and not self.graphs.entries,
+                                      len(self.graphs.planned()),
+                                      "capturing" if self.use_cuda_graphs else "allocating") as advance:
             report = self.graphs.capture(advance)
-        if report.replay_ms:
-            self.costs.replay.update(report.replay_ms)
+            if report.replay_ms:
+                self.costs.replay.update(report.replay_ms)
         return report
 
     def route(self, tokens: Sequence[int], frames: Sequence[int] | None = None,
@@ -151,25 +160,27 @@ class EncoderCudaGraphManager:
         return route(tokens, packs, eager, self.costs)
 
     def execute(self, mm_kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
-        """Encode every item of ``mm_kwargs``; one ``(output_tokens, hidden)`` tensor per item, caller's order."""
-        start = time.perf_counter()
-        self.graphs.forward_seconds = 0.0
-        results = self._execute(mm_kwargs)
-        self.stats.host_seconds += time.perf_counter() - start - self.graphs.forward_seconds
-        return results
+        """Encode every item of ``mm_kwargs``; one ``(output_tokens, hidden)`` tensor per item, caller's order.
+        Calls from several threads run one at a time (the manager's lock)."""
+        with self._lock:
+            start = time.perf_counter()
+            self.graphs.forward_seconds = 0.0
+            results = self._execute(mm_kwargs)
+            self.stats.host_seconds += time.perf_counter() - start - self.graphs.forward_seconds
+            return results
 
     def _execute(self, mm_kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         if all(value is None for value in mm_kwargs.values()):
             return []
         mixed = self.model.get_input_modality(mm_kwargs) == MIXED  # also: a clear error for unknown keys
-        groups = getattr(self.model, "get_encoder_cudagraph_item_groups", None) if mixed else None
+        groups = self.extension.item_groups if mixed else None
         if groups is not None and len(groups := groups(mm_kwargs)) > 1:  # vitcg extension: modalities kept apart
             return self._execute_apart(mm_kwargs, groups)
         tokens = [item.output_tokens for item in self.model.get_encoder_cudagraph_item_specs(mm_kwargs)]
         if not tokens:
             return []
         self.capture()
-        frames = self.extension.get_encoder_cudagraph_item_frames(mm_kwargs) if self.extension else None
+        frames = self.extension.item_frames(mm_kwargs) if self.extension.item_frames else None
         routed, poisoned = self.route(tokens, frames), []
         if routed.packs and self.options.isolate_nonfinite:  # only a replay packs items together: checked then
             poisoned = nonfinite_items(mm_kwargs, len(tokens), lambda indices: self._select(mm_kwargs, indices)[0])
