@@ -59,3 +59,20 @@ def test_use_attention_restores_every_config():
     with use_attention(configs, ATTENTION_NAME):
         assert all(c._attn_implementation == ATTENTION_NAME for c in configs)
     assert all(c._attn_implementation == "sdpa" for c in configs)
+
+
+class Config:
+    _attn_implementation = "sdpa"
+
+
+def test_interleaved_attention_blocks_restore_the_value_found_first():
+    """Two threads' blocks on one config, left in the order they were entered: the second saw vitcg's name when
+    it entered, and restoring that left it on the model (2 of 3 runs of the hostile test; issue 27, item 3)."""
+    config = Config()
+    first, second = use_attention([config], "vitcg"), use_attention([config], "vitcg")
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert config._attn_implementation == "vitcg"  # the second block is still inside
+    second.__exit__(None, None, None)
+    assert config._attn_implementation == "sdpa"

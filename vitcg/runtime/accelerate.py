@@ -8,6 +8,12 @@ and ``generate``) reach the manager without any other change. What the graphs ca
 original call: autograd on, arguments the spec did not capture, a modality the spec lacks, an item larger
 than every budget (the manager's own eager fallback). :meth:`Accelerated.restore` puts the original calls
 back.
+
+Threads: a handle serves one call at a time. Its router holds the handle's lock for the whole call (graphs,
+eager fallback, learning the output layout, capturing again), so threads sharing an accelerated model get the
+results the original model gives, one call after another, never in parallel. Patches live in one stack per
+patched attribute (:class:`_Slot`): :meth:`Accelerated.restore` takes out its own layers and leaves every other
+handle's in place, in any order and from any thread.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import functools
 import inspect
 import itertools
 import sys
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,6 +40,7 @@ from ..lang import Registry, load_registry, spec_folders
 from ..lang.bindings import import_object
 from ..lang.model import Spec
 from .adapter import adapter_for, output_entry, per_item, pixels_to_rows
+from .attention import encoder_lock
 from .compile_cache import CompileCacheUse, capture_compiled
 from .manager import EncoderCudaGraphManager, ManagerOptions, ManagerStats
 
@@ -76,11 +84,37 @@ class AccelerateStats:
 
 
 @dataclass
-class _Patch:
-    owner: Any
-    name: str
+class _Slot:
+    """One patched attribute of one object: what it held before any handle patched it, and each handle's
+    replacement in install order, the last one in place."""
+
     had_own: bool
+    """Whether the object's own ``__dict__`` held the attribute (else the class provides it)."""
     previous: Any
+    layers: list[tuple[Any, Callable]]
+
+    def unpatched(self, owner: Any, name: str) -> Any:
+        """The attribute as it was before any handle patched it."""
+        if self.had_own:
+            return self.previous
+        found = getattr(type(owner), name)
+        return found.__get__(owner, type(owner)) if hasattr(found, "__get__") else found
+
+
+SLOTS = "_vitcg_slots"
+"""Where a patched object keeps its stacks (attribute name -> :class:`_Slot`), removed with the last one: held by
+the object itself, so a model nobody restores is freed with its patches."""
+_PATCH_LOCK = threading.RLock()
+"""Held while any handle changes patches: installs and restores of several threads never interleave."""
+
+
+def _slots(owner: Any) -> dict[str, _Slot]:
+    return vars(owner).get(SLOTS, {})
+
+
+def _unpatched(owner: Any, name: str) -> Any:
+    slot = _slots(owner).get(name)
+    return slot.unpatched(owner, name) if slot is not None else getattr(owner, name, None)
 
 
 class _Layout:
@@ -307,7 +341,10 @@ class Accelerated:
         self.adapter: Any = None
         self.manager: EncoderCudaGraphManager | None = None
         self._owners = owners
-        self._patches: list[_Patch] = []
+        self._patched: list[tuple[Any, str]] = []
+        """The ``(object, attribute)`` pairs where this handle has a layer (:class:`_Slot`)."""
+        self._lock = threading.RLock()
+        """Held by every routed call and by restore and pause: one call at a time uses the manager."""
         self._layout: _Layout | None = None
         self._broken: str | None = None
         """Why routing stopped for good (the spec does not describe the model's output), or None."""
@@ -332,12 +369,13 @@ class Accelerated:
             self._capture_graphs()
 
     def _capture_graphs(self) -> None:
-        router = vars(self.encoder).pop(self.spec.encoder.method, None)  # the adapter must bind the original call
-        try:
-            self.adapter = adapter_for(self.spec, self.encoder, compile_forward=self.compile_forward)
-        finally:
-            if router is not None:
-                setattr(self.encoder, self.spec.encoder.method, router)
+        with _PATCH_LOCK:  # the adapter must bind the original call, not a router in place
+            router = vars(self.encoder).pop(self.spec.encoder.method, None)
+            try:
+                self.adapter = adapter_for(self.spec, self.encoder, compile_forward=self.compile_forward)
+            finally:
+                if router is not None:
+                    setattr(self.encoder, self.spec.encoder.method, router)
         self.manager = EncoderCudaGraphManager(self.adapter, device=self.adapter.device, dtype=self.adapter.dtype,
                                                options=replace(self.options, progress=self.progress), **self.limits)
         try:
@@ -353,8 +391,12 @@ class Accelerated:
         self.stats.manager = self.manager.stats
 
     def _patch(self, owner: Any, name: str, replacement: Callable) -> None:
-        had_own = name in vars(owner)
-        self._patches.append(_Patch(owner, name, had_own, vars(owner).get(name)))
+        """A layer of this handle on top of ``owner.name``'s stack (under :data:`_PATCH_LOCK`)."""
+        slots = vars(owner).setdefault(SLOTS, {})
+        if name not in slots:
+            slots[name] = _Slot(name in vars(owner), vars(owner).get(name), [])
+        slots[name].layers.append((self, replacement))
+        self._patched.append((owner, name))
         setattr(owner, name, replacement)
 
     def _install(self) -> None:
@@ -366,42 +408,63 @@ class Accelerated:
         def router(*args: Any, **kwargs: Any) -> Any:
             return route(*args, **kwargs)
 
-        self._patch(self.encoder, method, router)
-        for owner in self._owners:
-            for name, modality in FEATURE_METHODS.items():
-                if owner is self.encoder and name == method:
-                    continue
-                original = getattr(owner, name, None)
-                if callable(original):
-                    self._patch(owner, name, _with_modality(original, modality, self.spec.modality_names))
-        self.model._vitcg = self
+        with _PATCH_LOCK:
+            self._patch(self.encoder, method, router)
+            for owner in self._owners:
+                for name, modality in FEATURE_METHODS.items():
+                    if owner is self.encoder and name == method:
+                        continue
+                    original = _unpatched(owner, name)  # never another handle's layer, which may leave first
+                    if callable(original):
+                        self._patch(owner, name, _with_modality(original, modality, self.spec.modality_names))
+            self.model._vitcg = self
 
     @property
     def active(self) -> bool:
-        return bool(self._patches)
+        return bool(self._patched)
 
     def restore(self) -> None:
-        """Put every patched call back; the model is as it was before :func:`accelerate`. Safe to repeat."""
-        for patch in reversed(self._patches):
-            if patch.had_own:
-                setattr(patch.owner, patch.name, patch.previous)
-            else:
-                delattr(patch.owner, patch.name)
-        self._patches.clear()
-        if getattr(self.model, "_vitcg", None) is self:
-            del self.model._vitcg
+        """Take this handle's calls out; the model is as it was before :func:`accelerate`, or, where other
+        handles still route it, as they left it. Exact in any order of handles and from any thread; waits for a
+        call in flight on this handle. Safe to repeat."""
+        with self._lock, _PATCH_LOCK:
+            for owner, name in dict.fromkeys(self._patched):
+                slots = _slots(owner)
+                slot = slots[name]
+                slot.layers = [(h, r) for h, r in slot.layers if h is not self]
+                if slot.layers:
+                    setattr(owner, name, slot.layers[-1][1])
+                    continue
+                del slots[name]
+                if not slots:
+                    del vars(owner)[SLOTS]
+                if slot.had_own:
+                    setattr(owner, name, slot.previous)
+                else:
+                    delattr(owner, name)
+            self._patched.clear()
+            # the model's last installed handle that is still in place, if any, is the one it names
+            slot = _slots(self.encoder).get(self.spec.encoder.method)
+            others = [h for h, _ in slot.layers if h.model is self.model] if slot is not None else []
+            if others:
+                self.model._vitcg = others[-1]
+            elif getattr(self.model, "_vitcg", None) is self:
+                del self.model._vitcg
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """The model's original calls for the duration of the block, the graphs again after it (nothing is
-        captured again): for A/B measurements in one process, or a call that must not use graphs."""
-        active = self.active
-        self.restore()
+        captured again): for A/B measurements in one process, or a call that must not use graphs. Other
+        handles routing the model keep their layers."""
+        with self._lock:
+            active = self.active
+            self.restore()
         try:
             yield
         finally:
             if active:
-                self._install()
+                with self._lock:
+                    self._install()
 
     def __enter__(self) -> Accelerated:
         return self
@@ -412,7 +475,8 @@ class Accelerated:
     def _fallback(self, reason: str, args: tuple, kwargs: dict) -> Any:
         self.stats.original += 1
         self.stats.reasons[reason] += 1
-        return self._original(*args, **kwargs)
+        with encoder_lock(self.encoder):  # never inside another handle's or manager's graph-path window
+            return self._original(*args, **kwargs)
 
     def _mm_kwargs(self, args: tuple, kwargs: dict) -> tuple[dict[str, Any] | None, str | None]:
         """The multimodal kwargs of this call, or None and why the graphs cannot serve it."""
@@ -420,6 +484,10 @@ class Accelerated:
         return call_inputs(self.spec, self.adapter, self._signature, name, args, kwargs)
 
     def _route(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return self._serve(args, kwargs)
+
+    def _serve(self, args: tuple, kwargs: dict) -> Any:
         self.stats.calls += 1
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.encoder.parameters()):
             return self._fallback("autograd is on (graphs serve inference: use torch.no_grad())", args, kwargs)

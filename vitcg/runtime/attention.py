@@ -9,12 +9,17 @@ transformers' mask creation returns None for an unknown implementation and paddi
 encoders would be silently ignored.
 
 Only the graph path selects this implementation (:func:`use_attention`); the eager path keeps the
-model's own attention as the reference.
+model's own attention as the reference. The selection is a field of the model's config, shared by every
+thread: :func:`use_attention` counts its users per config and restores the value it found when the last one
+leaves, however blocks of several threads interleave, and :func:`encoder_lock` lets callers keep other calls
+of the same encoder out of the window.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -135,14 +140,43 @@ def configs_of(module: nn.Module) -> list:
     return list(seen.values())
 
 
+_SELECTED: dict[int, tuple[object, int, object]] = {}
+"""id(config) -> (config, blocks inside :func:`use_attention` on it, the value found when the first entered)."""
+_SELECTED_LOCK = threading.Lock()
+
+
 @contextmanager
 def use_attention(configs: list, name: str) -> Iterator[None]:
-    """Select attention implementation ``name`` on ``configs`` for the duration of the block."""
-    saved = [config._attn_implementation for config in configs]
-    try:
+    """Select attention implementation ``name`` on ``configs`` for the duration of the block. Nested and
+    concurrent blocks on one config are counted: the value found before the first is restored when the last
+    leaves, in whatever order they leave."""
+    with _SELECTED_LOCK:
         for config in configs:
+            _, users, found = _SELECTED.get(id(config), (config, 0, config._attn_implementation))
+            _SELECTED[id(config)] = (config, users + 1, found)
             config._attn_implementation = name
+    try:
         yield
     finally:
-        for config, old in zip(configs, saved):
-            config._attn_implementation = old
+        with _SELECTED_LOCK:
+            for config in configs:
+                _, users, found = _SELECTED[id(config)]
+                if users == 1:
+                    del _SELECTED[id(config)]
+                    config._attn_implementation = found
+                else:
+                    _SELECTED[id(config)] = (config, users - 1, found)
+
+
+_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+
+
+def encoder_lock(module: nn.Module) -> threading.RLock:
+    """The one re-entrant lock of ``module`` (created on first use): held around every forward vitcg runs on it,
+    so no call of one thread sees the graph path's attention or compiled blocks that another selected."""
+    with _LOCKS_LOCK:
+        lock = _LOCKS.get(module)
+        if lock is None:
+            lock = _LOCKS[module] = threading.RLock()
+        return lock
