@@ -76,15 +76,41 @@ def pixel_row(spec: Spec, geometry: Mapping[str, int]) -> tuple[int | None, ...]
     return dataclasses.replace(buffer.pixel_layout(names), trail=trail).row
 
 
-def _version(value: Any) -> Any:
-    """A tensor's in-place version counter; for an inference tensor (which keeps none) a fresh object, so that
-    its reads are never reused; None for anything else."""
+def _meta(value: Any) -> Any:
+    """What a read takes from a tensor besides its values: shape, dtype, device, strides (any of which an
+    in-place ``resize_`` or ``set_`` may change); None for anything else."""
     if not isinstance(value, torch.Tensor):
         return None
+    return tuple(value.shape), value.dtype, value.device, value.stride()
+
+
+def _content(value: Any) -> torch.Tensor:
+    """``value`` as a tensor whose values a read depends on (counts, item values, ...): the tensor itself, or a
+    tensor over a list's or a numpy array's values (sharing a numpy array's memory)."""
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+
+
+def _same(saved: torch.Tensor, value: Any) -> bool:
+    """Whether ``value`` holds the values of ``saved`` (a copy taken at the last read)."""
     try:
-        return value._version
-    except RuntimeError:
-        return object()
+        current = _content(value)
+        return (current.shape == saved.shape and current.dtype == saved.dtype and current.device == saved.device
+                and bool(torch.equal(current, saved)))
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
+@dataclass(frozen=True)
+class _LastRead:
+    """One read kept for the next (:meth:`InputReader.read`)."""
+
+    values: tuple[tuple[str, Any], ...]
+    """The kwargs' items: held, so that no new object can take the identity of one of them meanwhile."""
+    metas: tuple
+    """:func:`_meta` of each value."""
+    contents: dict[str, torch.Tensor]
+    """Copies of the values read for their contents (counts, item values, valid rows, the backend's rows)."""
+    found: list[Input]
 
 
 def _type_name(value: Any) -> str:
@@ -140,8 +166,13 @@ class InputReader:
         self.merge = geometry.get(MERGE_NAME)
         self.merged = spec.attention_style.merged if self.merge else ()
         """Item names that must be multiples of :attr:`merge`: only where the spec defines a merge size."""
-        self._last: tuple[tuple, tuple, list[Input]] | None = None
-        """The last call's values, their tensors' versions, and what was read from them (see :meth:`read`)."""
+        self.content_keys = frozenset(
+            [k for m in spec.modalities for k in (m.count_key, *(m.inputs[r] for r in m.item_roles)) if k]
+            + [m.inputs[spec.valid.role] for m in spec.modalities if spec.valid and spec.valid.role in m.inputs]
+            + list(self.backend_rows.values()))
+        """Keys whose values (not only their shapes) a read depends on: small integer tensors, but for ``valid``."""
+        self._last: _LastRead | None = None
+        """The last read and what it found (see :meth:`read`)."""
 
     def _error(self, key: str, message: str) -> InputError:
         return InputError(f"{self.spec.name}: {key!r}: {message}")
@@ -150,17 +181,22 @@ class InputReader:
         """The modalities present in ``mm_kwargs``, in the spec's order. Raises InputError.
 
         One call of the manager reads the same kwargs several times (modality, items, frames, selection):
-        when the keys and the very objects are those of the last read and no tensor among them was modified in
-        place since (its version counter), the last answer is returned. The last values are held until the next
-        read, so their identities cannot be reused by new objects meanwhile."""
+        when the keys and the very objects are those of the last read, with the same shapes, dtypes, devices and
+        strides, and the values read for their contents (counts, item values, ``valid`` rows, the backend's
+        rows: :attr:`content_keys`) are equal to a copy taken then, the last answer is returned. Values are
+        compared, not version counters: a write through a numpy view or DLPack bumps no counter. A tensor read
+        only for its shape (pixels) is passed on as the object itself, so its new values are what the caller
+        gets anyway."""
         values = tuple(mm_kwargs.items())
-        versions = tuple(_version(v) for _, v in values)
         last = self._last
-        if (last is not None and len(last[0]) == len(values) and last[1] == versions
-                and all(k == k2 and v is v2 for (k, v), (k2, v2) in zip(values, last[0]))):
-            return list(last[2])
+        if (last is not None and len(last.values) == len(values)
+                and all(k == k2 and v is v2 for (k, v), (k2, v2) in zip(values, last.values))
+                and last.metas == tuple(_meta(v) for _, v in values)
+                and all(_same(saved, mm_kwargs[k]) for k, saved in last.contents.items())):
+            return list(last.found)
         found = self._read(mm_kwargs)
-        self._last = (values, versions, found)
+        contents = {k: _content(v).clone() for k, v in values if k in self.content_keys and v is not None}
+        self._last = _LastRead(values, tuple(_meta(v) for _, v in values), contents, found)
         return list(found)
 
     def _read(self, mm_kwargs: Mapping[str, Any]) -> list[Input]:
