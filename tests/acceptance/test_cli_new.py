@@ -81,7 +81,11 @@ def test_drafts_that_failed_to_validate_now_do(tmp_path):
         assert validate.returncode == 0, validate.stdout
 
 
-def test_draft_validates_and_passes_check(tmp_path):
+def test_draft_is_checked_against_the_real_vlm_from_its_first_run(tmp_path):
+    """The draft holds a tests.vlm section (a tiny language model from the VLM's own text config, its rope
+    sections scaled; the placeholder fields its config names), so its first check runs the end-to-end stage:
+    transformers maps no image processor to glm_ocr, and the failure says which field to set. With that one
+    field set, the draft is proven end to end: nothing passes unproven."""
     path = tmp_path / "glm_ocr.yaml"
     run = vitcg("new", "glm_ocr", "--output", str(path))
     assert run.returncode == 0, run.stderr
@@ -90,9 +94,16 @@ def test_draft_validates_and_passes_check(tmp_path):
     assert "# GUESS: " in text and "TODO" not in text
     assert "class: transformers.models.glm_ocr.modeling_glm_ocr.GlmOcrVisionModel" in text
     assert "style: packed" in text
+    assert "mrope_section: [2, 2, 2]" in text
+    assert "placeholder: {token: image_token_id, before: [image_start_token_id], after: [image_end_token_id]}" in text
     assert vitcg("validate", str(path)).returncode == 0
     check = vitcg("check", str(path))
-    assert check.returncode == 0, check.stdout  # the guesses hold for this encoder
+    assert check.returncode == 1 and "FAILED" in check.stdout
+    assert "no image processor mapped to glm_ocr: set tests.vlm.processor_class" in check.stdout
+    path.write_text(text.replace("\n  vlm:", "\n  vlm:\n    processor_class: Glm46VImageProcessorPil", 1))
+    check = vitcg("check", str(path))
+    assert check.returncode == 0, check.stdout
+    assert "glm_ocr  proven: 6 cases, and the VLM end to end on 3 items" in check.stdout
 
 
 def test_draft_of_a_tile_encoder_is_valid_but_flags_what_check_disproves(tmp_path):
@@ -176,6 +187,11 @@ def test_readme_walkthrough_works_as_written(tmp_path):
     shutil.copytree(REPO / "registry", tmp_path / "registry", ignore=shutil.ignore_patterns("__pycache__"))
     for command in WALKTHROUGH:
         run = vitcg(*command.split()[1:], cwd=tmp_path)
+        if command.startswith("vitcg check"):  # the draft is not proven until its guesses hold: it must not pass
+            assert run.returncode == 1, f"{command}\n{run.stdout}\n{run.stderr}"
+            assert "cohere_compass  FAILED: end-to-end stage:" in run.stdout
+            assert "spec  empty batch" in run.stdout and " ok" in run.stdout  # the spec stage ran, and holds
+            continue
         assert run.returncode == 0, f"{command}\n{run.stdout}\n{run.stderr}"
     text = (tmp_path / "registry" / "SUPPORTED_MODELS.md").read_text()
     assert "[`my_specs/cohere_compass.yaml`](../my_specs/cohere_compass.yaml)" in text

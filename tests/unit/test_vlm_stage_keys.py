@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from vitcg.errors import VitcgError
+from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import spec_from_text
 from vitcg.lang.bindings import Bindings
 from vitcg.tools.vlm import check_vlm
 
 pytest.importorskip("PIL")
-QWEN2 = (Path(__file__).resolve().parents[2] / "vitcg" / "specs" / "qwen2_vl.yaml").read_text()
+QWEN2_PATH = Path(__file__).resolve().parents[2] / "vitcg" / "specs" / "qwen2_vl.yaml"
+QWEN2 = QWEN2_PATH.read_text()
 IMAGE_KEYS = "inputs: {pixels: pixel_values, grid: image_grid_thw}"
 
 
@@ -38,3 +39,32 @@ def test_a_key_the_processor_does_not_make_fails_naming_it():
     with pytest.raises(VitcgError, match=r"the processor makes no 'image_grid' for images \(it makes .*"
                                          r"image_grid_thw.*\): check modalities\.image\.inputs"):
         check_vlm(variant("inputs: {pixels: pixel_values, grid: image_grid}"))
+
+
+def test_a_spec_without_tests_vlm_fails_unproven():
+    """Unproven is not passed (issue 26, item 1): the stage fails and says what to add."""
+    text = QWEN2[:QWEN2.index("\n  vlm:")] + "\n"
+    with pytest.raises(VitcgError, match=r"the spec has no tests\.vlm, so nothing proves it against the real VLM: "
+                                         r"add tests\.vlm .* or tests\.vlm\.skip with the reason"):
+        check_vlm(spec_from_text(text, "qwen2_vl.yaml", Bindings()))
+
+
+def test_a_misspelt_architecture_is_a_validation_error_with_a_did_you_mean():
+    """Before, validate passed and check reported the end-to-end stage as skipped ('has none of ...'), and the spec
+    counted as passed (issue 26, item 1)."""
+    text = QWEN2.replace("Qwen2VLForConditionalGeneration", "Qwen2VLForConditionalGenration")
+    with pytest.raises(SpecError) as caught:
+        spec_from_text(text, "qwen2_vl.yaml", Bindings())
+    (problem,) = caught.value.diagnostics
+    assert problem.path == "$.architectures[0]" and problem.line == 4
+    assert "has no class 'Qwen2VLForConditionalGenration'" in problem.message
+    assert problem.hint == "did you mean 'Qwen2VLForConditionalGeneration'?"
+
+
+def test_the_checkpoints_architecture_may_differ_when_tests_vlm_names_transformers_class():
+    minimax = (QWEN2_PATH.parent / "minimax_m3_vl.yaml").read_text()
+    assert "architectures: [MiniMaxM3VLForConditionalGeneration]" in minimax  # config.json's name, not transformers'
+    spec_from_text(minimax, "minimax_m3_vl.yaml", Bindings())
+    with pytest.raises(SpecError, match="has no class 'MiniMaxM3SparseForConditionalGenration'"):
+        spec_from_text(minimax.replace("MiniMaxM3SparseForConditionalGeneration", "MiniMaxM3SparseForConditionalGenration"),
+                       "minimax_m3_vl.yaml", Bindings())

@@ -296,6 +296,7 @@ def _placeholder(entry: dict | None) -> Placeholder | None:
 def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> None:
     """The binding rules, each stage only when the one before found nothing."""
     found.add(bind.classes_bind(loaded, spec.encoder, bindings))
+    found.add(bind.architectures_exist(loaded, spec, bindings))
     if found.diagnostics:
         return
     snapshots = found.take(bind.config_snapshots(loaded, spec.encoder, bindings))

@@ -333,8 +333,7 @@ def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lin
     out.add(f"# `vitcg validate {path}` and `vitcg check {path}`.")
     out.add(f"name: {d.name}")
     out.add(f"display_name: {d.name}", "the model's display name")
-    out.add(f"architectures: [{d.vlm_config.__name__.removesuffix('Config')}ForConditionalGeneration]",
-            "the architecture class name of the checkpoints")
+    out.add(f"architectures: [{_architecture(d)}]", "the architecture class name of the checkpoints")
     out.add(f"model_types: [{_quoted(d.model_type)}]")
     out.add(f"checkpoints: [org/{d.name}]", "real checkpoint names")
     out.add("")
@@ -426,7 +425,96 @@ def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lin
         out.add('  video_placeholder: "<video>"', "the video placeholder token")
     out.add("  max_model_len: 8192")
     out.add("  budgets: [1024, 2048, 4096]")
+    _vlm_lines(out, d)
     return out
+
+
+TEXT_TINY = {"hidden_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "intermediate_size": 64}
+"""Small values for the language model of the end-to-end stage's tiny VLM, when its text config has them."""
+PLACEHOLDER_FIELDS = {"token": ("image_token_id", "image_token_index"),
+                      "before": ("vision_start_token_id", "image_start_token_id", "boi_token_id"),
+                      "after": ("vision_end_token_id", "image_end_token_id", "eoi_token_id")}
+"""VLM config fields of the image placeholder token and of the tokens around each image, in order of preference."""
+
+
+def _mrope(rope: Any, head_dim: int) -> list[int] | None:
+    """A rope's ``mrope_section`` scaled to ``head_dim`` (sections sum to half of it), or None without one."""
+    section = rope.get("mrope_section") if isinstance(rope, dict) else None
+    if not (isinstance(section, list) and section and all(_int(s) for s in section)):
+        return None
+    half, total = head_dim // 2, sum(section)
+    scaled = [max(1, s * half // total) for s in section]
+    scaled[0] += half - sum(scaled)
+    return scaled if scaled[0] > 0 else None
+
+
+def _source(config: type) -> str:
+    """The source of the modeling module beside ``config``'s module ('' when it cannot be read)."""
+    try:
+        return inspect.getsource(importlib.import_module(config.__module__.replace(".configuration_", ".modeling_")))
+    except (ImportError, OSError, TypeError):
+        return ""
+
+
+def _vlm_lines(out: _Lines, d: Draft) -> None:
+    """``tests.vlm``: the tiny full VLM of the end-to-end stage, so a fresh draft is checked against the real
+    model from its first run (a tiny language model from the VLM's own text config, the placeholder tokens
+    its config names)."""
+    try:  # the VLM config's own default text config (a sub-config class may be AutoConfig, which builds nothing)
+        text = getattr(d.vlm_config(), "text_config", None)
+        defaults = text.to_dict() if hasattr(text, "to_dict") else {}
+    except Exception:  # noqa: BLE001 - a config that cannot build with its defaults: nothing to read
+        defaults = {}
+    tiny = {k: v for k, v in TEXT_TINY.items() if _int(defaults.get(k))}
+    if "head_dim" in defaults and tiny:
+        tiny["head_dim"] = TEXT_TINY["hidden_size"] // TEXT_TINY["num_attention_heads"]
+    head_dim = TEXT_TINY["hidden_size"] // TEXT_TINY["num_attention_heads"]
+    rope = defaults.get("rope_parameters")
+    flat = isinstance(rope, dict) and "rope_type" in rope  # not one rope per layer type
+    section = _mrope(rope, head_dim) if flat else None
+    if section is None and flat and tiny and "mrope_section" in _source(d.vlm_config):
+        section = _mrope({"mrope_section": [1, 1, 1]}, head_dim)  # the modeling code's own default, shrunk
+    fields = ", ".join(f"{k}: {v}" for k, v in tiny.items())
+    if section:
+        fields += f", rope_parameters: {{rope_type: default, mrope_section: {section}}}"
+    try:
+        config = d.vlm_config().to_dict()
+    except Exception:  # noqa: BLE001
+        config = {}
+    found = {role: [f for f in names if f in config] for role, names in PLACEHOLDER_FIELDS.items()}
+    out.add("  vlm:", "the end-to-end stage: the tiny full VLM (vitcg check proves the spec against it)")
+    out.add("    config:")
+    out.add(f"      text_config: {{{fields}}}", "a tiny language model from the VLM's text config (rope sections "
+            "scaled to its head size)")
+    token = found["token"][0] if found["token"] else "image_token_id"
+    placeholder = f"{{token: {token}"
+    for role in ("before", "after"):
+        if found[role]:
+            placeholder += f", {role}: [{found[role][0]}]"
+    out.add(f"    placeholder: {placeholder}}}", "the VLM config fields of the image token and the tokens "
+            "around each image (check the processor's prompt)")
+
+
+AUTO_TABLES = ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES",
+               "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_MAPPING_NAMES")
+"""transformers' auto-class tables that map a model type to its VLM class, most specific first."""
+
+
+def _architecture(d: Draft) -> str:
+    """The VLM class transformers maps to the model type (the class the end-to-end stage builds), else the
+    ``...ForConditionalGeneration`` or ``...Model`` of the config's name, else the encoder itself."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    for table in AUTO_TABLES:
+        name = getattr(modeling_auto, table, {}).get(d.model_type)
+        name = name[0] if isinstance(name, (list, tuple)) and name else name
+        if isinstance(name, str) and hasattr(transformers, name):
+            return name
+    prefix = d.vlm_config.__name__.removesuffix("Config")
+    return next((prefix + s for s in ("ForConditionalGeneration", "Model") if hasattr(transformers, prefix + s)),
+                d.encoder.__name__)  # a standalone vision model: the encoder is the model
 
 
 def _quoted(text: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UsageError, VitcgError
+from ..errors import UsageError, VitcgError, suggest
 from ..lang.bindings import MISSING, import_object, release, transformers_version
 from ..lang.model import Placeholder, Spec, thaw
 from ..runtime.accelerate import accelerate, encoder_of
@@ -47,6 +47,21 @@ def _merge(base: dict, overrides: Mapping) -> dict:
     return base
 
 
+TINY_TEXT_LIMITS = {"hidden_size": 512, "num_hidden_layers": 8, "intermediate_size": 4096}
+"""Largest language-model dimensions the stage builds: a config left at its checkpoint size (Llama's 4096-wide 32
+layers) would take tens of GB before anything runs."""
+
+
+def _refuse_large(config: Any) -> None:
+    """Raises VitcgError when the VLM's language model is not tiny, naming the field and the section to set."""
+    text = getattr(config, "text_config", None) or config
+    for name, limit in TINY_TEXT_LIMITS.items():
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value > limit:
+            raise VitcgError(f"the end-to-end stage's language model is not tiny: text_config.{name} is {value} "
+                             f"(at most {limit}); set it in tests.vlm.config.text_config")
+
+
 def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> torch.nn.Module:
     """The spec's tiny full VLM with seeded random weights, float32, eval mode: ``tests.vlm.architecture`` (or
     the first of the spec's architectures transformers has), built from its own config class with the tiny
@@ -55,12 +70,16 @@ def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> torch.nn.Module
 
     names = [spec.tests.vlm.architecture] if spec.tests.vlm.architecture else list(spec.architectures)
     cls = next((getattr(transformers, a) for a in names if hasattr(transformers, a)), None)
-    if cls is None:
-        raise Unavailable(f"transformers {transformers.__version__} has none of {', '.join(names)}")
+    if cls is None:  # a misspelt or missing class is the spec's error, not a reason to skip the stage
+        hint = suggest(names[0], [n for n in dir(transformers) if n.endswith(("ForConditionalGeneration", "Model"))])
+        raise VitcgError(f"transformers {transformers.__version__} has none of {', '.join(names)} "
+                         f"({'tests.vlm.architecture' if spec.tests.vlm.architecture else 'architectures'})"
+                         + (f"; {hint}" if hint else ""))
     config_cls = cls.config_class
     tiny = thaw(spec.encoder.tiny_config)
     overrides = tiny if issubclass(import_object(spec.encoder.config_class), config_cls) else {"vision_config": tiny}
     config = config_cls(**_merge(overrides, spec.tests.vlm.config))
+    _refuse_large(config)
     # sdpa where the class supports it (the usual serving choice), else its own eager attention
     config._attn_implementation = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
     if torch.device(device).type == "cuda":
@@ -88,9 +107,13 @@ def build_processor(spec: Spec, vlm: torch.nn.Module):
         name = next((n for n in names or () if n and hasattr(transformers, n)), None)
         if name:
             break
-    if not name or not hasattr(transformers, name):
-        raise Unavailable(f"transformers {transformers.__version__} has no image processor "
-                          f"{name or 'mapped to ' + ', '.join(spec.model_types)} (tests.vlm.processor_class)")
+    if not name or not hasattr(transformers, name):  # the spec's to fix: name the class the VLM's processor uses
+        hint = suggest(name, [n for n in dir(transformers) if n.endswith(("ImageProcessor", "ImageProcessorPil"))]) \
+            if name else None
+        raise VitcgError(f"transformers {transformers.__version__} has no image processor "
+                         f"{name or 'mapped to ' + ', '.join(spec.model_types)}: set tests.vlm.processor_class to "
+                         "the image processor class of the checkpoint's processor_config.json"
+                         + (f"; {hint}" if hint else ""))
     try:
         return getattr(transformers, name)(**thaw(spec.tests.vlm.processor))
     except ImportError as exc:  # some releases need torchvision even for the PIL backend
@@ -104,7 +127,8 @@ def _feature_method(vlm: torch.nn.Module, modality: str = "image"):
     name = f"get_{modality}_features"
     method = getattr(vlm.base_model, name, None) or getattr(vlm, name, None)
     if method is None:
-        raise Unavailable(f"{type(vlm).__name__} has no {name}")
+        raise VitcgError(f"{type(vlm).__name__} has no {name}, which the stage compares: set tests.vlm.architecture "
+                         "to the VLM class that has it, or tests.vlm.skip with the reason")
     return method
 
 
@@ -219,7 +243,10 @@ def check_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> tuple[int, floa
     """Run the end-to-end stage: ``(items, largest per-item relative error, route)``. Raises VitcgError
     naming what differs, Unavailable when this transformers cannot build the VLM or its processor."""
     if spec.tests.vlm is None:
-        raise Unavailable("the spec has no tests.vlm")
+        # unproven is not passed: a spec consistent with itself but not with the model passes every other case
+        raise VitcgError("the spec has no tests.vlm, so nothing proves it against the real VLM: add tests.vlm "
+                         "(the VLM's tiny text config and placeholder token; see docs/writing-specs.md), or "
+                         "tests.vlm.skip with the reason the stage cannot run")
     if spec.tests.vlm.skip:
         raise Unavailable(spec.tests.vlm.skip)
     needed = spec.tests.vlm.transformers
@@ -336,6 +363,7 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
         with torch.no_grad():
             accelerated = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
         stats = handle.stats
+        route = f"{stats.manager.replays} replays, {stats.manager.misses} eager"  # generate's, before the feed below
         if not spec.tests.vlm.engine_keys:
             own = {m: torch.cat([handle.adapter._combine(out) for out in calls]) for m, calls in own_calls.items()}
             _served_by_keys(spec, handle, processed, own, device)
@@ -359,9 +387,8 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
             raise VitcgError(f"greedy generate on {modality}s differs: "
                              f"{accelerated[modality][0, -NEW_TOKENS:].tolist()} vs the VLM's "
                              f"{want_tokens[0, -NEW_TOKENS:].tolist()}")
-    manager = stats.manager
     keys = "; input keys not fed from the processor (tests.vlm.engine_keys)" if spec.tests.vlm.engine_keys else ""
-    return sum(counts.values()), worst, f"{manager.replays} replays, {manager.misses} eager{keys}"
+    return sum(counts.values()), worst, route + keys
 
 
 TEXT_KEYS = {"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"}

@@ -37,6 +37,32 @@ def classes_bind(loaded: LoadedYaml, encoder: Encoder, bindings: Bindings) -> It
                     hint=f"set config_class to {expected}, or class to the encoder that this config builds")
 
 
+def architectures_exist(loaded: LoadedYaml, spec: Spec, bindings: Bindings) -> Iterator[Diagnostic]:
+    """The VLM class the end-to-end stage builds is one of the installed transformers: ``tests.vlm.architecture``
+    when given, else one of ``architectures`` (which name the checkpoints' config.json classes, as engines match
+    them, and may differ from transformers' name). A misspelt name is an error with a did-you-mean, not a skipped
+    end-to-end stage."""
+    if spec.tests.vlm is not None and spec.tests.vlm.architecture:
+        named = [(("tests", "vlm", "architecture"), spec.tests.vlm.architecture)]
+    else:
+        named = [(("architectures", i), name) for i, name in enumerate(spec.architectures)]
+    encoder = spec.encoder.class_path.rsplit(".", 1)[1]  # a standalone vision model: the encoder is the model
+    if named and not any(name == encoder or bindings.check_class(f"transformers.{name}")["ok"] for _, name in named):
+        path, name = named[0]
+        hint = suggest(name, _model_classes())
+        listed = " or ".join(repr(n) for _, n in named)
+        yield error(loaded, path, f"transformers {bindings.version} has no class {listed}", code="binding",
+                    hint=hint or "name the VLM class transformers builds (tests.vlm.architecture when the "
+                    "checkpoint's config.json names another)")
+
+
+def _model_classes() -> list[str]:
+    """The model class names transformers exports (imported only when a name is not found)."""
+    import transformers
+
+    return [n for n in dir(transformers) if n.endswith(("Model", "ForConditionalGeneration", "ForCausalLM"))]
+
+
 def _classes_import(loaded: LoadedYaml, encoder: Encoder, bindings: Bindings) -> Iterator[Diagnostic]:
     for field_name, path, base in (("class", encoder.class_path, TORCH_MODULE),
                                    ("config_class", encoder.config_class, PRETRAINED_CONFIG)):
