@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vitcg.errors import VitcgError
+import pytest
+
+from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import catalogue as cat
 from vitcg.lang import spec_from_text
 from vitcg.lang.bindings import Bindings
@@ -48,3 +50,14 @@ def test_check_proves_the_graphs_with_eager_routing_off(monkeypatch):
     monkeypatch.setattr(cases, "EncoderCudaGraphManager", Stop)
     cases.check_spec(spec)
     assert seen == [False]
+
+
+def test_a_grid_width_that_does_not_parse_is_a_diagnostic_not_a_crash():
+    """Found by CI's fuzz run: a grid buffer whose width names an unknown name crashed validate with
+    AttributeError ('NoneType' object has no attribute 'names') in the grid-width rule."""
+    text = (SPECS / "qwen2_vl.yaml").read_text().replace("shape: [max_items + 1, 3]", "shape: [max_items + 1, qwen2_vl]", 1)
+    assert "qwen2_vl]" in text
+    with pytest.raises(SpecError) as caught:
+        spec_from_text(text, "qwen2_vl.yaml", Bindings())
+    (problem,) = caught.value.diagnostics
+    assert problem.path == "$.buffers[1].shape[1]" and "unknown name 'qwen2_vl'" in problem.message

@@ -247,7 +247,8 @@ def grid_buffer_width(loaded: LoadedYaml, entries: Sequence[Entry], buffers: Seq
     """A grid buffer whose row width is a literal holds as many columns as the modalities' ``grid_columns``."""
     columns = next((m.grid_columns for m in modalities if "grid" in m.inputs), cat.GRID_COLUMNS)
     for buffer in buffers:
-        if buffer.provider != "grid" or buffer.shape is None or len(buffer.shape) != 2 or buffer.shape[1].names:
+        if (buffer.provider != "grid" or buffer.shape is None or len(buffer.shape) != 2 or buffer.shape[1] is None
+                or buffer.shape[1].names):  # a width that failed to parse has its own diagnostic
             continue
         width = buffer.shape[1].evaluate({})
         if width != len(columns):
