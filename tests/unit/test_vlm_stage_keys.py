@@ -64,7 +64,8 @@ def test_a_misspelt_architecture_is_a_validation_error_with_a_did_you_mean():
 def test_the_checkpoints_architecture_may_differ_when_tests_vlm_names_transformers_class():
     minimax = (QWEN2_PATH.parent / "minimax_m3_vl.yaml").read_text()
     assert "architectures: [MiniMaxM3VLForConditionalGeneration]" in minimax  # config.json's name, not transformers'
-    spec_from_text(minimax, "minimax_m3_vl.yaml", Bindings())
+    if spec_from_text(minimax, "minimax_m3_vl.yaml", Bindings()).unavailable:
+        pytest.skip("this transformers predates minimax_m3_vl: its classes are not checked")
     with pytest.raises(SpecError, match="has no class 'MiniMaxM3SparseForConditionalGenration'"):
         spec_from_text(minimax.replace("MiniMaxM3SparseForConditionalGeneration", "MiniMaxM3SparseForConditionalGenration"),
                        "minimax_m3_vl.yaml", Bindings())
