@@ -50,7 +50,6 @@ class BudgetGraph:
     inputs: EncoderCudaGraphCaptureInputs
     pointers: dict[str, int]
     """Storage address of each tensor buffer at capture (buffer identity)."""
-    axis_keys: tuple = ()
     graph: Any = None
     """``torch.cuda.CUDAGraph``, or None on the static (CPU) path."""
     output: Any = None
@@ -131,7 +130,7 @@ class BudgetGraphs(Mapping):
             budget, self.plan.max_items, self.plan.max_frames, self.device, self.dtype, DEFAULT_PATH,
             axis_keys if self.axes else None)
         tensors = {k: v for k, v in inputs.values.items() if isinstance(v, torch.Tensor)}
-        entry = BudgetGraph(budget, inputs, {k: v.data_ptr() for k, v in tensors.items()}, axis_keys)
+        entry = BudgetGraph(budget, inputs, {k: v.data_ptr() for k, v in tensors.items()})
         if self.cuda:
             entry.graph, entry.output = capture_graph(
                 lambda: self.model.encoder_cudagraph_forward({**inputs.values}, path=DEFAULT_PATH), self.device, pool)

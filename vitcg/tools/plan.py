@@ -370,7 +370,7 @@ class Planner:
             if self.route_eager:
                 routed = route(tokens, packs, eager, costs)
                 packs, eager = routed.packs, routed.eager
-            ms = sum(costs.replay[p.budget] for p in packs) + self.costs.eager(sum(tokens[i] for i in eager))
+            ms = sum(costs.replay[p.budget] for p in packs) + costs.eager_cost(sum(tokens[i] for i in eager))
             per_request.append(ms)
             total += ms * count
             replays += len(packs) * count
