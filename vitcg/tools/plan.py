@@ -89,7 +89,14 @@ class CostCurves:
     slot_ms: float = SLOT_MS
 
     def replay(self, budget: int, slots: int = 0) -> float:
-        base = interpolate(self.replay_points, budget) if self.replay_points else self.r0 + self.r1 * budget
+        """Below the smallest measured budget a replay costs what the smallest one did, and above the largest no
+        less than the largest one did: a falling last segment extrapolated far enough would make graphs free."""
+        if self.replay_points:
+            base = interpolate(self.replay_points, budget, flat_below=True)
+            last_budget, last_ms = self.replay_points[-1]
+            base = max(base, last_ms) if budget >= last_budget else base
+        else:
+            base = self.r0 + self.r1 * budget
         return base + self.slot_ms * max(0, slots - REF_SLOTS) * budget
 
     def eager(self, tokens: int) -> float:
@@ -126,32 +133,122 @@ def default_costs() -> CostCurves:
                      memory)
 
 
+MAX_MS = 1e7
+"""The largest time (ms) a ``--costs`` file may give one call: 2.8 hours. A real measurement is far below it; a
+larger one (``1e308``) is a broken file, and sums of such times overflow to infinity."""
+MAX_POOL_MIB = float(1 << 30)
+"""The largest graph pool (MiB) a ``--costs`` file may give: 1 PiB, beyond any device."""
+
+
+def _where_key(entry: str, *keys: object) -> str:
+    return entry + "".join(f"[{json.dumps(k)}]" for k in keys)
+
+
+def _positive_int(value: object, key: str, where: str) -> int:
+    """``value`` as an integer from 1 to 2**31-1 (a budget or a token count; JSON object keys arrive as strings).
+    Raises UsageError naming ``key``, what it expects and what it got."""
+    from .compile_config import MAX_VALUE
+
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 12:
+        number = int(value)
+    if number is None or not 0 < number <= MAX_VALUE:
+        shown = value if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise UsageError(f"{where}: {key}: expected an integer from 1 to {MAX_VALUE}, got {shown!r}")
+    return number
+
+
+def _positive_ms(value: object, key: str, where: str, most: float = MAX_MS, unit: str = "ms") -> float:
+    """``value`` as a finite number above 0 and at most ``most``. Raises UsageError naming ``key``, what it
+    expects and what it got (NaN, Infinity, 1e308, a negative time, a string)."""
+    number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is None or not (math.isfinite(number) and 0 < number <= most):
+        shown = value if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise UsageError(f"{where}: {key}: expected a finite number of {unit} above 0 and at most {most:.0f}, "
+                         f"got {shown!r}")
+    return number
+
+
+def _field(entry: dict[str, Any], key: str, kind: type, spec: str, where: str) -> Any:
+    value = entry.get(key)
+    if not isinstance(value, kind):
+        expected = {dict: "an object", list: "a list"}.get(kind, kind.__name__)
+        got = "nothing" if key not in entry else type(value).__name__
+        raise UsageError(f"{where}: {_where_key(spec, key)}: expected {expected}, got {got}")
+    return value
+
+
+def _replay_points(entry: dict[str, Any], spec: str, where: str) -> tuple[tuple[int, float], ...]:
+    replay = _field(entry, "replay_ms", dict, spec, where)
+    points: dict[int, float] = {}
+    for key, ms in replay.items():
+        at = _where_key(spec, "replay_ms", key)
+        budget = _positive_int(key, f"{at} (a budget)", where)
+        if budget in points:
+            raise UsageError(f"{where}: {at}: budget {budget} is given twice")
+        points[budget] = _positive_ms(ms, at, where)
+    if not points:
+        raise UsageError(f"{where}: {_where_key(spec, 'replay_ms')}: expected replay times of one budget or more, "
+                         "got none")
+    return tuple(sorted(points.items()))
+
+
+def _eager_points(entry: dict[str, Any], spec: str, where: str) -> list[tuple[int, float]]:
+    points = []
+    for i, workload in enumerate(_field(entry, "workloads", list, spec, where)):
+        times = workload.get("ms") if isinstance(workload, dict) else None
+        if not isinstance(times, dict) or times.get("eager") is None:
+            continue  # a workload the spec could not serve eagerly, or one without times
+        at = _where_key(spec, "workloads", i)
+        points.append((_positive_int(workload.get("tokens"), f"{at}[\"tokens\"]", where),
+                       _positive_ms(times["eager"], f'{at}["ms"]["eager"]', where)))
+    if len({t for t, _ in points}) < 2:
+        raise UsageError(f"{where}: {_where_key(spec, 'workloads')}: expected eager times of two workload sizes "
+                         f"or more, got {len({t for t, _ in points})}")
+    return points
+
+
+def fit_eager(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(e0, e1)`` of :func:`fit_line`, kept positive at every size of one token or more: eager times that fall
+    with size (measurement noise on an encoder whose calls all cost about the same: clip's do) give a flat line,
+    and a line that would start below zero goes through the origin instead, so no call is free or gains time."""
+    e0, e1 = fit_line(points)
+    w = [1.0 / y**2 for _, y in points]
+    if e1 < 0:  # the constant that minimizes the relative error
+        return sum(wi * y for wi, (_, y) in zip(w, points)) / sum(w), 0.0
+    if e0 + e1 <= 0:  # the slope through the origin that minimizes the relative error
+        return 0.0, sum(wi * x * y for wi, (x, y) in zip(w, points)) / sum(wi * x * x for wi, (x, _) in zip(w, points))
+    return e0, e1
+
+
 def costs_from_results(path: Path, spec: str) -> CostCurves:
     """A cost model from a ``vitcg bench --json`` file: ``spec``'s measured replay_ms per budget
-    (interpolated), pool_mib over its budgets, and a line through its workloads' eager times."""
+    (interpolated), pool_mib over its budgets, and a line through its workloads' eager times (:func:`fit_eager`).
+    Raises UsageError naming the file and the key of a value that is missing or out of range (budgets are
+    integers from 1 to 2**31-1; times finite, above 0 and at most :data:`MAX_MS`; the pool at most
+    :data:`MAX_POOL_MIB`)."""
     where = f"--costs {path}"
     document = read_json(path, where)
     specs = document.get("specs") if isinstance(document, dict) else None
     if not isinstance(specs, list):
         raise UsageError(f"{where}: not a results file of `vitcg bench --json` (no \"specs\" list)")
-    entry = next((s for s in specs if isinstance(s, dict) and s.get("spec") == spec), None)
+    index, entry = next(((i, s) for i, s in enumerate(specs) if isinstance(s, dict) and s.get("spec") == spec),
+                        (None, None))
     if entry is None:
-        names = ", ".join(str(s.get("spec")) for s in specs if isinstance(s, dict)) or "none"
+        names = ", ".join(str(s.get("spec"))[:40] for s in specs if isinstance(s, dict)) or "none"
         raise UsageError(f"{where}: no results for spec {spec!r} (it has: {names})")
-    try:
-        replay = sorted((int(b), float(ms)) for b, ms in entry["replay_ms"].items())
-        budgets = [int(b) for b in entry["budgets"]]
-        pool = float(entry["pool_mib"])
-        eager = [(int(w["tokens"]), float(w["ms"]["eager"])) for w in entry["workloads"]
-                 if isinstance(w.get("ms"), dict) and w["ms"].get("eager")]
-        e0, e1 = fit_line(eager)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UsageError(f"{where}: the {spec} entry lacks replay_ms per budget, budgets, pool_mib or eager times "
-                         f"of two workload sizes ({type(exc).__name__}: {exc})") from None
-    if not replay or not budgets or pool <= 0 or any(ms <= 0 or b <= 0 for b, ms in replay):
-        raise UsageError(f"{where}: the {spec} entry has no usable replay_ms or pool_mib")
+    at = f"specs[{index}]"
+    replay = _replay_points(entry, at, where)
+    budgets = [_positive_int(b, _where_key(at, "budgets", i), where)
+               for i, b in enumerate(_field(entry, "budgets", list, at, where))]
+    if not budgets:
+        raise UsageError(f"{where}: {_where_key(at, 'budgets')}: expected one budget or more, got none")
+    pool = _positive_ms(entry.get("pool_mib"), _where_key(at, "pool_mib"), where, MAX_POOL_MIB, "MiB")
+    e0, e1 = fit_eager(_eager_points(entry, at, where))
     r0, r1 = fit_line(replay) if len(replay) > 1 else (0.0, replay[0][1] / replay[0][0])
-    return CostCurves(f"measured: {path} ({spec})", r0, r1, e0, e1, pool / sum(budgets), tuple(replay))
+    return CostCurves(f"measured: {path} ({spec})", r0, r1, e0, e1, pool / sum(budgets), replay)
 
 
 # ---------------------------------------------------------------------------------------------- the sample
