@@ -28,6 +28,7 @@ ANSWER = {"ok": False, "error": "'x.Y' is outside the transformers package"}
     json.dumps({f"class:{CLASS}": None}),
 ], ids=["not-json", "list", "number", "null", "no-bases", "bases-int", "bases-ints", "no-error", "ok-str",
         "entry-list", "entry-null"])
+@pytest.mark.filterwarnings("ignore:vitcg. ignoring the bindings cache")
 def test_corrupt_cache_is_a_miss_and_is_rewritten(tmp_path: Path, monkeypatch, content: str):
     monkeypatch.setenv("VITCG_CACHE_DIR", str(tmp_path))
     bindings = Bindings()
@@ -80,3 +81,46 @@ def test_a_sub_config_model_type_that_is_not_a_string_is_a_config_error():
                                    {"text_config": {"model_type": {"k": "qwen2"}, "hidden_size": 48}})
     assert result["ok"] is False
     assert result["error"].startswith("InternVLConfig(**overrides) failed: ")
+
+
+# issue 27, item 5: a cache file changes no result; one that cannot be read is ignored with one warning
+
+@pytest.mark.parametrize("content, reason", [
+    ("[" * 100_000 + "]" * 100_000, "nests deeper than 32 levels"),  # RecursionError in json.loads
+    (json.dumps({f"class:{CLASS}": {"ok": False, "error": "x", "deep": json.loads("[" * 31 + "]" * 31)}}),
+     "nests deeper than 32 levels"),  # 33 levels: parsed, but refused before any entry is used
+    ("not json {", "not JSON"),
+    ("null", "expected a JSON object, got null"),
+], ids=["100k-deep", "deep-entry", "not-json", "null"])
+def test_an_unreadable_cache_is_ignored_with_one_warning_and_rewritten(tmp_path: Path, content: str, reason: str):
+    bindings = Bindings(cache_dir=tmp_path)
+    bindings.path.write_text(content)
+    with pytest.warns(UserWarning, match=f"ignoring the bindings cache {bindings.path}: it {reason}|"
+                                         f"ignoring the bindings cache {bindings.path}: {reason}"):
+        assert bindings.check_class(CLASS) == ANSWER
+    bindings.save()
+    assert json.loads(bindings.path.read_text()) == {f"class:{CLASS}": ANSWER}
+
+
+def test_an_oversized_cache_is_not_read(tmp_path: Path, monkeypatch):
+    from vitcg.lang import bindings as module
+
+    monkeypatch.setattr(module, "MAX_CACHE_BYTES", 1000)
+    bindings = Bindings(cache_dir=tmp_path)
+    bindings.path.write_text(json.dumps({f"class:{CLASS}": ANSWER, "pad": "x" * 1000}))
+    with pytest.warns(UserWarning, match="holds 10[0-9]{2} bytes, over the limit of 1000"):
+        assert bindings.check_class(CLASS) == ANSWER
+
+
+def test_a_cache_that_is_a_folder_is_ignored(tmp_path: Path):
+    bindings = Bindings(cache_dir=tmp_path)
+    bindings.path.mkdir()
+    with pytest.warns(UserWarning, match="it is not a regular file"):
+        assert bindings.check_class(CLASS) == ANSWER
+    bindings.save()  # os.replace cannot put a file over a folder: the save fails quietly, the answer stands
+    assert bindings.path.is_dir()
+
+
+def test_a_missing_cache_is_no_warning(tmp_path: Path, recwarn):
+    assert Bindings(cache_dir=tmp_path).check_class(CLASS) == ANSWER
+    assert not [w for w in recwarn if "bindings cache" in str(w.message)]

@@ -15,7 +15,9 @@ import importlib.metadata
 import itertools
 import json
 import os
+import stat
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -199,6 +201,68 @@ def write_cache_file(path: Path, data: bytes) -> None:
         raise
 
 
+MAX_CACHE_BYTES = 64 << 20
+"""The largest bindings cache read (64 MiB): the packaged specs' facts take about 0.4 MB per transformers
+version, so a file a hundred times larger is not one vitcg wrote, and reading it whole would cost memory."""
+
+MAX_CACHE_DEPTH = 32
+"""The deepest nesting accepted in a bindings cache: its entries nest 6 levels (config snapshots with sub-configs);
+a file nested 100,000 levels deep once made ``vitcg validate`` fail with RecursionError."""
+
+
+class UnusableCache(Exception):
+    """A bindings cache file that is not read (the message says why): its answers are recomputed."""
+
+
+def _depth(document: Any, limit: int) -> int:
+    """How deep ``document`` nests, counted without recursion and only up to ``limit + 1``."""
+    deepest, stack = 0, [(document, 1)]
+    while stack and deepest <= limit:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    """The entries of the bindings cache ``path`` ({} when there is none). Raises :class:`UnusableCache` for a file
+    that is not a regular file (a FIFO would block the read forever), is over :data:`MAX_CACHE_BYTES`, is not JSON,
+    nests deeper than :data:`MAX_CACHE_DEPTH` or is not a JSON object. Entries are checked one by one on lookup."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise UnusableCache(f"cannot open it: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CACHE_BYTES:
+        os.close(fd)
+        raise UnusableCache("it is not a regular file" if not stat.S_ISREG(st.st_mode) else
+                            f"it holds {st.st_size} bytes, over the limit of {MAX_CACHE_BYTES}")
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(MAX_CACHE_BYTES + 1)
+    except OSError as exc:
+        raise UnusableCache(f"cannot read it: {exc.strerror}") from None
+    if len(data) > MAX_CACHE_BYTES:  # it grew after the fstat
+        raise UnusableCache(f"it holds more than {MAX_CACHE_BYTES} bytes")
+    too_deep = UnusableCache(f"it nests deeper than {MAX_CACHE_DEPTH} levels")
+    try:
+        entries = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise too_deep from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
+        raise UnusableCache(f"not JSON ({exc})") from None
+    if _depth(entries, MAX_CACHE_DEPTH) > MAX_CACHE_DEPTH:
+        raise too_deep
+    if not isinstance(entries, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(entries), "a number")
+        raise UnusableCache(f"expected a JSON object, got {kind}")
+    return entries
+
+
 class Bindings:
     """Resolves classes and config snapshots, remembering the answers per transformers version."""
 
@@ -214,13 +278,12 @@ class Bindings:
             self._entries = {}
             if self.use_cache:
                 try:
-                    entries = json.loads(self.path.read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    entries = {}
-                if isinstance(entries, dict):
-                    self._entries = entries
-                else:
-                    self._dirty = True  # not an object (a JSON list, a number): rewrite the file
+                    self._entries = read_cache(self.path)
+                except UnusableCache as exc:
+                    # The answers are recomputed as if there were no file, so the file changes no result.
+                    warnings.warn(f"vitcg: ignoring the bindings cache {self.path}: {exc}; it will be rewritten",
+                                  stacklevel=5)
+                    self._dirty = True
         return self._entries
 
     def _lookup(self, key: str, compute) -> dict[str, Any]:
