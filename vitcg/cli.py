@@ -462,6 +462,19 @@ def _drop_stdout() -> None:
         os.close(devnull)
 
 
+def os_error_line(exc: OSError) -> str | None:
+    """One line for an OSError no command turned into a UsageError: a path the system refuses (a 300-character
+    name: ENAMETOOLONG) or standard output that cannot take the results (``> /dev/full``). None for anything
+    else, which is a bug and keeps its traceback."""
+    import errno
+
+    if exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+        return f"cannot write standard output: {exc.strerror}"
+    return None
+
+
 def main() -> None:
     """Console entry point: user errors are printed without a traceback, and so is a closed stdout."""
     if sys.stdout is None:
@@ -477,11 +490,22 @@ def main() -> None:
         # typer maps a broken pipe inside a command to exit 1; one outside a command exits the same way.
         _drop_stdout()
         sys.exit(1)
+    except OSError as exc:
+        message = os_error_line(exc)
+        if message is None:
+            raise
+        typer.echo(f"error: {message}", err=True)
+        _drop_stdout()
+        sys.exit(2)
     finally:
         # Buffered output is otherwise written at interpreter exit, where a reader that went away (`| head`)
         # prints "Exception ignored ... BrokenPipeError" and the exit code becomes 120.
         try:
             sys.stdout.flush()
-        except OSError:
+        except BrokenPipeError:
             _drop_stdout()
             sys.exit(1)
+        except OSError as exc:  # `vitcg validate > /dev/full`: the output was not written, and says so
+            _drop_stdout()
+            typer.echo(f"error: {os_error_line(exc) or exc}", err=True)
+            sys.exit(2)

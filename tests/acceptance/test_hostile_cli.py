@@ -327,3 +327,103 @@ def test_generate_refuses_a_spec_with_an_infinite_runner_kwarg(tmp_path: Path):
     assert "Traceback" not in result.stderr
     assert f"{spec}:99:40: $.tests.runner_kwargs.limit_mm_per_prompt: '.inf' is infinite" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+# 10. issue 27, item 5: plan's inputs, bounded and refused by name; full devices and long names in one line
+
+def _qwen_costs(tmp_path: Path, **changes) -> Path:
+    document = json.loads((REPO / "benchmarks" / "results-costs-2026-11-22-h100.json").read_text())
+    entry = next(s for s in document["specs"] if s["spec"] == "qwen2_vl")
+    for key, value in changes.items():
+        if key == "replay":
+            entry["replay_ms"].update(value)
+        else:
+            entry[key] = value
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(document))  # Python writes NaN and Infinity as bare words
+    return path
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"replay": {"64": float("nan")}}, ['["replay_ms"]["64"]', "expected a finite number of ms", "got nan"]),
+    ({"replay": {"64": float("inf")}}, ['["replay_ms"]["64"]', "got inf"]),
+    ({"replay": {"64": 1e308}}, ['["replay_ms"]["64"]', "at most 10000000", "got 1e+308"]),
+    ({"replay": {"64": -1.0}}, ['["replay_ms"]["64"]', "above 0", "got -1.0"]),
+    ({"budgets": [0, 64]}, ['["budgets"][0]', "expected an integer from 1 to 2147483647", "got 0"]),
+    ({"replay": {str(10**30): 5.0}}, [f'["replay_ms"]["{10**30}"]', "expected an integer", f"got '{10**30}'"]),
+])
+def test_plan_refuses_costs_out_of_range_by_key(tmp_path: Path, changes: dict, named: list[str]):
+    result = run("plan", "qwen2_vl", "--costs", str(_qwen_costs(tmp_path, **changes)))
+    assert_usage_error(result, f"--costs {tmp_path / 'costs.json'}: specs[", *named)
+    assert result.stdout == ""
+
+
+def _bounded(*args: str) -> subprocess.CompletedProcess:
+    """``run`` under a 2 GiB address-space limit and a 60 s timeout: reading /dev/zero whole once grew to 22 GB,
+    and a FIFO without a writer blocked forever."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    return subprocess.run([sys.executable, "-m", "vitcg", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, preexec_fn=limit)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not Path("/dev/zero").exists(), reason="needs POSIX FIFOs")
+def test_plan_refuses_files_that_are_not_regular_without_reading_them(tmp_path: Path):
+    fifo = tmp_path / "requests.fifo"
+    os.mkfifo(fifo)
+    for path, kind in (("/dev/zero", "a character device"), (str(fifo), "a FIFO"), (str(tmp_path), "a folder")):
+        assert_usage_error(_bounded("plan", "qwen2_vl", "--requests", path), f"--requests {path}",
+                           f"expected a regular file, got {kind}")
+    assert_usage_error(_bounded("plan", "qwen2_vl", "--costs", str(fifo)), f"--costs {fifo}", "a FIFO")
+    assert_usage_error(_bounded("bench", "--from-json", str(fifo), "--plot", str(tmp_path / "p.png")), "a FIFO")
+
+
+def test_plan_refuses_json_nested_100k_deep(tmp_path: Path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for option in ("--requests", "--costs"):
+        assert_usage_error(run("plan", "qwen2_vl", option, str(deep)), f"{option} {deep}",
+                           "JSON nested deeper than 64 levels")
+
+
+def _bindings_cache(folder: Path) -> Path:
+    from vitcg.lang.bindings import transformers_version
+
+    return folder / f"bindings-transformers-{transformers_version()}.json"
+
+
+@pytest.mark.parametrize("kind", ["deep", "fifo"])
+def test_validate_ignores_an_unreadable_bindings_cache_with_a_warning(tmp_path: Path, kind: str):
+    cache = _bindings_cache(tmp_path)
+    if kind == "deep":
+        cache.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    elif hasattr(os, "mkfifo"):
+        os.mkfifo(cache)
+    else:
+        pytest.skip("needs POSIX FIFOs")
+    result = subprocess.run([sys.executable, "-m", "vitcg", "validate", "vitcg/specs/qwen2_vl.yaml"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "VITCG_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0 and result.stdout == "1 spec file checked: all valid\n", result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"ignoring the bindings cache {cache}" in result.stderr and result.stderr.count("UserWarning") == 1
+    assert cache.is_file() and json.loads(cache.read_text())  # replaced by a good one
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+@pytest.mark.parametrize("args", [("validate", "vitcg/specs/qwen2_vl.yaml"), ("validate", "--json",
+                                  "vitcg/specs/qwen2_vl.yaml"), ("schema",), ("compile-config", "--modality", "image")])
+def test_a_full_standard_output_is_one_line(args: tuple[str, ...]):
+    with open("/dev/full", "w") as full:
+        result = run(*args, stdout=full)
+    assert_usage_error(result, "cannot write standard output: No space left on device")
+
+
+def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path: Path):
+    name = "a" * 300
+    assert_usage_error(run("new", "qwen2_vl", "-o", str(tmp_path / f"{name}.yaml")), name, "File name too long")
+    assert_usage_error(run("new", "qwen2_vl", "-o", str(tmp_path / name / "x.yaml")), name, "File name too long")
+    assert_usage_error(run("schema", "-o", str(tmp_path / f"{name}.json")), name, "File name too long")
+    assert list(tmp_path.iterdir()) == []
