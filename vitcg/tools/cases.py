@@ -4,7 +4,8 @@ The cases are derived from each spec's geometry, so every spec gets the same scr
 image, several images of different sizes, one video, image and video in one call, an item larger than
 the largest budget (beside a small one), and an empty batch. An item is correct when its manager output
 has the rows ``items.output_tokens`` says, is finite, and matches the eager output of that item alone
-within the dtype's relative tolerance.
+within the dtype's relative tolerance. Host bounds that only CUDA kernels read (``max_seqlen``...) are compared
+with the boundaries they bound at capture and at every replay (:mod:`.bounds`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..lang import InvalidSpec
 from ..lang.model import Spec
 from ..runtime.adapter import adapter_for
 from ..runtime.manager import EncoderCudaGraphManager, ManagerOptions
+from .bounds import Watch, capture_overruns
 from .encoders import build_encoder
 from .workloads import InputBuilder, Inputs, on_device, relative_error
 
@@ -156,6 +158,12 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
         manager.capture()
         generator = torch.Generator().manual_seed(seed)
         builder = InputBuilder(spec, adapter, generator)
+        merge = adapter.geometry.get("spatial_merge_size", 1)
+        # host bounds (max_seqlen...) are read by CUDA kernels only: proven here against the boundaries
+        overruns = capture_overruns(spec, adapter, builder, manager)
+        if overruns:
+            raise VitcgError(overruns[0].message(merge) + _more(overruns))
+        watch = Watch(spec, manager.graphs)
         cases = _cases(builder, manager.budgets[-1])
     except Exception as exc:  # noqa: BLE001 - model code fails in any way on a wrong spec; the report says how
         report.error = _describe(exc)
@@ -167,43 +175,59 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
             case.skipped = make
             continue
         try:
-            inputs = on_device(adapter, make())
-            items = adapter.get_encoder_cudagraph_item_specs(inputs)
-            case.items = len(items)
-            before = {"per_budget": manager.stats.replays_per_budget.copy(), "misses": manager.stats.misses}
-            outputs = manager.execute(inputs)
-            case.route = _route(manager, before)
-            if len(outputs) != len(items):
-                raise VitcgError(f"manager returned {len(outputs)} outputs for {len(items)} items")
-            case.noise_ok = reference is not None
-            for index, (item, got) in enumerate(zip(items, outputs)):
-                selected = adapter.select_encoder_cudagraph_items(inputs, [index])
-                want = adapter.encoder_eager_forward(selected)
-                if got.shape != want.shape:
-                    raise VitcgError(f"item {index}: manager output {tuple(got.shape)} but eager output "
-                                     f"{tuple(want.shape)} (items.output_tokens says {item.output_tokens})")
-                case.finite = case.finite and bool(torch.isfinite(got).all())
-                error = relative_error(got, want)
-                case.max_error = max(case.max_error, error)
-                if reference is not None:
-                    exact = reference.encoder_eager_forward(
-                        {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                         for k, v in selected.items()})  # not the capture axis key list
-                    graph32, eager32 = relative_error(got, exact), relative_error(want, exact)
-                    case.graph_vs_fp32 = max(case.graph_vs_fp32 or 0.0, graph32)
-                    case.eager_vs_fp32 = max(case.eager_vs_fp32 or 0.0, eager32)
-                    case.noise_ok = case.noise_ok and (error <= tolerance or graph32 <= NOISE_FACTOR * eager32)
+            _run_case(case, make, adapter, manager, reference)
+            if watch.overruns:
+                raise VitcgError(watch.overruns[0].message(merge) + _more(watch.overruns))
         except Exception as exc:  # noqa: BLE001 - as above: a failing case is a result, not a crash
             case.error = _describe(exc)
+        watch.overruns.clear()
     if size == "tiny":
         report.cases.append(_end_to_end(spec, device, seed))
     return report
+
+
+def _run_case(case: CaseResult, make: Callable[[], Inputs], adapter, manager: EncoderCudaGraphManager,
+              reference) -> None:
+    """Run one case through the manager and compare each item with eager; fills ``case``, raises on a failure
+    that stops the case."""
+    tolerance = case.tolerance
+    inputs = on_device(adapter, make())
+    items = adapter.get_encoder_cudagraph_item_specs(inputs)
+    case.items = len(items)
+    before = {"per_budget": manager.stats.replays_per_budget.copy(), "misses": manager.stats.misses}
+    outputs = manager.execute(inputs)
+    case.route = _route(manager, before)
+    if len(outputs) != len(items):
+        raise VitcgError(f"manager returned {len(outputs)} outputs for {len(items)} items")
+    case.noise_ok = reference is not None
+    for index, (item, got) in enumerate(zip(items, outputs)):
+        selected = adapter.select_encoder_cudagraph_items(inputs, [index])
+        want = adapter.encoder_eager_forward(selected)
+        if got.shape != want.shape:
+            raise VitcgError(f"item {index}: manager output {tuple(got.shape)} but eager output "
+                             f"{tuple(want.shape)} (items.output_tokens says {item.output_tokens})")
+        case.finite = case.finite and bool(torch.isfinite(got).all())
+        error = relative_error(got, want)
+        case.max_error = max(case.max_error, error)
+        if reference is not None:
+            exact = reference.encoder_eager_forward(
+                {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                 for k, v in selected.items()})  # not the capture axis key list
+            graph32, eager32 = relative_error(got, exact), relative_error(want, exact)
+            case.graph_vs_fp32 = max(case.graph_vs_fp32 or 0.0, graph32)
+            case.eager_vs_fp32 = max(case.eager_vs_fp32 or 0.0, eager32)
+            case.noise_ok = case.noise_ok and (error <= tolerance or graph32 <= NOISE_FACTOR * eager32)
 
 
 def invalid_report(entry: InvalidSpec, *, device: str = "cpu", dtype: torch.dtype | None = None) -> SpecReport:
     """The report of a selected spec file that does not validate: failed before any case, saying why."""
     return SpecReport(entry.name, device, str(_default_dtype(device, dtype)).removeprefix("torch."),
                       error=entry.reason())
+
+
+def _more(overruns: list) -> str:
+    """`` (and N more)`` after the first of several overruns."""
+    return f" (and {len(overruns) - 1} more)" if len(overruns) > 1 else ""
 
 
 def _describe(exc: BaseException) -> str:
