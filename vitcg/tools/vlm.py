@@ -137,7 +137,17 @@ def _features(vlm: torch.nn.Module, inputs: Mapping[str, Any], modality: str = "
     with torch.no_grad():
         out = _feature_method(vlm, modality)(**inputs)
     value = out.pooler_output if hasattr(out, "pooler_output") else out
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not values or not all(isinstance(v, torch.Tensor) for v in values):
+        fields = [k for k, v in out.items() if v is not None] if isinstance(out, Mapping) else []
+        held = type(value).__name__ if not isinstance(value, (list, tuple)) else \
+            f"{type(value).__name__} of {sorted({type(v).__name__ for v in value})}"
+        raise VitcgError(f"{type(vlm).__name__}.get_{modality}_features returned {type(out).__name__} whose "
+                         f"{'pooler_output' if hasattr(out, 'pooler_output') else 'value'} holds {held}, not "
+                         f"feature tensors{' (it has ' + ', '.join(fields) + ')' if fields else ''}: the end-to-end stage "
+                         "compares these rows; set tests.vlm.architecture to a VLM class whose feature call returns "
+                         "them, or tests.vlm.skip with the reason")
+    return values
 
 
 def _feature_inputs(vlm: torch.nn.Module, made: Mapping[str, Any], modality: str = "image") -> dict[str, Any]:
@@ -192,11 +202,24 @@ def _prompt(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]]) ->
             raise VitcgError(f"tests.vlm: the VLM config has no integer {field!r} (placeholder token)")
         return value
 
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocabulary = getattr(text, "vocab_size", None)
+
+    def in_vocabulary(field: str) -> int:
+        value = token(field)
+        if isinstance(vocabulary, int) and not 0 <= value < vocabulary:
+            # the embedding lookup would fail deep in the model with "IndexError: index out of range in self"
+            raise VitcgError(f"tests.vlm.placeholder: the prompt's token {field} = {value} is outside the tiny "
+                             f"language model's vocabulary (text_config.vocab_size {vocabulary}): set "
+                             f"tests.vlm.config.text_config.vocab_size above {value}, or the token fields in "
+                             "tests.vlm.config")
+        return value
+
     ids, types = [1, 2, 3], [0, 0, 0]
     for placeholder, rows, kind in groups:
-        opening = [token(f) for f in placeholder.before]
-        closing = [token(f) for f in placeholder.after]
-        ids += opening + [token(placeholder.token)] * rows + closing
+        opening = [in_vocabulary(f) for f in placeholder.before]
+        closing = [in_vocabulary(f) for f in placeholder.after]
+        ids += opening + [in_vocabulary(placeholder.token)] * rows + closing
         types += [0] * len(opening) + [kind] * rows + [0] * len(closing)
     return torch.tensor([[*ids, 4, 5]]), torch.tensor([[*types, 0, 0]])
 
@@ -226,6 +249,30 @@ def _groups(vlm_test: Any, rows: list[int], items: int, frames: list[int] | None
     if not placeholder.per_frame:
         return [(placeholder, r, 2) for r in rows]
     return [(placeholder, r // t, 2) for r, t in zip(rows, frames) for _ in range(t)]
+
+
+def _where(exc: BaseException) -> str:
+    """`` at FILE:LINE in FUNCTION`` of the innermost frame that raised ``exc`` (empty without a traceback)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" at {last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name}"
+
+
+@contextlib.contextmanager
+def _step(what: str, likely: str) -> Iterator[None]:
+    """Model code that fails inside the block raises VitcgError naming the step (``what``), where it failed and the
+    spec fields most likely at fault (``likely``); vitcg's own errors pass through unchanged."""
+    try:
+        yield
+    except (VitcgError, UsageError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model and processor code may fail in any way
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else "(no message)"
+        raise VitcgError(f"{what} failed: {type(exc).__name__}: {message}{_where(exc)}; check {likely}") from None
 
 
 @contextlib.contextmanager
@@ -318,11 +365,14 @@ def _served_by_keys(spec: Spec, handle: Any, processed: Mapping[str, Mapping[str
 
 
 def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
-    vlm = build_vlm(spec, device, seed)
-    processor = build_processor(spec, vlm)
-    rng = np.random.default_rng(seed)
-    images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in IMAGE_SIZES]
-    processed = {"image": dict(processor(images=images, return_tensors="pt"))}
+    with _step("building the tiny VLM", "tests.vlm.config (its text_config: fields the config class derives from "
+               "num_hidden_layers, such as layer_types and rope_parameters) and the spec's tiny vision config"):
+        vlm = build_vlm(spec, device, seed)
+    with _step(f"running {type(vlm).__name__}'s image processor", "tests.vlm.processor and tests.vlm.processor_class"):
+        processor = build_processor(spec, vlm)
+        rng = np.random.default_rng(seed)
+        images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in IMAGE_SIZES]
+        processed = {"image": dict(processor(images=images, return_tensors="pt"))}
     counts = {"image": len(images)}
     frames: list[int] = []
     if spec.tests.vlm.video is not None:
@@ -342,14 +392,16 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
             # the spec's tiny config does not describe what the processor makes (patch, frames, channels...)
             raise VitcgError(f"the VLM built from the spec's tiny config fails on its own processor's inputs "
                              f"({modality}: {', '.join(f'{k} {tuple(v.shape)}' for k, v in given.items())}): "
-                             f"{type(exc).__name__}: {exc}") from None
+                             f"{type(exc).__name__}: {exc}{_where(exc)}; check the tiny vision config against "
+                             "tests.vlm.processor (patch size, merge size, frames, channels)") from None
     rows = {m: [t.numel() // t.shape[-1] for t in found] for m, found in want.items()}
     # one prompt per modality: some VLMs (GLM-4.1V) mark image and video rows with the same token, so a prompt
     # holding both cannot tell them apart
     prompts = {m: _generate_kwargs(vlm, _groups(spec.tests.vlm, rows[m], counts[m],
                                                       frames if m == "video" else None), inputs[m], device)
                for m in inputs}
-    with torch.no_grad():
+    with torch.no_grad(), _step(f"greedy generate on the tiny {type(vlm).__name__}",
+                                "tests.vlm.placeholder and tests.vlm.config.text_config"):
         tokens = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
     total = sum(sum(r) for r in rows.values())
     try:
@@ -369,8 +421,7 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
             _served_by_keys(spec, handle, processed, own, device)
     reasons = {r: n for r, n in stats.reasons.items() if not r.startswith("first call")}
     if reasons or not stats.routed:
-        raise VitcgError("the VLM's calls ran the original encoder call: "
-                         + "; ".join(f"{r} ({n}x)" for r, n in reasons.items()))
+        raise VitcgError(not_routed(spec, stats, reasons))
     worst = 0.0
     for modality in inputs:
         mine, theirs = got[modality], want[modality]
@@ -389,6 +440,21 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
                              f"{want_tokens[0, -NEW_TOKENS:].tolist()}")
     keys = "; input keys not fed from the processor (tests.vlm.engine_keys)" if spec.tests.vlm.engine_keys else ""
     return sum(counts.values()), worst, route + keys
+
+
+def not_routed(spec: Spec, stats: Any, reasons: Mapping[str, int]) -> str:
+    """Why no call (or not every call) of the VLM reached the graphs, from the handle's :class:`AccelerateStats`
+    and its reasons other than the first call's."""
+    where = f"{spec.encoder.vlm_attribute}.{spec.encoder.method}"
+    if reasons:
+        return ("the VLM's calls ran the original encoder call: "
+                + "; ".join(f"{r} ({n}x)" for r, n in reasons.items()))
+    if not stats.calls:
+        return (f"the VLM's feature calls never called {where}, so nothing reached the graphs: set "
+                "encoder.vlm_attribute and encoder.method to the module and method get_image_features runs")
+    return (f"{where} was called {stats.calls} time{'s' if stats.calls != 1 else ''}, and only the first one "
+            "(which runs the original to learn the output layout) ran: the VLM calls the tower once per call of its "
+            "own, so check that get_image_features reaches encoder.vlm_attribute on every call")
 
 
 TEXT_KEYS = {"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"}
