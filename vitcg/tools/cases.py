@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from ..errors import VitcgError
 from ..lang import InvalidSpec
 from ..lang.model import Spec
-from ..runtime.adapter import adapter_for
+from ..runtime.adapter import adapter_for, output_entry
 from ..runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from .bounds import Watch, capture_overruns
 from .encoders import build_encoder
@@ -179,7 +180,8 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
             if watch.overruns:
                 raise VitcgError(watch.overruns[0].message(merge) + _more(watch.overruns))
         except Exception as exc:  # noqa: BLE001 - as above: a failing case is a result, not a crash
-            case.error = _describe(exc)
+            # a width or row mismatch may have a plainer cause than the formula the manager names
+            case.error = _output_problem(spec, adapter, make) or _describe(exc)
         watch.overruns.clear()
     if size == "tiny":
         report.cases.append(_end_to_end(spec, device, seed))
@@ -223,6 +225,38 @@ def invalid_report(entry: InvalidSpec, *, device: str = "cpu", dtype: torch.dtyp
     """The report of a selected spec file that does not validate: failed before any case, saying why."""
     return SpecReport(entry.name, device, str(_default_dtype(device, dtype)).removeprefix("torch."),
                       error=entry.reason())
+
+
+def channels_first(output: Any, entries: tuple[str, ...], width: int) -> str | None:
+    """What is wrong with an encoder ``output`` whose ``encoder.outputs`` field holds features on a dimension other
+    than the last (a convolutional neck's ``(batch, channels, h, w)``), or None: vitcg reads each row's features from
+    the last dimension, so such an output looks like a wrong ``out_hidden_size``."""
+    for entry in entries:
+        value = output_entry(output, entry)[2]
+        for tensor in value if isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(tensor, torch.Tensor) or tensor.dim() < 3 or tensor.shape[-1] == width:
+                continue
+            if width in tuple(tensor.shape[1:-1]):
+                dim = tuple(tensor.shape).index(width, 1)
+                return (f"encoder output {entry!r} has shape {tuple(tensor.shape)}: its features lie on dim {dim} "
+                        f"(channels first; {width} is out_hidden_size), but vitcg reads each row's features from the "
+                        "last dimension, so out_hidden_size is not what is wrong; capture the call that returns rows "
+                        "of features (encoder.method: the VLM's own feature call, such as get_image_features, where "
+                        "the projector flattens the neck)")
+    return None
+
+
+def _output_problem(spec: Spec, adapter: Any, make: Callable[[], Inputs]) -> str | None:
+    """:func:`channels_first` of the encoder's own output for a failed case's inputs (None when that call fails
+    too: the case's own error says more)."""
+    width = adapter.geometry.get("out_hidden_size")
+    try:
+        calls = adapter.eager_calls(on_device(adapter, make()))
+        with torch.no_grad():
+            output = getattr(adapter.module, spec.encoder.method)(**calls[0]) if calls else None
+    except Exception:  # noqa: BLE001 - only a diagnosis: the case's error stands
+        return None
+    return channels_first(output, spec.encoder.outputs, width) if output is not None else None
 
 
 def _more(overruns: list) -> str:
