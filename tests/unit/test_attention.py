@@ -76,3 +76,12 @@ def test_interleaved_attention_blocks_restore_the_value_found_first():
     assert config._attn_implementation == "vitcg"  # the second block is still inside
     second.__exit__(None, None, None)
     assert config._attn_implementation == "sdpa"
+
+
+def test_the_cpu_path_never_loads_the_triton_kernel():
+    import sys
+
+    q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    graph_safe_attention(nn.Module(), q, k, v, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6, max_length_k=6)
+    assert "vitcg.runtime.varlen_triton" not in sys.modules

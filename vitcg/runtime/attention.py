@@ -2,7 +2,9 @@
 
 Vision encoders that see a "flash" implementation pass packed boundaries (``cu_seq_lens_q/k``,
 ``max_length_q/k``) instead of splitting sequences with ``.tolist()``, a host sync that cannot be
-captured. On CUDA (fp16/bf16) this calls ``torch.nn.attention.varlen.varlen_attn``; elsewhere it runs
+captured. On CUDA (fp16/bf16) this calls vitcg's Triton packed kernel on sm90 GPUs (H100, H200), where it measured
+faster than FlashAttention-2 (:mod:`vitcg.runtime.varlen_triton`), and ``torch.nn.attention.varlen.varlen_attn``
+on other GPUs or where Triton is missing; elsewhere it runs
 SDPA with a block-diagonal mask built from ``cu_seqlens`` on the device, so the padded, static-shape
 path is the same on CPU. A static mask function is registered under the same name: without one,
 transformers' mask creation returns None for an unknown implementation and padding masks of tile
@@ -43,6 +45,38 @@ def _find_varlen():
 _VARLEN = _find_varlen()
 """Resolved once at import (a plain global, so torch.compile traces no cache wrapper)."""
 
+TRITON_CAPABILITIES = frozenset({9})
+"""Compute-capability majors where the Triton packed kernel was measured faster than ``varlen_attn`` (9: Hopper,
+``benchmarks/attention_backends.py`` on an H200, 2026-11-26). Other GPUs keep FlashAttention-2 until measured."""
+
+
+def _find_triton():
+    """vitcg's Triton packed attention op, or None when Triton is not installed."""
+    try:
+        from vitcg.runtime.varlen_triton import packed_attention
+    except ImportError:
+        return None
+    return packed_attention
+
+
+_TRITON = None
+_TRITON_DEVICES: dict[int, bool] = {}
+"""CUDA device index -> whether the Triton kernel serves it (capability read once per device)."""
+
+
+def _use_triton(query: torch.Tensor, same_boundaries: bool) -> bool:
+    """Whether the Triton kernel serves this call: one set of boundaries, a head dim of at least 32 (its two
+    matrix parts need 16 columns each), a GPU of a measured capability, and Triton installed."""
+    global _TRITON
+    if not same_boundaries or query.shape[-1] < 32:
+        return False
+    index = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    if index not in _TRITON_DEVICES:
+        _TRITON = _TRITON or _find_triton()
+        major = torch.cuda.get_device_capability(index)[0]
+        _TRITON_DEVICES[index] = _TRITON is not None and major in TRITON_CAPABILITIES
+    return _TRITON_DEVICES[index]
+
 
 def _segment_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
     """(length, length) boolean mask, True where row and column sit in the same segment. Sync-free."""
@@ -80,6 +114,11 @@ def graph_safe_attention(
     through nested modules' ``**kwargs``.
     """
     groups = query.shape[1] // key.shape[1]
+    if cu_seq_lens_q is not None and _use_varlen(query) and _use_triton(
+            query, cu_seq_lens_k is None or cu_seq_lens_k is cu_seq_lens_q):
+        q, k, v = (t[0].transpose(0, 1) for t in (query, _repeat_kv(key, groups), _repeat_kv(value, groups)))
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return _TRITON(q, k, v, cu_seq_lens_q, float(scale)).unsqueeze(0), None
     if cu_seq_lens_q is not None and _use_varlen(query):
         varlen_attn, params = _VARLEN
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (seq, heads, dim)

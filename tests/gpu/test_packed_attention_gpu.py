@@ -1,0 +1,71 @@
+"""vitcg's graph-safe attention on a GPU (skipped without CUDA): on sm90 it runs the Triton packed kernel, whose
+output equals a float32 per-segment reference, also replayed in a CUDA graph after the boundaries changed.
+
+Tolerance: bf16 relative error ||out - reference|| / ||reference|| <= 1e-2, as in test_cuda_graphs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitcg.runtime import attention
+
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def reference(q, k, v, cu, scale):
+    """(1, rows, heads, dim) float32 attention within each segment of ``cu``; k/v heads repeated for groups."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+    out = torch.zeros(q.shape[2], q.shape[1], q.shape[3], device=q.device)
+    bounds = cu.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if b > a:
+            seg = (t[0, :, a:b].float() for t in (q, k, v))
+            out[a:b] = F.scaled_dot_product_attention(*seg, scale=scale).transpose(0, 1)
+    return out[None]
+
+
+def error(got, want):
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+@needs_cuda
+def test_sm90_selects_the_triton_kernel():
+    query = torch.zeros(1, 2, 8, 80, device="cuda", dtype=torch.bfloat16)
+    assert not attention._use_triton(query[..., :16], same_boundaries=True)  # tiny heads keep FlashAttention-2
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    assert attention._use_triton(query, same_boundaries=True) == hopper
+    assert not attention._use_triton(query, same_boundaries=False)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dim,groups", [(80, 1), (64, 2), (72, 1), (128, 1)])
+def test_packed_attention_equals_reference_and_follows_new_boundaries_in_a_graph(dim, groups):
+    torch.manual_seed(0)
+    rows, heads, scale = 1024, 4, dim ** -0.5
+    q = torch.randn(1, heads, rows, dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, heads // groups, rows, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cu = torch.tensor([0, 100, 100, 613, 700, 1024, 1024, 1024], dtype=torch.int32, device="cuda")
+
+    def call():
+        return attention.graph_safe_attention(nn.Module(), q, k, v, scaling=scale, cu_seq_lens_q=cu,
+                                              cu_seq_lens_k=cu, max_length_q=rows, max_length_k=rows)[0]
+
+    assert error(call(), reference(q, k, v, cu, scale)) <= 1e-2
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    cu.copy_(torch.tensor([0, 7, 519, 519, 1000, 1001, 1024, 1024], dtype=torch.int32))
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    assert error(out, reference(q, k, v, cu, scale)) <= 1e-2
