@@ -66,12 +66,21 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="Print diagnostics as JSON.")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Re-import transformers classes instead of "
                                            "using the cached facts.")] = False,
+    resolved: Annotated[bool, typer.Option("--resolved", help="Print each spec file as checks see it: merged "
+                                           "with the spec it extends, its NAME.tests.yaml harness and the "
+                                           "language's defaults (YAML, or JSON with --json).")] = False,
 ) -> None:
     """Check spec files: YAML, schema, formulas, semantics and transformers bindings. Prints every error.
     Without PATH: the packaged specs, then $VITCG_SPECS_DIR's folders (a later spec replaces one of its name)."""
     from .lang import load_layers, load_specs, spec_folders
     from .tools.report import json_report, text_report
 
+    if resolved:
+        from .tools.resolved import resolved_report
+
+        text, ok = resolved_report(paths or [], as_json)
+        sys.stdout.write(text)
+        raise typer.Exit(0 if ok else 1)
     if paths:
         result = load_specs(paths, use_cache=not no_cache)
     else:

@@ -44,7 +44,15 @@ class Diagnostic:
     hint: str | None = None
     """How to fix it, when there is something useful to say."""
     code: str = "spec"
-    """Stable category: ``yaml``, ``schema``, ``formula``, ``semantic``, ``binding``, ``duplicate``."""
+    """Stable category: ``yaml``, ``schema``, ``formula``, ``semantic``, ``binding``, ``duplicate``, ``extends``."""
+    via: str | None = None
+    """The spec file being checked, when the location is in another file: a parent it ``extends`` or its
+    ``NAME.tests.yaml`` harness. None: the location is in the spec file itself."""
+
+    @property
+    def spec_file(self) -> str:
+        """The spec file this diagnostic makes invalid."""
+        return self.via or self.file
 
     def location(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
@@ -52,6 +60,8 @@ class Diagnostic:
     def format(self) -> str:
         """``file:line:col: path: message`` plus an indented ``hint:`` line."""
         text = f"{self.location()}: {self.path}: {self.message}".translate(_LINE_BREAKS)
+        if self.via:
+            text += f" (checking {self.via})".translate(_LINE_BREAKS)
         if self.hint:
             text += f"\n    hint: {self.hint.translate(_LINE_BREAKS)}"
         return text

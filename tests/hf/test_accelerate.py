@@ -208,7 +208,7 @@ def test_internvl_generate_routes_its_get_image_features():
     from vitcg.lang.model import thaw
 
     spec = load_registry(["vitcg/specs/internvl.yaml"], bindings=False)["internvl"]
-    overrides = thaw(spec.encoder.tiny_config)
+    overrides = thaw(spec.tests.tiny_config)
     overrides["text_config"]["vocab_size"] = 151680  # the image token id must be a valid embedding
     torch.manual_seed(0)
     vlm = transformers.InternVLForConditionalGeneration(transformers.InternVLConfig(**overrides)).eval()

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from spec_files import spec_text
 from torch.utils._appending_byte_serializer import BytesWriter
 
 from vitcg.lang import load_registry
@@ -52,7 +53,7 @@ def test_the_key_follows_spec_shapes_dtype_and_file(repo, tmp_path):
     assert key != compile_key(spec, torch.device("cpu"), torch.float32, budgets=[64, 256])
     assert key != compile_key(registry.get("qwen2_5_vl"), torch.device("cpu"), torch.float32, budgets=[64, 128])
     copy = tmp_path / "qwen2_vl.yaml"
-    copy.write_text((repo / "vitcg" / "specs" / "qwen2_vl.yaml").read_text().replace("min: 64", "min: 128"))
+    copy.write_text(spec_text("qwen2_vl").replace("\nbuffers:\n", "\nbudget: {min: 128}\n\nbuffers:\n"))
     edited = load_registry([copy]).get("qwen2_vl")
     assert compile_key(edited, torch.device("cpu"), torch.float32, budgets=[64, 128]) != key
 

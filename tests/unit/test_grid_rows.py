@@ -13,7 +13,8 @@ import torch
 from vitcg.errors import InputError
 from vitcg.lang import load_registry, load_specs
 from vitcg.lang.formulas import parse
-from vitcg.lang.model import Modality, Placeholder
+from vitcg.lang.harness import Placeholder
+from vitcg.lang.model import Modality
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools import vlm

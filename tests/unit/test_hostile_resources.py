@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from spec_files import spec_text
 
 from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import catalogue as cat
@@ -20,7 +21,7 @@ BOUNDED = "max: min(max_num_batched_tokens, max_model_len)"
 
 def test_check_sizes_a_spec_bounded_by_max_model_len_for_a_small_engine(monkeypatch):
     # `vitcg check` once passed max_model_len=2**20: `max: max_model_len` meant 20 GB of capture buffers.
-    text = (SPECS / "qwen2_vl.yaml").read_text().replace(BOUNDED, "max: max_model_len")
+    text = spec_text("qwen2_vl").replace("\nbuffers:\n", "\nbudget: {max: max_model_len}\n\nbuffers:\n")
     spec = spec_from_text(text, "qwen2_vl.yaml", Bindings())
     ranges = []
 
@@ -39,7 +40,7 @@ def test_check_sizes_a_spec_bounded_by_max_model_len_for_a_small_engine(monkeypa
 def test_check_proves_the_graphs_with_eager_routing_off(monkeypatch):
     # On CUDA the router runs the first calls of each size eagerly, to time them; every case of a check is such
     # a call, so with routing on `check --device cuda` compared eager with eager and proved no graph.
-    spec = spec_from_text((SPECS / "qwen2_vl.yaml").read_text(), "qwen2_vl.yaml", Bindings())
+    spec = spec_from_text(spec_text("qwen2_vl"), "qwen2_vl.yaml", Bindings())
     seen = []
 
     class Stop(cases.EncoderCudaGraphManager):
@@ -55,7 +56,8 @@ def test_check_proves_the_graphs_with_eager_routing_off(monkeypatch):
 def test_a_grid_width_that_does_not_parse_is_a_diagnostic_not_a_crash():
     """Found by CI's fuzz run: a grid buffer whose width names an unknown name crashed validate with
     AttributeError ('NoneType' object has no attribute 'names') in the grid-width rule."""
-    text = (SPECS / "qwen2_vl.yaml").read_text().replace("shape: [max_items + 1, 3]", "shape: [max_items + 1, qwen2_vl]", 1)
+    grid = "  - {name: grid_thw, shape: [max_items + 1, qwen2_vl]}\n"
+    text = spec_text("qwen2_vl").replace("\nbuffers:\n", "\nbuffers:\n" + grid, 1)
     assert "qwen2_vl]" in text
     with pytest.raises(SpecError) as caught:
         spec_from_text(text, "qwen2_vl.yaml", Bindings())

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jsonschema
 import pytest
+from spec_files import spec_text
 
 from vitcg.lang import catalogue as cat
+from vitcg.lang import resolver
 from vitcg.lang.checks import check
-from vitcg.lang.loader import load_text
 from vitcg.lang.model import Buffer, Modality
 from vitcg.lang.rules import buffers as buf
 from vitcg.lang.rules import modalities as mod
@@ -17,11 +16,12 @@ from vitcg.lang.rules import tests as tst
 from vitcg.lang.rules.schema import explain, message
 
 PACKED, TILES = cat.STYLES["packed"], cat.STYLES["tiles"]
-QWEN2_VL = Path(__file__).resolve().parents[2] / "vitcg" / "specs" / "qwen2_vl.yaml"
+QWEN2_VL = spec_text("qwen2_vl")
 
 
 def loaded_from(text: str):
-    loaded, problems = load_text(text, "f.yaml")
+    """``text`` read and resolved (the language's defaults merged in), as checks see a spec."""
+    loaded, problems = resolver().resolve_text(text, "f.yaml")
     assert not problems
     return loaded
 
@@ -157,7 +157,7 @@ def test_required_names_each_missing_key_from_the_structured_fields():
 
 
 def test_required_through_the_shipped_schema():
-    text = QWEN2_VL.read_text().replace("display_name: Qwen2-VL\n", "")
+    text = "# a comment line\n" + QWEN2_VL.replace("display_name: Qwen2-VL\n", "")
     spec, found = check(loaded_from(text), None)
     assert spec is None
     assert [(d.message, d.line, d.code) for d in found] == [("missing required key 'display_name'", 2, "schema")]
@@ -191,7 +191,7 @@ def test_unlisted_keyword_falls_back_to_keyword_and_value():
 
 
 def test_a_type_error_from_the_shipped_schema_keeps_its_wording():
-    text = QWEN2_VL.read_text().replace("max_model_len: 8192", "max_model_len: lots")
+    text = QWEN2_VL.replace("\ntests:\n", "\ntests:\n  max_model_len: lots\n")
     spec, found = check(loaded_from(text), None)
     assert spec is None
     assert [d.message for d in found] == ["'lots' is not of type 'integer'"]
@@ -199,21 +199,18 @@ def test_a_type_error_from_the_shipped_schema_keeps_its_wording():
 
 
 def test_check_reports_a_missing_required_provider():
-    text = QWEN2_VL.read_text()
-    cut = text.index("  - name: cu_seqlens")
-    text = text[:cut] + text[text.index("  - name: max_seqlen"):]
+    text = QWEN2_VL.replace("\nbuffers:\n", "\nbuffers:\n  - {name: cu_seqlens, remove: true}\n")
     spec, found = check(loaded_from(text), None)
     assert spec is None
     assert messages(found) == ["packed style needs a buffer filled by provider 'cu_seqlens'"]
-    assert check(loaded_from(QWEN2_VL.read_text()), None)[0] is not None
+    assert check(loaded_from(QWEN2_VL), None)[0] is not None
 
 
 def test_long_values_are_measured_or_cut_never_echoed_whole():
     long_list = "[" + ", ".join(["1"] * 2000) + "]"
-    text = (QWEN2_VL.read_text()
+    text = (QWEN2_VL
             .replace("  segments: frame", "  segments: " + "f" * 5000)
-            .replace("  min: 64", "  min: " + long_list)
-            .replace("  max: min(max_num_batched_tokens, max_model_len)", "  max: " + "+".join(["1"] * 1000))
+            .replace("\nbuffers:\n", f"\nbudget:\n  min: {long_list}\n  max: {'+'.join(['1'] * 1000)}\n\nbuffers:\n")
             + "z" * 1000 + ": 1\n")
     spec, diagnostics = check(loaded_from(text), None)
     assert spec is None

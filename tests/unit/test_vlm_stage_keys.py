@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from spec_files import spec_text
 
 from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import spec_from_text
@@ -15,7 +16,7 @@ from vitcg.tools.vlm import check_vlm
 
 pytest.importorskip("PIL")
 QWEN2_PATH = Path(__file__).resolve().parents[2] / "vitcg" / "specs" / "qwen2_vl.yaml"
-QWEN2 = QWEN2_PATH.read_text()
+QWEN2 = spec_text("qwen2_vl")
 IMAGE_KEYS = "inputs: {pixels: pixel_values, grid: image_grid_thw}"
 
 
@@ -56,13 +57,13 @@ def test_a_misspelt_architecture_is_a_validation_error_with_a_did_you_mean():
     with pytest.raises(SpecError) as caught:
         spec_from_text(text, "qwen2_vl.yaml", Bindings())
     (problem,) = caught.value.diagnostics
-    assert problem.path == "$.architectures[0]" and problem.line == 4
+    assert problem.path == "$.architectures[0]" and problem.line == 3
     assert "has no class 'Qwen2VLForConditionalGenration'" in problem.message
     assert problem.hint == "did you mean 'Qwen2VLForConditionalGeneration'?"
 
 
 def test_the_checkpoints_architecture_may_differ_when_tests_vlm_names_transformers_class():
-    minimax = (QWEN2_PATH.parent / "minimax_m3_vl.yaml").read_text()
+    minimax = spec_text("minimax_m3_vl")
     assert "architectures: [MiniMaxM3VLForConditionalGeneration]" in minimax  # config.json's name, not transformers'
     if spec_from_text(minimax, "minimax_m3_vl.yaml", Bindings()).unavailable:
         pytest.skip("this transformers predates minimax_m3_vl: its classes are not checked")

@@ -1,7 +1,8 @@
 """Spec files -> diagnostics or typed specs: discovery, the per-file pipeline, and the registry.
 
-Pipeline per file: :mod:`.loader` (YAML with positions) -> :mod:`.checks` (schema, formulas, semantics,
-bindings) -> :class:`.model.Spec`. Within one folder, names must be unique; across folders, a later folder's
+Pipeline per file: :mod:`.loader` (YAML with positions) -> :mod:`.resolve` (the spec it ``extends``, its
+``NAME.tests.yaml`` harness, the language's defaults) -> :mod:`.checks` (schema, formulas, semantics, bindings)
+-> :class:`.model.Spec`. Within one folder, names must be unique; across folders, a later folder's
 spec replaces an earlier one of the same name (:mod:`.folders` has the order: the packaged specs, then
 ``$VITCG_SPECS_DIR``, then the caller's folders). The registry is sorted by name.
 """
@@ -17,12 +18,14 @@ from ..errors import Diagnostic, SpecError, UsageError, suggest
 from .bindings import Bindings
 from .checks import check, schema
 from .folders import folder_label, packaged_specs_dir, spec_folders
-from .loader import load_file, load_text
+from .loader import LoadedYaml
 from .model import Spec
 from .registry import Registry
+from .resolve import Resolver, folder_finder, is_harness_file
 
 __all__ = ["Bindings", "InvalidSpec", "LoadResult", "Registry", "Spec", "discover", "load_layers", "load_registry",
-           "load_specs", "packaged_specs_dir", "schema", "select_specs", "spec_folders", "spec_from_text"]
+           "load_specs", "packaged_specs_dir", "resolve_file", "resolver", "schema", "select_specs", "spec_folders",
+           "spec_from_text"]
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +33,14 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 
 
 def discover(paths: Iterable[str | Path]) -> list[Path]:
-    """Spec files named by ``paths`` (files, or folders searched recursively), sorted, without repeats."""
+    """Spec files named by ``paths`` (files, or folders searched recursively, where ``NAME.tests.yaml`` harness
+    files are not specs of their own), sorted, without repeats."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*") if p.suffix in SPEC_SUFFIXES and p.is_file()))
+            found.extend(sorted(p for p in path.rglob("*")
+                                if p.suffix in SPEC_SUFFIXES and p.is_file() and not is_harness_file(p)))
         elif path.is_file():
             found.append(path)
         else:
@@ -57,7 +62,7 @@ class LoadResult:
 
     @property
     def invalid_files(self) -> list[str]:
-        return sorted({d.file for d in self.diagnostics})
+        return sorted({d.spec_file for d in self.diagnostics})
 
     @property
     def unavailable(self) -> list[Spec]:
@@ -65,9 +70,26 @@ class LoadResult:
         return [s for s in self.specs if s.unavailable]
 
 
+def resolver(folders: Sequence[str | Path] | None = None) -> Resolver:
+    """A :class:`Resolver` whose parents are found beside the spec, then in ``folders`` (default
+    :func:`spec_folders`), and must pass the checks that need no transformers."""
+    folders = spec_folders() if folders is None else folders
+    return Resolver(folder_finder([Path(f) for f in folders]), _parent_problems)
+
+
+def _parent_problems(loaded: LoadedYaml) -> list[Diagnostic]:
+    return check(loaded, None)[1]
+
+
+def resolve_file(path: str | Path, display: str | None = None) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+    """One spec file resolved (:mod:`.resolve`): what ``vitcg validate --resolved`` prints."""
+    return resolver().resolve_file(Path(path), display)
+
+
 def spec_from_text(text: str, file: str = "<text>", bindings: Bindings | None = None) -> Spec:
-    """Validate one spec given as text. Raises SpecError with every diagnostic."""
-    loaded, problems = load_text(text, file)
+    """Validate one spec given as text (it may extend a spec of :func:`spec_folders`). Raises SpecError with every
+    diagnostic."""
+    loaded, problems = resolver().resolve_text(text, file)
     spec = None
     if loaded is not None:
         spec, problems = check(loaded, bindings)
@@ -92,10 +114,11 @@ def load_specs(paths: Sequence[str | Path], *, bindings: Bindings | None | bool 
     bindings = _bindings(bindings, use_cache)
     result = LoadResult()
     owners: dict[str, tuple[str, int]] = {}
+    resolving = resolver()
     for path in discover(paths):
         display = str(path)
         result.files.append(display)
-        loaded, problems = load_file(path, display)
+        loaded, problems = resolving.resolve_file(path, display)
         spec = None
         if loaded is not None:
             spec, problems = check(loaded, bindings)
@@ -173,7 +196,7 @@ class InvalidSpec:
 
 def _split(result: LoadResult) -> list[Spec | InvalidSpec]:
     """The valid specs of ``result`` and one :class:`InvalidSpec` per invalid file, sorted by name."""
-    invalid = [InvalidSpec(f, tuple(d for d in result.diagnostics if d.file == f)) for f in result.invalid_files]
+    invalid = [InvalidSpec(f, tuple(d for d in result.diagnostics if d.spec_file == f)) for f in result.invalid_files]
     return sorted([*result.specs, *invalid], key=lambda entry: entry.name)
 
 

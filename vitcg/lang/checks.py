@@ -18,20 +18,9 @@ from ..errors import Diagnostic
 from . import catalogue as cat
 from .bindings import MISSING, Bindings, release, transformers_version
 from .formulas import Formula, parse
+from .harness import ExampleInput, Placeholder, TestMeta, VlmTest
 from .loader import LoadedYaml, Path_
-from .model import (
-    Buffer,
-    Docs,
-    Encoder,
-    ExampleInput,
-    Modality,
-    Placeholder,
-    Spec,
-    TestMeta,
-    ValidRows,
-    VlmTest,
-    freeze,
-)
+from .model import Buffer, Docs, Encoder, Modality, Spec, ValidRows, freeze
 from .rules import bindings as bind
 from .rules import buffers as buf
 from .rules import geometry as geo
@@ -190,8 +179,6 @@ def _encoder(loaded: LoadedYaml, found: _Found, modalities: Sequence[Modality]) 
         args=freeze(enc["args"]),
         call_kwargs=freeze(enc.get("call_kwargs", {})),
         outputs=tuple(enc["outputs"]),
-        tiny_config=freeze(enc["tiny_config"]),
-        real_config=freeze(enc.get("real_config", {})),
     )
 
 
@@ -267,6 +254,8 @@ def _tests(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, modalit
         runner_kwargs=freeze(t.get("runner_kwargs", {})),
         marks=tuple(t.get("marks", ())),
         budgets=tuple(t["budgets"]),
+        tiny_config=freeze(t["tiny_config"]),
+        real_config=freeze(t.get("real_config", {})),
         inputs=MappingProxyType(examples),
         shaping=found.take(tst.shaping_formulas(loaded, style, modalities, geometry)),
         vlm=_vlm(t.get("vlm")),
@@ -299,7 +288,7 @@ def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> 
     found.add(bind.architectures_exist(loaded, spec, bindings))
     if found.diagnostics:
         return
-    snapshots = found.take(bind.config_snapshots(loaded, spec.encoder, bindings))
+    snapshots = found.take(bind.config_snapshots(loaded, spec, bindings))
     if found.diagnostics:
         return
     geometry = found.take(bind.evaluate_geometry(loaded, spec, snapshots))

@@ -101,7 +101,8 @@ class Position:
 
 @dataclass
 class LoadedYaml:
-    """The data of one file and where each node of it stands."""
+    """The data of one spec and where each node of it stands: in its own file, or (after
+    :mod:`.resolve`) in a parent it extends, its harness file, or a default of the spec language."""
 
     file: str
     data: Any
@@ -111,23 +112,54 @@ class LoadedYaml:
     """Position of the mapping key that introduces each path."""
     styles: dict[Path_, str | None] = field(default_factory=dict)
     """Scalar style at each path (None for plain scalars, '"' or "'" when quoted)."""
+    origins: dict[Path_, str] = field(default_factory=dict)
+    """The file of each path whose value was written in another file than :attr:`file`."""
+    defaults: dict[Path_, str] = field(default_factory=dict)
+    """Paths whose value no file wrote: what supplied it (``the 'tiles' style's default``)."""
 
-    def position(self, path: Path_, *, key: bool = False) -> Position:
-        """The closest known position for ``path`` (walking up to the parent when needed)."""
+    def locate(self, path: Path_, *, key: bool = False) -> tuple[Path_, Position]:
+        """The closest path with a known position at or above ``path`` (its key with ``key=True``), and that
+        position."""
         table = self.keys if key else self.values
         probe = tuple(path)
         while probe:
             if probe in table:
-                return table[probe]
+                return probe, table[probe]
             if probe in self.values:
-                return self.values[probe]
+                return probe, self.values[probe]
             probe = probe[:-1]
-        return self.values.get((), Position(1, 1))
+        return (), self.values.get((), Position(1, 1))
+
+    def position(self, path: Path_, *, key: bool = False) -> Position:
+        """The closest known position for ``path`` (walking up to the parent when needed)."""
+        return self.locate(path, key=key)[1]
+
+    def file_of(self, path: Path_) -> str:
+        """The file that wrote the value at ``path`` (or the closest value above it)."""
+        probe, _ = self.locate(path)
+        return self.origins.get(probe, self.file)
 
     def diagnostic(self, path: Path_, message: str, *, hint: str | None = None, code: str = "schema",
                    key: bool = False, col_offset: int = 0) -> Diagnostic:
-        pos = self.position(path, key=key)
-        return Diagnostic(self.file, pos.line, pos.col + col_offset, format_path(path), message, hint, code)
+        probe, pos = self.locate(path, key=key)
+        return self.at(probe, pos, path, message, hint, code, col_offset)
+
+    def at(self, probe: Path_, pos: Position, path: Path_, message: str, hint: str | None, code: str,
+           col_offset: int = 0) -> Diagnostic:
+        """A diagnostic for ``path`` located at ``pos`` of the value at ``probe``: in the file that wrote it, and
+        naming the default that supplied it, if one did."""
+        file = self.origins.get(probe, self.file)
+        source = next((self.defaults[p] for p in _prefixes(probe) if p in self.defaults), None)
+        if source is not None:
+            hint = f"{hint}; " if hint else ""
+            hint += f"this value is {source}: write {format_path(path)[2:] or 'it'} in the spec to replace it"
+        return Diagnostic(file, pos.line, pos.col + col_offset, format_path(path), message, hint, code,
+                          None if file == self.file else self.file)
+
+
+def _prefixes(path: Path_):
+    """``path`` and each path above it, longest first."""
+    return (path[:n] for n in range(len(path), -1, -1))
 
 
 def _too_big(size: int) -> str:

@@ -20,7 +20,7 @@ def build_config(spec: Spec, size: str = "tiny"):
     reference attention the encoder class supports (sdpa, else eager)."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {SIZES}, got {size!r}")
-    overrides = spec.encoder.tiny_config if size == "tiny" else spec.encoder.real_config
+    overrides = spec.tests.tiny_config if size == "tiny" else spec.tests.real_config
     config = import_object(spec.encoder.config_class)(**thaw(overrides))
     cls = import_object(spec.encoder.class_path)
     # the eager reference keeps the model's own attention; some classes (GIT, GOT-OCR2) have no sdpa

@@ -355,7 +355,7 @@ def spec_geometry(spec: Spec) -> dict[str, int]:
     from ..lang.bindings import Bindings
 
     bindings = Bindings()
-    answer = bindings.check_config(spec.encoder.config_class, thaw(spec.encoder.real_config))
+    answer = bindings.check_config(spec.encoder.config_class, thaw(spec.tests.real_config))
     bindings.save()
     if not answer.get("ok"):
         reason = spec.unavailable or answer.get("error") or answer.get("unknown_keys")

@@ -363,9 +363,6 @@ def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lin
         patch = patch[0] if isinstance(patch, list) and patch else patch
         if _int(patch) and isinstance(d.defaults.get("image_size"), int):
             tiny["image_size"] = 4 * patch
-    out.add("  tiny_config: {" + ", ".join(f"{k}: {v}" for k, v in tiny.items()) + "}",
-            "small dimensions for CPU checks: 2 layers, hidden <= 64")
-    out.add("  real_config: {}", "overrides for a real checkpoint's dimensions, where the defaults differ")
     out.add("")
     out.add("geometry:")
     for name, (formula, guess, _) in geometry.items():
@@ -418,13 +415,14 @@ def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lin
     out.add(f"  notes: \"Drafted by vitcg new from {d.encoder.__name__} ({d.style} attention).\"",
             "describe the model for the supported-models page")
     out.add("")
-    out.add("tests:")
+    out.add("tests:", "the harness: how vitcg check builds and feeds the model (or NAME.tests.yaml beside the spec)")
+    out.add("  tiny_config: {" + ", ".join(f"{k}: {v}" for k, v in tiny.items()) + "}",
+            "small dimensions for CPU checks: 2 layers, hidden <= 64")
+    out.add("  real_config: {}", "overrides for a real checkpoint's dimensions, where the defaults differ")
     out.add('  prompt_template: "USER: {placeholders}{question} ASSISTANT:"', "the chat template")
     out.add('  image_placeholder: "<image>"', "the image placeholder token")
     if video:
         out.add('  video_placeholder: "<video>"', "the video placeholder token")
-    out.add("  max_model_len: 8192")
-    out.add("  budgets: [1024, 2048, 4096]")
     _vlm_lines(out, d)
     return out
 

@@ -23,7 +23,8 @@ import torch
 
 from ..errors import UsageError, VitcgError, suggest
 from ..lang.bindings import MISSING, import_object, release, transformers_version
-from ..lang.model import Placeholder, Spec, thaw
+from ..lang.harness import Placeholder
+from ..lang.model import Spec, thaw
 from ..runtime.accelerate import accelerate, encoder_of
 from ..runtime.adapter import adapter_for
 from .workloads import relative_error
@@ -76,7 +77,7 @@ def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> torch.nn.Module
                          f"({'tests.vlm.architecture' if spec.tests.vlm.architecture else 'architectures'})"
                          + (f"; {hint}" if hint else ""))
     config_cls = cls.config_class
-    tiny = thaw(spec.encoder.tiny_config)
+    tiny = thaw(spec.tests.tiny_config)
     overrides = tiny if issubclass(import_object(spec.encoder.config_class), config_cls) else {"vision_config": tiny}
     config = config_cls(**_merge(overrides, spec.tests.vlm.config))
     _refuse_large(config)

@@ -78,14 +78,16 @@ def _classes_import(loaded: LoadedYaml, encoder: Encoder, bindings: Bindings) ->
                         f"{path.rsplit('.', 1)[1]} has no method {encoder.method!r}", code="binding")
 
 
-def config_snapshots(loaded: LoadedYaml, encoder: Encoder,
+def config_snapshots(loaded: LoadedYaml, spec: Spec,
                      bindings: Bindings) -> tuple[dict[str, dict], list[Diagnostic]]:
-    """The config builds with its defaults, tiny_config and real_config, naming only its fields; returns snapshots."""
+    """The config builds with its defaults and the harness's tiny_config and real_config, naming only its fields;
+    returns snapshots."""
     snapshots: dict[str, dict] = {}
     problems: list[Diagnostic] = []
+    encoder = spec.encoder
     for label, overrides, where in (("defaults", {}, ("encoder", "config_class")),
-                                    ("tiny_config", encoder.tiny_config, ("encoder", "tiny_config")),
-                                    ("real_config", encoder.real_config, ("encoder", "real_config"))):
+                                    ("tiny_config", spec.tests.tiny_config, ("tests", "tiny_config")),
+                                    ("real_config", spec.tests.real_config, ("tests", "real_config"))):
         if label == "real_config" and not overrides:
             continue  # the defaults, already checked
         result = bindings.check_config(encoder.config_class, thaw(overrides))

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...errors import Diagnostic, FormulaError
 from ..formulas import Formula, parse
-from ..loader import LoadedYaml, Path_, format_path
+from ..loader import LoadedYaml, Path_, Position
 
 
 def error(loaded: LoadedYaml, path: Path_, message: str, *, hint: str | None = None, code: str = "semantic",
@@ -26,7 +26,7 @@ def value_at(data: Any, path: Path_) -> Any:
 
 def formula_diagnostic(loaded: LoadedYaml, path: Path_, exc: FormulaError, context: str = "") -> Diagnostic:
     """A formula error located at its character inside the formula's YAML scalar, when the scalar is one line."""
-    pos = loaded.position(path)
+    probe, pos = loaded.locate(path)
     source = value_at(loaded.data, path)
     style = loaded.styles.get(path)
     quoted = 1 if style in ("'", '"') else 0
@@ -36,7 +36,7 @@ def formula_diagnostic(loaded: LoadedYaml, path: Path_, exc: FormulaError, conte
     hint = exc.hint
     if isinstance(path[-1], int) and ("never closed" in exc.message or "unmatched ')'" in exc.message):
         hint = "in a YAML [...] list a comma splits items: quote a formula that holds commas"
-    return Diagnostic(loaded.file, pos.line, col, format_path(path), message, hint, "formula")
+    return loaded.at(probe, Position(pos.line, col), path, message, hint, "formula")
 
 
 def parse_at(loaded: LoadedYaml, path: Path_, vocabulary: Iterable[str], *,

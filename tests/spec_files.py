@@ -1,0 +1,42 @@
+"""The packaged spec files as tests read and copy them: a spec is ``NAME.yaml`` plus, for the shipped specs, its
+harness ``NAME.tests.yaml`` beside it. A test that edits a spec's text works on :func:`spec_text`, the spec with its
+harness written in as a ``tests:`` section (the other form the language accepts), so one string holds both."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+SPECS = Path(__file__).resolve().parents[1] / "vitcg" / "specs"
+
+
+def spec_path(name: str) -> Path:
+    return SPECS / f"{name}.yaml"
+
+
+def harness_path(name: str) -> Path:
+    return SPECS / f"{name}.tests.yaml"
+
+
+def spec_text(name: str) -> str:
+    """``NAME.yaml`` with ``NAME.tests.yaml`` appended as its ``tests:`` section."""
+    text = spec_path(name).read_text()
+    harness = harness_path(name)
+    if not harness.is_file():
+        return text
+    body = "".join(f"  {line}" if line.strip() else line for line in harness.read_text().splitlines(keepends=True))
+    return text.rstrip("\n") + "\n\ntests:\n" + body
+
+
+def copy_spec(name: str, folder: Path, text: str | None = None) -> Path:
+    """Copy spec ``name`` into ``folder`` (its harness too); ``text`` replaces the whole spec (harness included,
+    as :func:`spec_text` gives it). Returns the copied spec's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{name}.yaml"
+    if text is not None:
+        target.write_text(text)
+        return target
+    shutil.copy(spec_path(name), target)
+    if harness_path(name).is_file():
+        shutil.copy(harness_path(name), folder / f"{name}.tests.yaml")
+    return target

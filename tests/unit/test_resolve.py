@@ -1,0 +1,177 @@
+"""Resolution (``vitcg.lang.resolve``): ``extends``, the ``NAME.tests.yaml`` harness and the language's defaults;
+what merges how, where a diagnostic points, and the errors of a chain that cannot resolve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from spec_files import copy_spec, spec_text
+
+from vitcg.lang import catalogue as cat
+from vitcg.lang import load_specs, resolve_file, resolver
+from vitcg.lang.resolve import merge
+
+
+def resolved(folder, name):
+    loaded, problems = resolve_file(folder / f"{name}.yaml")
+    assert not problems, [d.format() for d in problems]
+    return loaded
+
+
+def child(folder, text: str, name: str = "child"):
+    path = folder / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_child_merges_mappings_by_key_buffers_by_name_and_replaces_other_lists(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    child(tmp_path, "name: child\nextends: qwen2_vl\nmodel_types: [kid]\n"
+                    "geometry:\n  in_channels: 4\n"
+                    "buffers:\n"
+                    "  - {name: max_seqlen, value: budget}\n"
+                    "  - {name: position_ids, remove: true}\n"
+                    "  - {name: extra, provider: aligned, shape: [budget], padding: zeros}\n")
+    parent, kid = resolved(tmp_path, "qwen2_vl").data, resolved(tmp_path, "child").data
+    assert kid["name"] == "child" and "extends" not in kid
+    assert kid["model_types"] == ["kid"]                           # a list is replaced
+    assert kid["geometry"] == {**parent["geometry"], "in_channels": 4}  # a mapping merges, order kept
+    names = [b["name"] for b in kid["buffers"]]
+    assert names == [b["name"] for b in parent["buffers"] if b["name"] != "position_ids"] + ["extra"]
+    seqlen = next(b for b in kid["buffers"] if b["name"] == "max_seqlen")
+    assert seqlen == {**next(b for b in parent["buffers"] if b["name"] == "max_seqlen"), "value": "budget"}
+    assert kid["tests"] == parent["tests"]                          # the harness file is inherited too
+
+
+def test_writing_shape_drops_an_inherited_value_and_the_other_way_round():
+    from vitcg.lang.loader import load_text
+    base, _ = load_text("buffers:\n  - {name: a, value: budget, padding: fixed}\n", "base.yaml")
+    over, _ = load_text("buffers:\n  - {name: a, shape: [budget]}\n", "over.yaml")
+    merged, problems = merge(base, over)
+    assert not problems
+    assert merged.data["buffers"] == [{"name": "a", "padding": "fixed", "shape": ["budget"]}]
+
+
+def test_a_diagnostic_points_at_the_file_and_line_that_wrote_the_value(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    # the child renames the eager call's pixel argument; the buffer that passes the old name is the parent's
+    path = child(tmp_path, "name: child\nextends: qwen2_vl\n"
+                           "encoder:\n  args: {pixel_values: pixels, grid_thw: grid}\n")
+    result = load_specs([path], bindings=False)
+    (d,) = result.diagnostics
+    parent = tmp_path / "qwen2_vl.yaml"
+    assert d.file == str(parent) and d.via == str(path) and d.path == "$.buffers[0].arg"
+    assert d.line == parent.read_text().splitlines().index("  - {name: pixel_values, arg: hidden_states}") + 1
+    assert d.format().startswith(f"{parent}:{d.line}:") and f"(checking {path})" in d.format()
+    assert result.invalid_files == [str(path)]
+    assert load_specs([parent], bindings=False).ok
+
+
+def test_a_default_value_names_the_default_and_how_to_replace_it():
+    text = spec_text("clip").replace("  tokens_per_tile: (image_size // patch_size) ** 2 + 1   # patches + CLS\n", "")
+    loaded, problems = resolver().resolve_text(text, "clip.yaml")
+    assert not problems
+    from vitcg.lang.checks import check
+    spec, found = check(loaded, None)
+    assert spec is None
+    style_line = text.splitlines().index("  style: tiles") + 1
+    item = next(d for d in found if d.path == "$.items.output_tokens")
+    assert item.message == "unknown name 'tokens_per_tile'" and item.line == style_line
+    assert "the 'tiles' style's default: write items.output_tokens in the spec to replace it" in item.hint
+
+
+def test_a_harness_file_is_the_tests_section_and_may_not_be_written_twice(tmp_path):
+    copy_spec("clip", tmp_path)
+    loaded = resolved(tmp_path, "clip")
+    assert loaded.data["tests"]["tiny_config"]["num_hidden_layers"] == 2
+    assert loaded.file_of(("tests", "tiny_config")) == str(tmp_path / "clip.tests.yaml")
+    (tmp_path / "clip.yaml").write_text((tmp_path / "clip.yaml").read_text() + "tests: {budgets: [64]}\n")
+    _, problems = resolve_file(tmp_path / "clip.yaml")
+    assert [d.message for d in problems] == [f"the harness is written twice: here and in {tmp_path / 'clip.tests.yaml'}"]
+    assert load_specs([tmp_path], bindings=False).files == [str(tmp_path / "clip.yaml")]  # not a spec of its own
+
+
+def test_an_error_in_the_harness_file_names_it_and_the_spec(tmp_path):
+    copy_spec("clip", tmp_path)
+    harness = tmp_path / "clip.tests.yaml"
+    harness.write_text(harness.read_text().replace("marks: [core_model]", "marks: [core_model]\nbudget: [1]"))
+    result = load_specs([tmp_path], bindings=False)
+    (d,) = result.diagnostics
+    assert d.file == str(harness) and d.via == str(tmp_path / "clip.yaml") and d.message == "unknown key 'budget'"
+    assert result.invalid_files == [str(tmp_path / "clip.yaml")]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("name: child\nextends: nowhere\n", "no spec named 'nowhere' to extend"),
+    ("name: child\nextends: [a]\n", "extends names one spec, not ['a']"),
+    ("name: child\nextends: ../qwen2_vl\n", "no spec named '../qwen2_vl' to extend"),
+    ("extends: qwen2_vl\n", "a spec that extends another states its own name"),
+    ("name: child\nextends: child\n", "extends cycle: child -> child"),
+    ("name: child\nextends: qwen2_vl\nbuffers:\n  - {name: nothing, remove: true}\n",
+     "no inherited buffer named 'nothing' to remove"),
+    ("name: child\nextends: qwen2_vl\nbuffers:\n  - {name: cu_seqlens, remove: true, shape: [1]}\n",
+     "remove takes the value true and stands alone with the buffer's name (found also: shape)"),
+])
+def test_a_chain_that_cannot_resolve_says_why(tmp_path, text, message):
+    copy_spec("qwen2_vl", tmp_path)
+    _, problems = resolve_file(child(tmp_path, text))
+    assert [d.message for d in problems] == [message]
+    assert problems[0].file == str(tmp_path / "child.yaml") and problems[0].code == "extends"
+
+
+def test_cycles_and_invalid_parents_are_errors_at_the_extends_line(tmp_path):
+    child(tmp_path, "name: a\nextends: b\n", "a")
+    child(tmp_path, "name: b\nextends: a\n", "b")
+    _, problems = resolve_file(tmp_path / "a.yaml")
+    assert problems and problems[0].line == 2
+    assert "extends cycle: a -> b -> a" in problems[0].message or "'b'" in problems[0].message
+    copy_spec("qwen2_vl", tmp_path)
+    parent = tmp_path / "qwen2_vl.yaml"
+    parent.write_text(parent.read_text().replace("style: packed", "style: bogus"))
+    _, problems = resolve_file(child(tmp_path, "name: child\nextends: qwen2_vl\n"))
+    (d,) = problems
+    assert d.message.startswith("the parent spec 'qwen2_vl'") and "does not validate (" in d.message
+    assert d.hint.startswith(f"vitcg validate {parent}")
+
+
+def test_a_parent_found_by_file_name_must_carry_that_name(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    (tmp_path / "other.yaml").write_text((tmp_path / "qwen2_vl.yaml").read_text())
+    (tmp_path / "other.tests.yaml").write_text((tmp_path / "qwen2_vl.tests.yaml").read_text())
+    _, problems = resolve_file(child(tmp_path, "name: child\nextends: other\n"))
+    assert [d.message for d in problems] == [f"{tmp_path / 'other.yaml'} is named 'qwen2_vl', not 'other'"]
+
+
+def test_a_packaged_parent_serves_a_spec_in_another_folder(tmp_path):
+    path = child(tmp_path, "name: my_qwen\nextends: qwen2_vl\ndisplay_name: Mine\n")
+    result = load_specs([path])
+    assert result.ok, [d.format() for d in result.diagnostics]
+    assert result.specs[0].name == "my_qwen" and result.specs[0].display_name == "Mine"
+
+
+def test_style_defaults_fill_what_a_spec_leaves_out_and_remove_drops_one():
+    text = spec_text("clip")
+    loaded, _ = resolver().resolve_text(text, "clip.yaml")
+    tiles = cat.STYLE_DEFAULTS["tiles"]
+    assert loaded.data["items"] == tiles["items"] and loaded.data["budget"] == tiles["budget"]
+    assert loaded.data["buffers"] == tiles["buffers"]
+    assert loaded.data["tests"]["budgets"] == cat.TESTS_DEFAULTS["budgets"]
+    assert loaded.data["tests"]["max_model_len"] == 4096  # written: the default does not replace it
+    scoped = spec_text("siglip2")
+    loaded, _ = resolver().resolve_text(scoped, "siglip2.yaml")
+    assert [b["provider"] for b in loaded.data["buffers"]] == ["scope_arg", "scope_arg"]  # no pixels default
+
+
+def test_validate_resolved_prints_the_flattened_spec(tmp_path):
+    from typer.testing import CliRunner
+
+    from vitcg.cli import app
+    copy_spec("qwen2_vl", tmp_path)
+    path = child(tmp_path, "name: child\nextends: qwen2_vl\n")
+    result = CliRunner().invoke(app, ["validate", "--resolved", "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)[str(path)]
+    assert data["name"] == "child" and data["buffers"] == resolved(tmp_path, "qwen2_vl").data["buffers"]
+    result = CliRunner().invoke(app, ["validate", "--resolved", str(child(tmp_path, "name: c\nextends: no\n", "c"))])
+    assert result.exit_code == 1 and "no spec named 'no' to extend" in result.output

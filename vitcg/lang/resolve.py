@@ -1,0 +1,382 @@
+"""Resolution: one spec file -> the whole spec it means, each value still pointing at the file and line that wrote it.
+
+Three sources are merged under the file's own text, weakest first:
+
+1. the defaults of the spec language: the attention style's usual ``items``, ``budget`` and (for a spec without
+   ``graph_scope``) standard ``buffers`` (``catalogue.STYLE_DEFAULTS``; a buffer the spec writes under another
+   name for the same provider replaces that provider's default), and the harness's usual ``budgets`` and
+   ``max_model_len`` (``catalogue.TESTS_DEFAULTS``);
+2. the spec it ``extends`` (by name: ``NAME.yaml`` beside the file, else in the spec folders), resolved the same
+   way, recursively;
+3. the file itself, with its harness: the ``tests`` mapping, written in the file or in ``NAME.tests.yaml`` beside it.
+
+Merging: mappings merge key by key; ``buffers`` merge by ``name`` (a buffer of an inherited name merges into the
+inherited one, ``remove: true`` drops it, a new name is appended); any other list, and every scalar, is replaced.
+Checks run on the result (:mod:`.checks`); ``vitcg validate --resolved`` prints it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import Diagnostic, shown
+from . import catalogue as cat
+from .loader import LoadedYaml, Path_, Position, load_file, load_text
+
+HARNESS_SUFFIX = ".tests.yaml"
+"""``NAME.tests.yaml`` beside ``NAME.yaml`` holds that spec's harness: the mapping its ``tests`` key would hold."""
+MAX_CHAIN = 8
+"""Longest ``extends`` chain: a family needs two or three levels."""
+_EXCLUSIVE = ("shape", "value")
+"""Buffer keys of which a spec holds one: writing one drops the other inherited."""
+
+
+def harness_file(spec_file: Path) -> Path:
+    """Where the harness of ``spec_file`` lives when it is not written in the file."""
+    return spec_file.with_name(spec_file.name.rsplit(".", 1)[0] + HARNESS_SUFFIX)
+
+
+def is_harness_file(path: Path) -> bool:
+    return path.name.endswith((HARNESS_SUFFIX, HARNESS_SUFFIX[:-5] + ".yml"))
+
+
+class _Copy:
+    """Builds a merged :class:`LoadedYaml`: each value placed in it records where it came from."""
+
+    def __init__(self, file: str):
+        self.out = LoadedYaml(file, None)
+
+    def place(self, source: LoadedYaml, src: Path_, dst: Path_) -> Any:
+        """The value of ``source`` at ``src``, copied to ``dst`` with the positions of its whole subtree."""
+        for table, target in ((source.values, self.out.values), (source.keys, self.out.keys),
+                              (source.styles, self.out.styles)):
+            for path, value in table.items():
+                if path[:len(src)] == src:
+                    target[dst + path[len(src):]] = value
+        for path in list(source.values):
+            if path[:len(src)] == src:
+                moved = dst + path[len(src):]
+                file = source.origins.get(path, source.file)
+                if file != self.out.file:
+                    self.out.origins[moved] = file
+                else:
+                    self.out.origins.pop(moved, None)
+        for path, label in source.defaults.items():
+            if path[:len(src)] == src:
+                self.out.defaults[dst + path[len(src):]] = label
+        return _copy(_at(source.data, src))
+
+    def mark(self, source: LoadedYaml, src: Path_, dst: Path_) -> None:
+        """Record the position of the node at ``src`` (not its subtree) for ``dst``."""
+        if src in source.values:
+            self.out.values[dst] = source.values[src]
+            file = source.origins.get(src, source.file)
+            if file != self.out.file:
+                self.out.origins[dst] = file
+        if src in source.keys:
+            self.out.keys[dst] = source.keys[src]
+        if src in source.defaults:
+            self.out.defaults[dst] = source.defaults[src]
+
+
+def _at(data: Any, path: Path_) -> Any:
+    for part in path:
+        data = data[part]
+    return data
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+class _Merge:
+    """``over`` merged onto ``base`` into a fresh :class:`LoadedYaml` named after ``over``'s file."""
+
+    def __init__(self, base: LoadedYaml, over: LoadedYaml):
+        self.base, self.over = base, over
+        self.copy = _Copy(over.file)
+        self.problems: list[Diagnostic] = []
+
+    def run(self) -> tuple[LoadedYaml, list[Diagnostic]]:
+        self.copy.out.data = self.node((), (), ())
+        return self.copy.out, self.problems
+
+    def node(self, b: Path_ | None, o: Path_ | None, dst: Path_) -> Any:
+        if o is None:
+            return self.copy.place(self.base, b, dst)
+        over = _at(self.over.data, o)
+        base = _at(self.base.data, b) if b is not None else None
+        if isinstance(base, dict) and isinstance(over, dict):
+            self.copy.mark(self.over, o, dst)
+            return {k: self.node(b + (k,) if k in base else None, o + (k,) if k in over else None, dst + (k,))
+                    for k in [*base, *(k for k in over if k not in base)]}
+        if dst == ("buffers",) and isinstance(base, list) and isinstance(over, list):
+            self.copy.mark(self.over, o, dst)
+            return self.buffers(b, o, base, over)
+        return self.copy.place(self.over, o, dst)
+
+    def buffers(self, b: Path_, o: Path_, base: list, over: list) -> list:
+        """Buffers merged by name: inherited ones in their order (merged, or dropped by ``remove: true``), then
+        the new ones in the file's order."""
+        named: dict[str, int] = {}
+        for j, e in enumerate(over):
+            name = e.get("name") if isinstance(e, dict) else None
+            if isinstance(name, str) and name in named:  # checked here: merging by name would hide it
+                self.problems.append(self.over.diagnostic(o + (j, "name"), f"buffer name {name!r} is already used "
+                                                          f"by buffers[{named[name]}]", code="semantic"))
+            elif isinstance(name, str):
+                named[name] = j
+        inherited = {e.get("name") for e in base if isinstance(e, dict)}
+        out: list = []
+        for i, entry in enumerate(base):
+            j = named.get(entry.get("name")) if isinstance(entry, dict) else None
+            if j is None:
+                out.append(self.copy.place(self.base, b + (i,), ("buffers", len(out))))
+            elif not self.removed(o + (j,), over[j]):
+                out.append(self.entry(b + (i,), o + (j,), ("buffers", len(out))))
+        for j, entry in enumerate(over):
+            if isinstance(entry, dict) and entry.get("name") in inherited:
+                continue
+            if isinstance(entry, dict) and "remove" in entry:
+                self.problems.append(self.over.diagnostic(
+                    o + (j, "remove"), f"no inherited buffer named {shown(entry.get('name'))} to remove",
+                    hint="remove: true drops a buffer the spec would inherit (from its parent or its attention "
+                         "style); inherited here: " + (", ".join(sorted(map(str, inherited))) or "none"),
+                    code="extends", key=True))
+                continue
+            out.append(self.copy.place(self.over, o + (j,), ("buffers", len(out))))
+        return out
+
+    def removed(self, at: Path_, entry: dict) -> bool:
+        """Whether ``entry`` says ``remove: true`` (alone with its name, else a diagnostic)."""
+        if "remove" not in entry:
+            return False
+        extra = sorted(set(entry) - {"name", "remove"})
+        if entry["remove"] is not True or extra:
+            self.problems.append(self.over.diagnostic(
+                at + ("remove",), "remove takes the value true and stands alone with the buffer's name"
+                + (f" (found also: {', '.join(extra)})" if extra else ""), code="extends", key=True))
+        return True
+
+    def entry(self, b: Path_, o: Path_, dst: Path_) -> dict:
+        """One buffer merged key by key; writing ``shape`` drops an inherited ``value`` and the other way round."""
+        base, over = _at(self.base.data, b), _at(self.over.data, o)
+        self.copy.mark(self.over, o, dst)
+        keys = [k for k in base if not (k in _EXCLUSIVE and k not in over and any(x in over for x in _EXCLUSIVE))]
+        return {k: self.node(b + (k,) if k in base else None, o + (k,) if k in over else None, dst + (k,))
+                for k in [*keys, *(k for k in over if k not in base)]}
+
+
+def merge(base: LoadedYaml, over: LoadedYaml) -> tuple[LoadedYaml, list[Diagnostic]]:
+    """``over`` merged onto ``base``; diagnostics for buffer removals that do not apply."""
+    return _Merge(base, over).run()
+
+
+def _synthetic(data: dict, anchor: LoadedYaml, at: Path_, label: str, root: Path_ = ()) -> LoadedYaml:
+    """``data`` placed at ``root`` as if written at ``anchor``'s position of ``at``, every value labelled as
+    supplied by ``label``."""
+    path, pos = anchor.locate(at)
+    file = anchor.origins.get(path, anchor.file)
+    out = LoadedYaml(anchor.file, _nest(root, _copy(data)))
+
+    def walk(value: Any, where: Path_) -> None:
+        out.values[where] = pos
+        if len(where) > len(root):
+            out.defaults[where] = label
+        if where:
+            out.keys[where] = pos
+        if file != anchor.file:
+            out.origins[where] = file
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, where + (k,))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, where + (i,))
+
+    walk(out.data, ())
+    return out
+
+
+def _not_provided(defaults: list[dict], written: list) -> list[dict]:
+    """The default buffers whose provider no written buffer of another name fills: a spec that writes its own
+    buffer for a provider (``target_sizes`` for ``grid``) replaces the default of that provider."""
+    taken = {(e.get("provider"), e.get("name")) for e in written if isinstance(e, dict)}
+    return [d for d in defaults if not any(p == d["provider"] and n != d["name"] for p, n in taken)]
+
+
+def _nest(root: Path_, data: dict) -> dict:
+    for key in reversed(root):
+        data = {key: data}
+    return data
+
+
+def language_defaults(spec: LoadedYaml) -> LoadedYaml | None:
+    """The spec language's defaults for ``spec`` (one that extends no other), as a LoadedYaml anchored at the line
+    that chose them; None when none apply."""
+    data = spec.data
+    attention = data.get("attention")
+    style = attention.get("style") if isinstance(attention, dict) else None
+    layers: list[LoadedYaml] = []
+    if isinstance(style, str) and style in cat.STYLE_DEFAULTS:
+        defaults = dict(cat.STYLE_DEFAULTS[style])
+        if "graph_scope" in data:
+            defaults.pop("buffers", None)
+        elif isinstance(data.get("buffers"), list):
+            defaults["buffers"] = _not_provided(defaults["buffers"], data["buffers"])
+        if defaults:
+            layers.append(_synthetic(defaults, spec, ("attention", "style"), f"the {style!r} style's default"))
+    if isinstance(data.get("tests"), dict):
+        layers.append(_synthetic(dict(cat.TESTS_DEFAULTS), spec, ("tests",), "the harness's default",
+                                 ("tests",)))
+    if not layers:
+        return None
+    result = layers[0]
+    for layer in layers[1:]:
+        result, _ = merge(result, layer)
+    return result
+
+
+Finder = Callable[[str, Path | None], Path | None]
+"""Where the spec a name refers to lives: ``(name, folder of the spec that names it)`` -> its file, or None."""
+
+
+class Resolver:
+    """Resolves spec files (each once): their parents, harness files and defaults. ``find`` locates a parent by
+    name; ``check`` tells whether a parent is valid (its diagnostics, a parent being checked alone)."""
+
+    def __init__(self, find: Finder, check: Callable[[LoadedYaml], list[Diagnostic]] | None = None):
+        self.find = find
+        self.check = check
+        self._done: dict[Path, tuple[LoadedYaml | None, list[Diagnostic]]] = {}
+
+    def resolve_file(self, path: Path, display: str | None = None) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        """The resolved spec of the file at ``path``, or None and the diagnostics that explain why not."""
+        return self._file(Path(path), display or str(path), ())
+
+    def resolve_text(self, text: str, file: str) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        loaded, problems = load_text(text, file)
+        if loaded is None:
+            return None, problems
+        return self._loaded(loaded, None, ())
+
+    def _file(self, path: Path, display: str, chain: tuple[Path, ...]) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        key = path.resolve()
+        if key in self._done:
+            return self._done[key]
+        loaded, problems = load_file(path, display)
+        if loaded is not None:
+            loaded, problems = self._harness(loaded, path)
+        if loaded is not None:
+            loaded, problems = self._loaded(loaded, path.parent, (*chain, key))
+        self._done[key] = (loaded, problems)
+        return loaded, problems
+
+    def _harness(self, loaded: LoadedYaml, path: Path) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        """``loaded`` with its ``NAME.tests.yaml`` as its ``tests`` mapping, when that file exists."""
+        sibling = harness_file(path)
+        if not sibling.is_file():
+            return loaded, []
+        display = str(Path(loaded.file).with_name(sibling.name))
+        harness, problems = load_file(sibling, display)
+        if harness is None:
+            return None, [_via(d, loaded.file) for d in problems]
+        if "tests" in loaded.data:
+            return None, [loaded.diagnostic(("tests",), f"the harness is written twice: here and in {display}",
+                                            hint="keep one: the tests section or the harness file",
+                                            code="extends", key=True)]
+        grafted = _Copy(loaded.file)
+        grafted.out.data = grafted.place(loaded, (), ())
+        tests = grafted.place(harness, (), ("tests",))
+        grafted.out.keys[("tests",)] = Position(1, 1)  # line 1 of the harness file, its origin
+        grafted.out.data["tests"] = tests
+        return grafted.out, []
+
+    def _loaded(self, loaded: LoadedYaml, folder: Path | None,
+                chain: tuple[Path, ...]) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        """``loaded`` on its parent (when it extends one) and the language's defaults, ``extends`` taken out."""
+        if "extends" in loaded.data:  # the parent holds the defaults already
+            parent, problems = self._parent(loaded, folder, chain)
+            if parent is None:
+                return None, problems
+            merged, problems = merge(parent, _without(loaded, "extends"))
+        else:
+            defaults = language_defaults(loaded)
+            merged, problems = merge(defaults, loaded) if defaults is not None else (loaded, [])
+        return (None, problems) if problems else (merged, [])
+
+    def _parent(self, loaded: LoadedYaml, folder: Path | None,
+                chain: tuple[Path, ...]) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        name = loaded.data["extends"]
+
+        def fail(message: str, hint: str | None = None) -> tuple[None, list[Diagnostic]]:
+            return None, [loaded.diagnostic(("extends",), message, hint=hint, code="extends")]
+
+        if not isinstance(name, str) or not name:
+            return fail(f"extends names one spec, not {shown(name)}", "write the parent spec's name: extends: qwen2_vl")
+        if "name" not in loaded.data:
+            return fail("a spec that extends another states its own name", f"add name: (not {name!r})")
+        path = self.find(name, folder)
+        if path is None:
+            return fail(f"no spec named {name!r} to extend",
+                        "a parent is NAME.yaml beside this file or in the spec folders (vitcg/specs, $VITCG_SPECS_DIR)")
+        key = path.resolve()
+        if key in chain:
+            names = " -> ".join(p.stem for p in (*chain, key)[list(chain).index(key):])
+            return fail(f"extends cycle: {names}", "a spec cannot inherit from itself")
+        if len(chain) >= MAX_CHAIN:
+            return fail(f"extends chain longer than {MAX_CHAIN} specs")
+        parent, problems = self._file(path, str(path), chain)
+        if parent is not None and self.check is not None:
+            problems = self.check(parent)
+        if parent is None or problems:
+            count = len(problems)
+            return fail(f"the parent spec {name!r} ({path}) does not validate ({count} error{'s' * (count != 1)})",
+                        f"vitcg validate {path} lists them; fix the parent first")
+        if parent.data.get("name") != name:
+            return fail(f"{path} is named {shown(parent.data.get('name'))}, not {name!r}",
+                        "a parent is found by its file name, which must be its spec name")
+        return parent, []
+
+
+def _without(loaded: LoadedYaml, key: str) -> LoadedYaml:
+    copy = _Copy(loaded.file)
+    copy.out.data = copy.place(loaded, (), ())
+    del copy.out.data[key]
+    return copy.out
+
+
+def _via(diagnostic: Diagnostic, spec_file: str) -> Diagnostic:
+    from dataclasses import replace
+    return diagnostic if diagnostic.file == spec_file else replace(diagnostic, via=spec_file)
+
+
+def folder_finder(folders: Sequence[Path]) -> Finder:
+    """A :data:`Finder` that looks beside the spec first, then in ``folders`` (later folders win, as in the
+    registry)."""
+    def find(name: str, near: Path | None) -> Path | None:
+        if not _plain_name(name):
+            return None
+        for folder in ([near] if near is not None else []) + list(reversed(list(folders))):
+            for suffix in (".yaml", ".yml"):
+                candidate = Path(folder) / f"{name}{suffix}"
+                if candidate.is_file():
+                    return candidate
+        return None
+    return find
+
+
+def _plain_name(name: str) -> bool:
+    """A spec name, never a path: no separators, no leading dot."""
+    return bool(name) and not name.startswith(".") and "/" not in name and "\\" not in name and len(name) <= 100
+
+
+def flattened(loaded: LoadedYaml) -> Mapping[str, Any]:
+    """The resolved spec as plain data, keys in the order a spec is written (``vitcg validate --resolved``)."""
+    return _copy(loaded.data)
