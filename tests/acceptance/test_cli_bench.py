@@ -1,5 +1,6 @@
 """``vitcg bench`` as a user runs it. On CPU it is a smoke run (tiny encoders, no timing claims): results
-are written per spec, a failing spec is reported and the others still run."""
+are written per spec, a failing spec is reported and the others still run. The first test runs the console
+entry point in a subprocess; the others call the same entry point in this process."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from pathlib import Path
 
 from helpers import REPO, vitcg
+from inprocess import vitcg_inprocess
 
 SMOKE = ("--device", "cpu", "--size", "tiny", "--dtype", "float32", "--iters", "1", "--warmup", "0", "--no-compile")
 
@@ -33,7 +35,7 @@ def test_bench_smoke_writes_every_spec(tmp_path: Path):
 def test_a_failing_spec_is_reported_and_the_others_still_run(tmp_path: Path):
     out = tmp_path / "bench.json"
     broken = REPO / "tests" / "specs" / "check_fails" / "wrong_tokens.yaml"
-    run = vitcg("bench", str(broken), "siglip", *SMOKE, "--workload", "1x224", "--json", str(out))
+    run = vitcg_inprocess("bench", str(broken), "siglip", *SMOKE, "--workload", "1x224", "--json", str(out))
     assert run.returncode == 1
     assert "Traceback" not in run.stdout + run.stderr
     assert "items.output_tokens" in run.stderr and "1 of 2 specs failed" in run.stderr
@@ -43,15 +45,15 @@ def test_a_failing_spec_is_reported_and_the_others_still_run(tmp_path: Path):
 
 
 def test_bench_usage_errors():
-    assert vitcg("bench", "qwen2_vl", "--workload", "1x999", *SMOKE).returncode == 2
-    assert vitcg("bench", "qwen2_vl", "--device", "cpu", "--iters", "0").returncode == 2
-    run = vitcg("bench", "qwen2_vl", "--budgets", "64,x", *SMOKE)
+    assert vitcg_inprocess("bench", "qwen2_vl", "--workload", "1x999", *SMOKE).returncode == 2
+    assert vitcg_inprocess("bench", "qwen2_vl", "--device", "cpu", "--iters", "0").returncode == 2
+    run = vitcg_inprocess("bench", "qwen2_vl", "--budgets", "64,x", *SMOKE)
     assert run.returncode == 2 and "--budgets must be comma-separated integers" in run.stderr
 
 
 def test_bench_budgets_replace_the_default_ladder(tmp_path: Path):
     out = tmp_path / "bench.json"
-    run = vitcg("bench", "siglip", *SMOKE, "--workload", "8x224", "--budgets", "16,64", "--json", str(out))
+    run = vitcg_inprocess("bench", "siglip", *SMOKE, "--workload", "8x224", "--budgets", "16,64", "--json", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     spec = json.loads(out.read_text())["specs"][0]
     assert spec["budgets"] == [16, 64]

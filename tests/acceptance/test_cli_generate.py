@@ -1,15 +1,16 @@
-"""``vitcg generate`` and ``vitcg compile-config`` driven like a user would: a subprocess, exit codes, output."""
+"""``vitcg generate`` and ``vitcg compile-config`` driven like a user would: exit codes, output. One test per
+command runs the console entry point in a subprocess; the others call the same entry point in this process."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, vitcg, vitcg_command
+from helpers import REPO, vitcg
+from inprocess import vitcg_inprocess
 
 
 def test_registry_of_the_repository_is_current():
@@ -41,12 +42,12 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def test_spec_change_without_regeneration_fails_the_check(project):
-    assert vitcg("generate", "--check", cwd=project).returncode == 0
+    assert vitcg_inprocess("generate", "--check", cwd=project).returncode == 0
     spec = own_spec(project)
     spec.write_text(spec.read_text().replace("display_name: Qwen2-VL\n", "display_name: Qwen2-VL (renamed)\n"))
     before = snapshot(project / "registry")
 
-    run = vitcg("generate", "--check", "--specs", "specs", cwd=project)
+    run = vitcg_inprocess("generate", "--check", "--specs", "specs", cwd=project)
     assert run.returncode == 1, run.stdout + run.stderr
     assert run.stdout.splitlines() == [
         "stale: registry/SUPPORTED_MODELS.md: differs",
@@ -55,23 +56,23 @@ def test_spec_change_without_regeneration_fails_the_check(project):
     ]
     assert snapshot(project / "registry") == before  # --check writes nothing
 
-    run = vitcg("generate", "--specs", "specs", cwd=project)
+    run = vitcg_inprocess("generate", "--specs", "specs", cwd=project)
     assert run.returncode == 0, run.stderr
     assert "wrote registry/SUPPORTED_MODELS.md (differs)" in run.stdout
     text = (project / "registry" / "SUPPORTED_MODELS.md").read_text()
     assert "Qwen2-VL (renamed)" in text and "[`specs/qwen2_vl.yaml`](../specs/qwen2_vl.yaml)" in text
-    assert vitcg("generate", "--check", "--specs", "specs", cwd=project).returncode == 0
+    assert vitcg_inprocess("generate", "--check", "--specs", "specs", cwd=project).returncode == 0
 
 
 def test_missing_and_extra_files_are_stale(project):
     (project / "registry" / "index.json").unlink()
     (project / "registry" / "OLD_LIST.md").write_text("<!-- generated from specs/ by vitcg — do not edit -->\n")
-    run = vitcg("generate", "--check", cwd=project)
+    run = vitcg_inprocess("generate", "--check", cwd=project)
     assert run.returncode == 1
     assert "stale: registry/OLD_LIST.md: not produced by any template" in run.stdout
     assert "stale: registry/index.json: missing" in run.stdout
 
-    run = vitcg("generate", cwd=project)
+    run = vitcg_inprocess("generate", cwd=project)
     assert run.returncode == 0
     assert "removed registry/OLD_LIST.md (not produced by any template)" in run.stdout
     assert not (project / "registry" / "OLD_LIST.md").exists()
@@ -81,7 +82,8 @@ def test_missing_and_extra_files_are_stale(project):
 def test_explicit_folders(tmp_path):
     """--specs adds a folder to the packaged specs; --templates replaces the packaged templates."""
     out = tmp_path / "out"
-    run = vitcg("generate", "--specs", "tests/specs/render/specs", "--templates", "vitcg/templates", "--out", str(out))
+    run = vitcg_inprocess("generate", "--specs", "tests/specs/render/specs", "--templates", "vitcg/templates",
+                          "--out", str(out))
     assert run.returncode == 0, run.stderr
     golden = json.loads((REPO / "tests" / "specs" / "render" / "golden" / "index.json.golden").read_text())["specs"]
     rendered = json.loads((out / "index.json").read_text())["specs"]
@@ -105,8 +107,7 @@ def test_later_folders_replace_earlier_specs_by_name(project):
              ((), env, "Qwen2-VL a"), (("--specs", "c"), env, "Qwen2-VL c")]
     for index, (args, environment, shown) in enumerate(cases):
         out = project / f"out{index}"
-        run = subprocess.run([*vitcg_command(), "generate", *args, "--out", str(out)], cwd=project,
-                             capture_output=True, text=True, env=environment or None, timeout=300)
+        run = vitcg_inprocess("generate", *args, "--out", str(out), cwd=project, env=environment or None)
         assert run.returncode == 0, (args, run.stderr)
         names = display_names(out)
         assert names["qwen2_vl"] == shown, (args, environment.get("VITCG_SPECS_DIR"))
@@ -114,11 +115,10 @@ def test_later_folders_replace_earlier_specs_by_name(project):
 
 
 def test_spec_folder_that_does_not_exist_is_a_usage_error(project):
-    run = vitcg("generate", "--check", "--specs", "nowhere", cwd=project)
+    run = vitcg_inprocess("generate", "--check", "--specs", "nowhere", cwd=project)
     assert run.returncode == 2 and run.stderr == "error: no such specs folder: nowhere\n"
     env = {**os.environ, "VITCG_SPECS_DIR": "nowhere"}
-    run = subprocess.run([*vitcg_command(), "generate", "--check"], cwd=project, capture_output=True, text=True,
-                         env=env, timeout=300)
+    run = vitcg_inprocess("generate", "--check", cwd=project, env=env)
     assert run.returncode == 2 and run.stderr == "error: $VITCG_SPECS_DIR names 'nowhere', which is not a folder\n"
 
 
@@ -126,7 +126,7 @@ def test_template_with_a_missing_field_fails_loudly(project):
     shutil.copytree(REPO / "vitcg" / "templates", project / "templates")
     (project / "templates" / "broken.md.j2").write_text(
         "<!-- {{ header }} -->\n{% for spec in specs %}{{ spec.docs.summary }}{% endfor %}\n")
-    run = vitcg("generate", "--check", "--templates", "templates", cwd=project)
+    run = vitcg_inprocess("generate", "--check", "--templates", "templates", cwd=project)
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
     first = sorted(p.stem for p in (REPO / "vitcg" / "specs").glob("*.yaml"))[0]  # specs render sorted by name
@@ -137,21 +137,21 @@ def test_template_with_a_missing_field_fails_loudly(project):
 def test_invalid_spec_is_reported_without_traceback(project):
     spec = own_spec(project)
     spec.write_text(spec.read_text().replace("max_model_len: 8192", "max_model_len: eight"))
-    run = vitcg("generate", "--check", "--specs", "specs", cwd=project)
+    run = vitcg_inprocess("generate", "--check", "--specs", "specs", cwd=project)
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
     assert "specs/qwen2_vl.yaml:" in run.stderr
 
 
 def test_missing_templates_folder_is_a_usage_error(project):
-    run = vitcg("generate", "--templates", "nowhere", cwd=project)
+    run = vitcg_inprocess("generate", "--templates", "nowhere", cwd=project)
     assert run.returncode == 2
     assert run.stderr == "error: no such templates folder: nowhere\n"
 
 
 @pytest.mark.parametrize("modality, items", [("image", 1), ("video", 1), ("image+video", 2)])
 def test_compile_config_per_modality(modality, items):
-    run = vitcg("compile-config", "--modality", modality)
+    run = vitcg_inprocess("compile-config", "--modality", modality)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == {"cudagraph_mm_encoder": True,
                                       "encoder_cudagraph_max_vision_items_per_batch": items}
@@ -177,7 +177,7 @@ def test_compile_config_merges_into_base():
      "error: encoder_cudagraph_max_vision_items_per_batch=2 exceeds the smallest token budget 1"),
 ])
 def test_compile_config_errors(args, message):
-    run = vitcg("compile-config", *args)
+    run = vitcg_inprocess("compile-config", *args)
     assert run.returncode == 2
     assert run.stdout == ""
     assert run.stderr.startswith(message), run.stderr

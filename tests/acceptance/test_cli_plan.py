@@ -1,5 +1,6 @@
 """``vitcg plan`` as a user runs it: a table and a compilation config that ``vitcg compile-config`` agrees
-with; bad input exits 2 with one line naming the option."""
+with; bad input exits 2 with one line naming the option. The first test runs the console entry point in a
+subprocess; the others call the same entry point in this process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, vitcg
+from inprocess import vitcg_inprocess
 
 
 def test_plan_prints_a_config_compile_config_accepts():
@@ -19,7 +21,7 @@ def test_plan_prints_a_config_compile_config_accepts():
     assert document["plan"]["expected_ms"] <= document["default"]["expected_ms"]
     assert document["default"]["budgets"] == [64, 128, 256, 512, 1024, 2048, 4096, 8192]
     config = document["compilation_config"]
-    check = vitcg("compile-config", "--modality", "image+video",
+    check = vitcg_inprocess("compile-config", "--modality", "image+video",
                   "--budgets", ",".join(map(str, config["encoder_cudagraph_token_budgets"])),
                   "--max-items", str(config["encoder_cudagraph_max_vision_items_per_batch"]),
                   "--max-frames", str(config["encoder_cudagraph_max_frames_per_batch"]))
@@ -31,7 +33,7 @@ def test_plan_for_requests_with_measured_costs(tmp_path: Path):
     requests = tmp_path / "requests.json"
     requests.write_text(json.dumps([{"images": [[224, 224]]}] * 3 + [{"images": [[480, 640], [448, 448]]}]))
     costs = REPO / "benchmarks" / "results-costs-2026-11-22-h100.json"
-    run = vitcg("plan", "qwen2_vl", "--requests", str(requests), "--request", "224x224", "--costs", str(costs),
+    run = vitcg_inprocess("plan", "qwen2_vl", "--requests", str(requests), "--request", "224x224", "--costs", str(costs),
                 "--memory-cap-mib", "200")
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout
@@ -50,7 +52,7 @@ def test_plan_for_requests_with_measured_costs(tmp_path: Path):
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be a positive integer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
-    run = vitcg("plan", "qwen2_vl", *args)
+    run = vitcg_inprocess("plan", "qwen2_vl", *args)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "Traceback" not in run.stderr
     lines = run.stderr.strip().splitlines()
@@ -58,5 +60,5 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
 
 
 def test_plan_is_in_the_help():
-    run = vitcg("--help")
+    run = vitcg_inprocess("--help")
     assert run.returncode == 0 and "plan" in run.stdout

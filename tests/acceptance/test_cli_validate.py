@@ -1,4 +1,5 @@
-"""``vitcg validate`` and ``vitcg schema`` driven like a user would: a subprocess, exit codes, output."""
+"""``vitcg validate`` and ``vitcg schema`` driven like a user would: exit codes, output. One test per command
+runs the real console entry point in a subprocess; the others call the same entry point in this process."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import jsonschema
 import pytest
 import yaml
 from helpers import REPO, vitcg
+from inprocess import vitcg_inprocess
 
 INVALID = REPO / "tests" / "specs" / "invalid"
 
@@ -24,7 +26,7 @@ def test_validate_default_folder_is_all_valid():
 
 @pytest.fixture(scope="module")
 def invalid_run() -> subprocess.CompletedProcess:
-    return vitcg("validate", str(INVALID))
+    return vitcg_inprocess("validate", str(INVALID))
 
 
 def test_validate_invalid_folder_reports_every_file(invalid_run):
@@ -52,14 +54,14 @@ def test_each_invalid_case_is_one_line_with_location(case, invalid_run):
 
 
 def test_single_file_exit_status():
-    run = vitcg("validate", str(INVALID / "bad_enum_style.yaml"))
+    run = vitcg_inprocess("validate", str(INVALID / "bad_enum_style.yaml"))
     assert run.returncode == 1
     assert run.stdout.splitlines()[0].startswith(f"{INVALID / 'bad_enum_style.yaml'}:25:10: $.attention.style: ")
     assert run.stdout.splitlines()[1] == "    hint: did you mean 'packed'?"
 
 
 def test_json_output_is_machine_readable():
-    run = vitcg("validate", "--json", str(INVALID / "formula_unknown_name.yaml"))
+    run = vitcg_inprocess("validate", "--json", str(INVALID / "formula_unknown_name.yaml"))
     assert run.returncode == 1
     document = json.loads(run.stdout)
     assert document["ok"] is False
@@ -70,27 +72,27 @@ def test_json_output_is_machine_readable():
 
 
 def test_missing_path_is_a_usage_error():
-    run = vitcg("validate", "does/not/exist")
+    run = vitcg_inprocess("validate", "does/not/exist")
     assert run.returncode == 2
     assert "no such file or folder: does/not/exist" in run.stderr
     assert "Traceback" not in run.stderr
 
 
 def test_folder_without_specs_is_a_usage_error(tmp_path):
-    run = vitcg("validate", str(tmp_path))
+    run = vitcg_inprocess("validate", str(tmp_path))
     assert run.returncode == 2
     assert "no spec files" in run.stderr
 
 
 def test_unknown_option_is_a_usage_error():
-    assert vitcg("validate", "--frobnicate").returncode == 2
+    assert vitcg_inprocess("validate", "--frobnicate").returncode == 2
 
 
 def test_duplicate_names_across_files(tmp_path):
     text = (REPO / "vitcg" / "specs" / "qwen2_vl.yaml").read_text()
     (tmp_path / "a.yaml").write_text(text)
     (tmp_path / "b.yaml").write_text(text)
-    run = vitcg("validate", str(tmp_path))
+    run = vitcg_inprocess("validate", str(tmp_path))
     assert run.returncode == 1
     assert f"{tmp_path / 'b.yaml'}:2:7: $.name: spec name 'qwen2_vl' is already used by {tmp_path / 'a.yaml'}:2" in run.stdout
 
@@ -106,12 +108,12 @@ def test_schema_command_prints_the_shipped_schema_and_specs_satisfy_it(tmp_path)
         assert path.read_text().startswith("# yaml-language-server: $schema=../lang/schema.json\n")
         assert (path.parent / "../lang/schema.json").resolve() == REPO / "vitcg" / "lang" / "schema.json"
     out = tmp_path / "schema.json"
-    assert vitcg("schema", "--output", str(out)).returncode == 0
+    assert vitcg_inprocess("schema", "--output", str(out)).returncode == 0
     assert json.loads(out.read_text()) == schema
 
 
 def test_help_lists_commands():
-    run = vitcg("--help")
+    run = vitcg_inprocess("--help")
     assert run.returncode == 0
     for command in ("validate", "schema"):
         assert command in run.stdout
