@@ -9,6 +9,7 @@ import ast
 import json
 import pathlib
 
+import jsonschema
 import pytest
 
 from vitcg.lang import catalogue as cat
@@ -72,6 +73,30 @@ def test_generated_vocabulary_page_lists_every_record():
     page = (REPO / "registry" / "VOCABULARY.md").read_text()
     for name in [*cat.STYLES, *cat.PROVIDERS, *cat.PADDINGS]:
         assert f"| `{name}` |" in page, name
+
+
+@pytest.mark.parametrize("style", list(cat.STYLES))
+def test_style_defaults_are_valid_spec_parts_and_listed_on_the_page(style):
+    """The defaults are spec text like any other: each buffer passes the schema's buffer entry and names a provider
+    and a padding that the style allows; every formula parses over the names a spec of the style can define."""
+    from vitcg.lang import schema
+    from vitcg.lang.formulas import parse
+
+    defaults = cat.STYLE_DEFAULTS[style]
+    entry = {**schema()["properties"]["buffers"]["items"], "$defs": schema()["$defs"]}
+    page = (REPO / "registry" / "VOCABULARY.md").read_text()
+    for buffer in defaults["buffers"]:
+        jsonschema.Draft202012Validator(entry).validate(buffer)
+        provider = cat.PROVIDERS[buffer["provider"]]
+        assert style in provider.styles and buffer["padding"] in provider.paddings, buffer
+        assert f"`{buffer['name']}`: `{buffer['provider']}`" in page
+    names = [*cat.STYLES[style].item_names, *cat.LIMIT_NAMES, *cat.BUFFER_NAMES, "spatial_merge_size", "patch_size",
+             "in_channels", "temporal_patch_size", "tokens_per_tile", "image_size", "window_size"]
+    for value in [*defaults["items"].values(), *defaults["budget"].values()]:
+        parse(value, names)
+    assert {"items", "budget", "buffers"} == set(defaults)
+    for key, value in cat.TESTS_DEFAULTS.items():
+        assert f"`{key}: {value}`" in page
 
 
 def test_supported_models_labels_come_from_the_style_records():
