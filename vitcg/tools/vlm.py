@@ -210,7 +210,8 @@ def _prompt(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]]) ->
         value = token(field)
         if isinstance(vocabulary, int) and not 0 <= value < vocabulary:
             # the embedding lookup would fail deep in the model with "IndexError: index out of range in self"
-            raise VitcgError(f"tests.vlm.placeholder: the prompt's token {field} = {value} is outside the tiny "
+            raise VitcgError(f"tests.vlm.placeholder: the prompt's token {field} = {value} (around each image) is "
+                             f"outside the tiny "
                              f"language model's vocabulary (text_config.vocab_size {vocabulary}): set "
                              f"tests.vlm.config.text_config.vocab_size above {value}, or the token fields in "
                              "tests.vlm.config")
@@ -220,7 +221,8 @@ def _prompt(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]]) ->
     for placeholder, rows, kind in groups:
         opening = [in_vocabulary(f) for f in placeholder.before]
         closing = [in_vocabulary(f) for f in placeholder.after]
-        ids += opening + [in_vocabulary(placeholder.token)] * rows + closing
+        # the placeholder itself may lie past the text vocabulary: VLMs swap it out before the embedding lookup
+        ids += opening + [token(placeholder.token)] * rows + closing
         types += [0] * len(opening) + [kind] * rows + [0] * len(closing)
     return torch.tensor([[*ids, 4, 5]]), torch.tensor([[*types, 0, 0]])
 
