@@ -288,9 +288,13 @@ def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> 
     found.add(bind.architectures_exist(loaded, spec, bindings))
     if found.diagnostics:
         return
+    found.add(bind.vlm_modalities_covered(loaded, spec, bindings))
     snapshots = found.take(bind.config_snapshots(loaded, spec, bindings))
     if found.diagnostics:
         return
+    found.add(bind.tiny_layers_present(loaded, snapshots))  # vacuous tiny configs: checks that skip the code
+    found.add(bind.tiny_layer_indexes_in_depth(loaded, snapshots))
+    found.add(bind.tiny_feature_layers_in_depth(loaded, spec, snapshots))
     geometry = found.take(bind.evaluate_geometry(loaded, spec, snapshots))
     if geometry is None:
         return

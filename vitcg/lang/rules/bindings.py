@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -271,3 +272,178 @@ def resources_bounded(loaded: LoadedYaml, spec: Spec,
                         f"{cat.MAX_BUFFER_ELEMENTS:,} (2**30)",
                         hint="lower budget.max, or the buffer shapes that grow with it")
             return
+
+
+# Vacuous tiny configs: `vitcg check` compares the graphs with eager calls of the tiny tower; a tiny config that
+# skips the code under test makes those comparisons equal whatever the spec says (issue 26, item 4).
+DEPTH_FIELDS = ("num_hidden_layers", "depth", "num_layers", "num_global_layers")
+"""Config fields counting the layers of a stack: zero of them skips the stack."""
+TOWER_DEPTH_FIELDS = DEPTH_FIELDS[:3]
+"""The fields, in order, that give the depth of a tower's main stack (what layer indexes count)."""
+LAYER_INDEX_FIELDS = {
+    "deepstack_visual_indexes": "the deepstack merger of that layer",
+    "fullatt_block_indexes": "full attention of that block (between windowed blocks)",
+    "global_attn_indexes": "global attention of that layer (between windowed layers)",
+    "intermediate_layers_indices": "the intermediate feature of that layer",
+}
+"""Config fields listing layers that take an extra path, and what that path is: indexes in ``0..depth-1``."""
+HIDDEN_STATE_FIELDS = ("vision_feature_layer", "feature_layer")
+"""Config fields and call arguments selecting hidden states (``depth + 1`` of them: the embeddings' then each
+layer's output), as ``output_hidden_states`` and ``hidden_states[k]`` outputs do."""
+NOT_TOWER_CONFIGS = ("text_config", "audio_config")
+"""Sub-configs of a VLM config that build no part of the vision tower."""
+_HIDDEN_STATE_OUTPUT = re.compile(r"^hidden_states\[(-?[0-9]+)\]$")
+_TINY = ("tests", "tiny_config")
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tower_tables(snapshot: Mapping[str, Any]) -> Iterator[tuple[tuple[str, ...], Mapping[str, Any]]]:
+    """``(path, table)`` of each config table that builds part of the tower: the config itself (unless it is a VLM
+    config with a vision_config, whose own depth is the text model's) and its sub-configs but text and audio."""
+    if not isinstance(snapshot.get("vision_config"), Mapping):
+        yield (), snapshot
+    for key, value in snapshot.items():
+        if isinstance(value, Mapping) and key not in NOT_TOWER_CONFIGS:
+            yield (key,), value
+
+
+def _depth(snapshot: Mapping[str, Any], path: tuple[str, ...]) -> tuple[tuple[str, ...], int] | None:
+    """``(field path, layers)`` of the main stack of the table at ``path`` (a VLM config: of its vision_config)."""
+    table: Any = snapshot
+    for key in path:
+        table = table.get(key) if isinstance(table, Mapping) else None
+    if path == () and isinstance(snapshot.get("vision_config"), Mapping):
+        path, table = ("vision_config",), snapshot["vision_config"]
+    for name in TOWER_DEPTH_FIELDS:
+        if isinstance(table, Mapping) and _int(table.get(name)):
+            return (*path, name), table[name]
+    return None
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def tiny_layers_present(loaded: LoadedYaml, snapshots: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
+    """Every layer stack of the tiny tower has at least one layer: a zero-layer tower makes every comparison equal
+    whatever the spec computes."""
+    for path, table in _tower_tables(snapshots["tiny_config"]):
+        for name in DEPTH_FIELDS:
+            value = table.get(name)
+            if _int(value) and value <= 0:
+                where = (*path, name)
+                yield error(loaded, (*_TINY, *where), f"the tiny config builds {_dotted(where)} = {value} layers: "
+                            "the tiny checks would compare outputs that skip every layer under test",
+                            hint=f"set tests.tiny_config.{_dotted(where)} to 1 or more")
+
+
+def tiny_layer_indexes_in_depth(loaded: LoadedYaml,
+                                snapshots: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
+    """Layer indexes of the tiny config (deepstack, full-attention, global-attention and intermediate layers) name
+    layers of the tiny tower, and keep at least one where the default config has some: otherwise the path they
+    select never runs in the tiny checks."""
+    tiny, defaults = snapshots["tiny_config"], snapshots["defaults"]
+    for path, table in _tower_tables(tiny):
+        depth = _depth(tiny, path)
+        for name, what in LAYER_INDEX_FIELDS.items():
+            indexes = table.get(name)
+            if depth is None or depth[1] <= 0 or not isinstance(indexes, list) or not all(_int(i) for i in indexes):
+                continue  # no depth to count in, or none at all (tiny_layers_present says so)
+            where, (depth_path, layers) = (*path, name), depth
+            default = _value_at(defaults, where)
+            if not indexes and isinstance(default, list) and default:
+                yield error(loaded, (*_TINY, *where), f"the tiny config sets {_dotted(where)} to [] where the "
+                            f"model has {default}: {what} never runs in the tiny checks",
+                            hint=f"list at least one layer within 0..{layers - 1}")
+            outside = [i for i in indexes if not 0 <= i < layers]
+            if outside:
+                yield error(loaded, (*_TINY, *where), f"the tiny config's {_dotted(where)} = {indexes} names "
+                            f"layers {outside} of a tower with {_dotted(depth_path)} = {layers}: {what} never runs "
+                            "in the tiny checks",
+                            hint=f"set tests.tiny_config.{_dotted(depth_path)} to {max(outside) + 1} or more, or "
+                            f"{_dotted(where)} to layers within 0..{layers - 1}")
+
+
+def _value_at(snapshot: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = snapshot
+    for key in path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node
+
+
+def _hidden_state_selectors(spec: Spec, tiny: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...], Any]]:
+    """``(what, depth table path, index or indexes)`` of each hidden-state selection: config fields, the encoder
+    call's arguments and ``hidden_states[k]`` outputs (the last two select from the tower's own depth)."""
+    for path, table in {(): tiny, **dict(_tower_tables(tiny))}.items():
+        for name in HIDDEN_STATE_FIELDS:
+            if name in table:
+                yield f"the tiny config's {_dotted((*path, name))}", path, table[name]
+    for name in (*HIDDEN_STATE_FIELDS, "output_hidden_states"):
+        if name in spec.encoder.call_kwargs:
+            yield f"encoder.call_kwargs.{name}", (), thaw(spec.encoder.call_kwargs[name])
+    for i, output in enumerate(spec.encoder.outputs):
+        found = _HIDDEN_STATE_OUTPUT.match(output)
+        if found:
+            yield f"encoder.outputs[{i}] ({output})", (), int(found.group(1))
+
+
+def tiny_feature_layers_in_depth(loaded: LoadedYaml, spec: Spec,
+                                 snapshots: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
+    """Hidden states selected as features (``vision_feature_layer``, ``output_hidden_states`` indexes,
+    ``hidden_states[k]`` outputs) are the output of a layer of the tiny tower: not past its depth, and not the
+    embeddings' output (index 0), which no layer computes."""
+    tiny = snapshots["tiny_config"]
+    for what, path, selection in _hidden_state_selectors(spec, tiny):
+        depth = _depth(tiny, path)
+        indexes = selection if isinstance(selection, list) else [selection]
+        if depth is None or depth[1] <= 0 or not indexes or not all(_int(i) for i in indexes):
+            continue  # a flag (output_hidden_states: true), a strategy name, an unknown or a zero depth
+        depth_path, layers = depth
+        for index in indexes:
+            position = index if index >= 0 else layers + 1 + index
+            if 0 < position <= layers:
+                continue
+            state = ("the embeddings' output, before every layer" if position == 0
+                     else f"past the {layers + 1} hidden states (the embeddings' and {layers} layers')")
+            hint = (f"select a layer's output: 1..{layers} or -1..-{layers}" if index == 0 else
+                    f"set tests.tiny_config.{_dotted(depth_path)} to {abs(index)} or more")
+            yield error(loaded, (*_TINY, *depth_path), f"{what} selects hidden state {index}: {state} of the tiny "
+                        f"tower ({_dotted(depth_path)} = {layers}), so the tiny checks skip the layers the features "
+                        "come from", hint=hint)
+            break
+
+
+MODALITY_CALLS = {"image": "get_image_features", "video": "get_video_features"}
+"""The VLM method that runs each modality through the tower: a VLM with it has that modality."""
+
+
+def vlm_modalities_covered(loaded: LoadedYaml, spec: Spec, bindings: Bindings) -> Iterator[Diagnostic]:
+    """Each modality the VLM has (a ``get_image_features`` / ``get_video_features`` method) is a modality of the
+    spec, or ``tests.vlm.omits`` says why not: no check runs a modality the spec leaves out. A reason for a modality
+    the spec declares contradicts it. A spec without ``tests.vlm`` is not asked: ``vitcg check`` already refuses it
+    as unproven until it describes (or skips, saying why) the end-to-end stage, whose section holds the reason."""
+    vlm = loaded.data["tests"].get("vlm")
+    if vlm is None:
+        return
+    omits = vlm.get("omits") or {}
+    declared = {m.name for m in spec.modalities}
+    for name in omits:
+        if name in declared:
+            yield error(loaded, ("tests", "vlm", "omits", name), f"tests.vlm.omits gives a reason to leave out "
+                        f"{name}, but the spec declares modalities.{name}", key=True,
+                        hint=f"remove tests.vlm.omits.{name}")
+    named = [vlm["architecture"]] if vlm.get("architecture") else list(spec.architectures)
+    encoder = spec.encoder.class_path.rsplit(".", 1)[1]
+    found = next((n for n in named if n != encoder and bindings.check_class(f"transformers.{n}")["ok"]), None)
+    if found is None:
+        return  # a standalone vision model, or architectures_exist said what is missing
+    for name, method in MODALITY_CALLS.items():
+        if name in declared or name in omits or not bindings.check_method(f"transformers.{found}", method)["ok"]:
+            continue
+        yield error(loaded, ("modalities",), f"{found} has {method}, but the spec has no {name} modality: no "
+                    f"check runs the VLM's {name}s", key=True,
+                    hint=f"add modalities.{name}, or say why it is left out: tests.vlm.omits: "
+                    f"{{{name}: \"the reason\"}}")
