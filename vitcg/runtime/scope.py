@@ -164,8 +164,8 @@ class Scope:
             default = param.default if param is not None else inspect.Parameter.empty
             if not isinstance(value, torch.Tensor) and default is not inspect.Parameter.empty and value == default:
                 continue
-            raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes {name}={type(value).__name__}, which no "
-                             "buffer carries (the graph would silently ignore it); add a scope_arg buffer for it")
+            raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes {name}={_described(value)}, which no "
+                                   f"buffer carries (the graph would silently ignore it); {_carry(name, value)}")
         values = {}
         for buffer in self.spec.buffers:
             value = arguments.get(buffer.arg)
@@ -176,6 +176,10 @@ class Scope:
                     raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes no {buffer.arg!r}, but the graph was "
                                      "captured with one; only a mask (padding: ones) may be absent")
                 values[buffer.name] = EMPTY  # no mask: attend to everything
+            elif not isinstance(value, torch.Tensor):
+                raise SpecRuntimeError(f"{self.spec.name}: buffer {buffer.name!r} (arg: {buffer.arg}) expects a tensor, "
+                                       f"but the scoped call passes {buffer.arg}={_described(value)}; "
+                                       f"{_carry(buffer.arg, value)}")
             else:
                 values[buffer.name] = value.movedim(buffer.rows_dim, 0) if buffer.rows_dim else value
         return values
@@ -243,6 +247,23 @@ def _last_layer_only(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return len(value) == 1 and _last_layer_only(value[0])
     return not isinstance(value, bool) and value == -1
+
+
+def _described(value: Any) -> str:
+    """A call argument for a message: its type, and its length when it is a list or tuple."""
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)} elements"
+    return type(value).__name__
+
+
+def _carry(name: str, value: Any) -> str:
+    """What the spec needs to carry argument ``name`` into the graph: one scope_arg buffer per element of a list
+    or tuple (``arg: NAME.0`` ...), else one buffer."""
+    if isinstance(value, (list, tuple)) and value:
+        last = len(value) - 1
+        each = f"arg: {name}.0" if not last else f"arg: {name}.0 ... {name}.{last}"
+        return f"add one scope_arg buffer per element ({each})"
+    return f"add a scope_arg buffer for it (arg: {name})"
 
 
 def _same(a: Any, b: Any) -> bool:
