@@ -22,6 +22,11 @@ that belong to each item (a CPU integer tensor, one entry per item; the backend 
 it). The backend puts it in every multimodal call, the encoder graph manager's included. It is bookkeeping,
 never an encoder input: the reader accepts it, checks it against the items, and keeps it out of encoder calls."""
 
+INDEX_DTYPES = (torch.int64, torch.int32)
+"""The integer dtypes of counts, item values and index inputs: int64 (what processors return) and int32, the two that
+torch's indexing, ``embedding`` and ``repeat_interleave`` take. int8, uint8 and int16 grids passed a plain "is it an
+integer" check and failed inside transformers on 7 specs."""
+
 ItemSpec = Callable[..., EncoderItemSpec]
 """The item spec of one count row (a grid row or a tile count) of a modality, its non-padding rows (None
 without ``items.valid``) and its item-role values (None: the ``per_item`` defaults): the adapter's, cached."""
@@ -139,6 +144,31 @@ def item_indices(indices: Any) -> list[int]:
     return out
 
 
+def role_dtypes(spec: Spec) -> dict[str, str]:
+    """The dtype declared for each extra input role: ``model`` (the encoder's floating dtype), ``float32``, ``int64``,
+    ``int32`` or ``bool``. A buffer's ``params: {role, dtype}`` says it; for a role no buffer holds (a graph scope's
+    inputs reach the model's own prologue only), the dtype of the spec's example input (``tests.inputs``), which
+    ``vitcg check`` proves the model takes. A role neither declares is absent."""
+    examples = getattr(getattr(spec, "tests", None), "inputs", None) or {}
+    declared = {role: example.dtype for role, example in examples.items() if isinstance(example.dtype, str)}
+    declared.update({b.params["role"]: b.params["dtype"] for b in spec.buffers
+                     if isinstance(b.params.get("role"), str) and isinstance(b.params.get("dtype"), str)})
+    return declared
+
+
+def dtype_problem(dtype: torch.dtype, declared: str) -> str | None:
+    """What ``dtype`` lacks to be given where a buffer declares ``declared`` (None: nothing): a floating role takes
+    any floating dtype (the eager call casts it to the encoder's), an index role int64 or int32 (an ``embedding``
+    or an index refuses the rest), a mask role bool (``torch.where`` refuses the rest)."""
+    if declared == "bool":
+        return None if dtype == torch.bool else "expected torch.bool (a mask)"
+    if declared in ("int64", "int32"):
+        return None if dtype in INDEX_DTYPES else "expected torch.int64 or torch.int32 (indices)"
+    if not dtype.is_floating_point:
+        return "expected a floating dtype"
+    return None
+
+
 def _shape(dims: tuple) -> str:
     return "(" + ", ".join("*" if d is None else str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
 
@@ -148,9 +178,12 @@ class InputReader:
 
     Every protocol entry point of the adapter reads its kwargs here, so a bad input fails once, before any
     tensor work, with an InputError naming the key, what the spec expects and what was given: tensors
-    where tensors go, pixels floating on the encoder's device with the row shape of the pixel buffer, counts
-    of an integer dtype holding positive entries (grid heights and widths multiples of the merge size when
-    the spec defines one), as many pixel rows as the items' ``input_size`` adds up to, and no unknown keys
+    where tensors go, pixels floating on the encoder's device with the row shape of the pixel buffer (and no
+    dimension of size 0), counts of int64 or int32 holding positive entries (grid heights and widths multiples
+    of the merge size when the spec defines one), item values (``per_item``) of int64 or int32 and not negative,
+    extra inputs of the kind their declared dtype names (:func:`role_dtypes`; index inputs not negative), padding
+    of ``items.valid`` in one trailing block of each row and in whole output tokens, as many pixel rows as the
+    items' ``input_size`` adds up to, and no unknown keys
     (None values are ignored; vLLM's Transformers backend's rows per item, :data:`BACKEND_ROW_KEYS`, are known
     and must match the items)."""
 
@@ -163,6 +196,8 @@ class InputReader:
         """The backend's bookkeeping keys by modality (a spec that declares one of them as an input reads it as
         that input instead)."""
         self.pixel_row = pixel_row(spec, geometry)
+        self.geometry = dict(geometry)
+        self.role_dtypes = role_dtypes(spec)
         self.merge = geometry.get(MERGE_NAME)
         self.merged = spec.attention_style.merged if self.merge else ()
         """Item names that must be multiples of :attr:`merge`: only where the spec defines a merge size."""
@@ -220,6 +255,7 @@ class InputReader:
             item_values = None
             if item_inputs:
                 columns = {role: value.tolist() for role, value in item_inputs.items()}  # one host read
+                self._check_signs(modality, columns)
                 item_values = tuple(tuple((role, columns[role][i]) for role in item_inputs)
                                     for i in range(counts_cpu.shape[0]))
             valid = self._check_items(modality, counts_cpu, pixels, self._valid_rows(extras), item_values)
@@ -301,6 +337,9 @@ class InputReader:
                 pixels.ndim != len(row) + 1 or any(d is not None and d != n for d, n in zip(row, pixels.shape[1:]))):
             expected = _shape(("rows", *row)) if row is not None else "at least one dimension (rows)"
             raise self._error(key, f"expected shape {expected}, got {_shape(tuple(pixels.shape))}")
+        if 0 in pixels.shape[1:]:  # a row without values: the encoder's first matmul or reshape fails on it
+            raise self._error(key, f"expected rows with values (no dimension after the first of size 0), got shape "
+                                   f"{_shape(tuple(pixels.shape))}")
 
     def _counts(self, modality: Modality, mm_kwargs: Mapping[str, Any], pixels: torch.Tensor
                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -320,8 +359,8 @@ class InputReader:
             named = f" ({', '.join(modality.grid_columns)})" if style.segmented else ""
             raise InputError(f"{self.spec.name}: {key!r} must have shape {style.count_shape(columns)}{named}, "
                              f"got {tuple(counts.shape)}")
-        if counts.is_floating_point() or counts.is_complex() or counts.dtype == torch.bool:
-            raise self._error(key, f"expected an integer dtype, got {counts.dtype}")
+        if counts.dtype not in INDEX_DTYPES:
+            raise self._error(key, f"expected an integer dtype (torch.int64 or torch.int32), got {counts.dtype}")
         counts_cpu = counts.detach().to("cpu", torch.int64)
         if style.segmented and modality.grid_columns != GRID_COLUMNS:  # full (t, h, w) rows for the formulas
             full = [modality.item_row(row) for row in counts_cpu.tolist()]
@@ -335,21 +374,55 @@ class InputReader:
         if value.ndim == 0 or value.shape[0] != pixels.shape[0]:
             raise InputError(f"{self.spec.name}: {key!r} has {value.shape[0] if value.ndim else 'no'} rows on dim "
                              f"0, {modality.pixels_key!r} has {pixels.shape[0]}; they must align")
+        declared = self.role_dtypes.get(role)
+        problem = dtype_problem(value.dtype, declared) if declared else None
+        if problem:
+            raise self._error(key, f"{problem}, got {value.dtype}")
+        if declared in ("int64", "int32"):
+            self._check_indices(key, role, value)
         return value
+
+    def _check_indices(self, key: str, role: str, value: torch.Tensor) -> None:
+        """An index input (token ids, aspect ratio ids, patch positions) holds no negative value: an ``embedding``
+        raises IndexError on one eagerly, and on a GPU a graph replay would hit a device-side assert instead. The
+        ``items.valid`` role's padding patches (every field equal to ``items.valid.padding``) are the exception.
+        One host read."""
+        negative = value < 0
+        if self.spec.valid is not None and role == self.spec.valid.role and value.ndim >= 2:
+            patches = value.reshape(value.shape[0], value.shape[1], -1)
+            padding = (patches == self.spec.valid.padding).all(dim=-1)
+            negative = negative.reshape(patches.shape) & ~padding.unsqueeze(-1)
+        if bool(negative.any()):
+            first = negative.reshape(value.shape[0], -1).any(dim=-1).nonzero()[0, 0].item()
+            allowed = (f" (a padding patch is {self.spec.valid.padding} in every field)"
+                       if self.spec.valid is not None and role == self.spec.valid.role else "")
+            raise self._error(key, f"row {first}: expected indices of 0 or more{allowed}, got "
+                                   f"{value[first].min().item()}")
 
     def _per_item(self, modality: Modality, role: str, value: Any, counts_cpu: torch.Tensor) -> torch.Tensor:
         """An item-aligned input (``per_item``): an integer tensor of shape ``(items,)``."""
         key = modality.inputs[role]
         value = self._tensor(key, value)
         self._check_device(key, value)
-        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-            raise self._error(key, f"expected an integer dtype (one value per item, per_item), got {value.dtype}")
+        if value.dtype not in INDEX_DTYPES:
+            raise self._error(key, f"expected an integer dtype (torch.int64 or torch.int32; one value per item, "
+                                   f"per_item), got {value.dtype}")
         items = counts_cpu.shape[0]
         if tuple(value.shape) != (items,):
             raise self._error(key, f"expected shape ({items},) (one value per item of "
                                    f"{modality.count_key or modality.pixels_key!r}, per_item), got "
                                    f"{_shape(tuple(value.shape))}")
         return value
+
+    def _check_signs(self, modality: Modality, columns: Mapping[str, list[int]]) -> None:
+        """Item values (``per_item``: a merge size, ...) must not be negative: a merge size of -1 passed the item
+        formulas (``h // -1`` is negative, and squared positive) and failed inside the encoder's reshape. A zero is
+        left to the formulas, whose error names the item (a division by zero)."""
+        for role, column in columns.items():
+            bad = next((i for i, v in enumerate(column) if v < 0), None)
+            if bad is not None:
+                raise self._error(modality.inputs[role], f"item {bad}: expected a positive integer (per_item), "
+                                                         f"got {column[bad]}")
 
     def _valid_rows(self, extras: Mapping[str, torch.Tensor]) -> list[int] | None:
         """Per row on dim 0 (a tile or a patch row), its patches that are not padding (``items.valid``): dim 1
@@ -360,7 +433,36 @@ class InputReader:
         role = extras[self.spec.valid.role]
         fields = math.prod(role.shape[2:])  # 1 for a 1-D or 2-D role
         patches = role.reshape(role.shape[0], role.shape[1] if role.ndim >= 2 else 1, fields)
-        return (patches != self.spec.valid.padding).any(dim=-1).sum(dim=-1).tolist()
+        kept = (patches != self.spec.valid.padding).any(dim=-1)
+        counts = kept.sum(dim=-1)
+        # The graph keeps a row's first `valid` patches: padding anywhere but in one trailing block would be
+        # counted right and cut wrong (a processor pads at the end only).
+        leading = torch.arange(kept.shape[1], device=kept.device) < counts.unsqueeze(-1)
+        scattered = (kept != leading).any(dim=-1)
+        values = torch.stack([counts, scattered.to(counts.dtype)]).tolist()  # one host read
+        if any(values[1]):
+            row = values[1].index(1)
+            key = next(m.inputs[self.spec.valid.role] for m in self.spec.modalities
+                       if self.spec.valid.role in m.inputs)
+            raise self._error(key, f"row {row}: expected its padding ({self.spec.valid.padding}) in one block after "
+                                   f"its {values[0][row]} other patches (items.valid), got padding between them")
+        return values[0]
+
+    def _check_whole_tokens(self, modality: Modality, index: int, row: Any, values: tuple | None, valid: int,
+                            full_tokens: int, tokens: int) -> None:
+        """Raise InputError unless the item's ``valid`` rows make whole output tokens, as an item without padding
+        does: ``items.valid.full`` rows give ``full_tokens``, so ``valid`` rows must be ``tokens`` times the same
+        rows per token. Otherwise the formula rounds (Gemma 4: ``valid // pooling_kernel_size ** 2``) where the
+        encoder pools the remainder into a row of its own: 180 rows where the model returned 192."""
+        full = self.spec.valid.full.evaluate(_valid_names(self.spec, modality, row, self.geometry, values))
+        if valid * full_tokens == tokens * full:
+            return
+        per = full // full_tokens if full_tokens and full % full_tokens == 0 else None
+        expected = (f"a multiple of {per}, the rows of one output token" if per else
+                    f"rows in the proportion {full}:{full_tokens} of an item without padding")
+        key = modality.inputs[self.spec.valid.role]
+        raise self._error(key, f"item {index}: expected its non-padding patches (items.valid) to be {expected} "
+                               f"(items.valid.full: {full} rows give {full_tokens} tokens), got {valid}")
 
     def _check_items(self, modality: Modality, counts_cpu: torch.Tensor, pixels: torch.Tensor,
                      valid_rows: list[int] | None, item_values: tuple | None = None) -> tuple[int, ...] | None:
@@ -383,7 +485,9 @@ class InputReader:
                 item = self._item_spec(modality, row, None, values)
                 if valid_rows is not None:  # input_size never reads valid: it locates the item's rows
                     valid.append(sum(valid_rows[total:total + item.input_size]))
-                    item = self._item_spec(modality, row, valid[-1], values)
+                    full, item = item, self._item_spec(modality, row, valid[-1], values)
+                    self._check_whole_tokens(modality, index, row, values, valid[-1], full.output_tokens,
+                                             item.output_tokens)
             except FormulaError as exc:
                 raise self._error(key, f"item {index} is {row}{_described(values)}: {exc}") from None
             if item.input_size < 1 or item.output_tokens < 1:
@@ -397,6 +501,11 @@ class InputReader:
                 f"{self.spec.name}: {modality.pixels_key!r} has {pixels.shape[0]} rows but {key!r} describes "
                 f"{total} (items.input_size: {self.spec.input_size})")
         return tuple(valid) if valid_rows is not None else None
+
+
+def _valid_names(spec: Spec, modality: Modality, row: Any, geometry: Mapping[str, int],
+                 values: tuple[tuple[str, int], ...] | None) -> dict[str, int]:
+    return {**spec.attention_style.names(row), **geometry, **modality.item_defaults(geometry), **dict(values or ())}
 
 
 def _described(values: tuple[tuple[str, int], ...] | None) -> str:

@@ -1,0 +1,151 @@
+"""Runtime inputs the model's own forward cannot take (issue 27, item 4): each is refused by the input reader with an
+InputError naming the key, what was expected and what was given, on every protocol entry point, where it once
+failed inside transformers (or, for Gemma 4, returned a different number of rows than the model, silently)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitcg.errors import InputError
+from vitcg.lang import load_registry
+from vitcg.runtime.adapter import adapter_for
+from vitcg.runtime.inputs import INDEX_DTYPES, dtype_problem, role_dtypes
+from vitcg.tools.encoders import build_encoder
+from vitcg.tools.workloads import InputBuilder
+
+SPECS = {spec.name: spec for spec in load_registry(["vitcg/specs"])}
+NAMES = ("qwen2_vl", "video_llama_3", "gemma4", "instructblip", "idefics2", "mllama", "siglip2")
+
+
+@pytest.fixture(scope="module")
+def built():
+    """(adapter, a valid call of one small image) per spec."""
+    out = {}
+    for name in NAMES:
+        spec = SPECS[name]
+        adapter = adapter_for(spec, build_encoder(spec))
+        builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(0))
+        item = 1 if not spec.attention_style.segmented else builder.image(2, 4)
+        out[name] = adapter, builder.inputs("image", [item])
+    return out
+
+
+def refused(adapter, kwargs, *fragments: str) -> None:
+    """Every entry point that reads ``kwargs`` raises InputError holding ``fragments``."""
+    calls = [adapter.get_encoder_cudagraph_item_specs, adapter.encoder_eager_forward,
+             lambda kw: adapter.select_encoder_cudagraph_items(kw, [])]
+    for call in calls:
+        with pytest.raises(InputError) as caught:
+            call(kwargs)
+        for fragment in fragments:
+            assert fragment in str(caught.value), (fragment, str(caught.value))
+
+
+def changed(kwargs, key, value):
+    return {**kwargs, key: value}
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
+def test_narrow_integer_grids_are_refused(built, dtype):
+    # they passed "an integer dtype" and failed in transformers' repeat_interleave (NotImplementedError)
+    adapter, kwargs = built["qwen2_vl"]
+    refused(adapter, changed(kwargs, "image_grid_thw", kwargs["image_grid_thw"].to(dtype)), "'image_grid_thw'",
+            "expected an integer dtype (torch.int64 or torch.int32)", f"got {dtype}")
+
+
+def test_int32_grids_and_item_values_are_served(built):
+    adapter, kwargs = built["video_llama_3"]
+    narrow = {k: v.to(torch.int32) if not v.is_floating_point() else v for k, v in kwargs.items()}
+    assert adapter.get_encoder_cudagraph_item_specs(narrow) == adapter.get_encoder_cudagraph_item_specs(kwargs)
+    torch.testing.assert_close(adapter.encoder_eager_forward(narrow), adapter.encoder_eager_forward(kwargs))
+
+
+def test_a_negative_merge_size_is_refused(built):
+    # h // -1 squared is positive: the item formulas passed it and the tower's reshape failed (RuntimeError)
+    adapter, kwargs = built["video_llama_3"]
+    refused(adapter, changed(kwargs, "image_merge_sizes", torch.tensor([-1])), "'image_merge_sizes'", "item 0",
+            "expected a positive integer", "got -1")
+    refused(adapter, changed(kwargs, "image_merge_sizes", torch.tensor([2], dtype=torch.int8)), "'image_merge_sizes'",
+            "torch.int64 or torch.int32", "got torch.int8")
+
+
+@pytest.mark.parametrize("name, key", [("siglip2", "pixel_values"), ("video_llama_3", "pixel_values")])
+def test_pixels_without_values_are_refused(built, name, key):
+    # a graph-scoped spec has no pixel buffer whose row shape would catch it: (rows, 0) reached a matmul or a
+    # reshape inside the model (7 specs)
+    adapter, kwargs = built[name]
+    pixels = kwargs[key]
+    refused(adapter, changed(kwargs, key, pixels[..., :0]), f"'{key}'", "expected rows with values",
+            f"got shape {tuple(pixels.shape[:-1]) + (0,)}")
+
+
+@pytest.mark.parametrize("name, key, make, expected", [
+    ("instructblip", "qformer_input_ids", lambda v: v.float(), "expected torch.int64 or torch.int32 (indices)"),
+    ("instructblip", "qformer_input_ids", lambda v: v.to(torch.int8), "expected torch.int64 or torch.int32"),
+    ("instructblip", "qformer_input_ids", lambda v: v - 10**6, "expected indices of 0 or more"),
+    ("mllama", "aspect_ratio_ids", lambda v: v.double(), "expected torch.int64 or torch.int32 (indices)"),
+    ("mllama", "aspect_ratio_ids", lambda v: v * 0 - 3, "expected indices of 0 or more"),
+    ("idefics2", "patch_attention_mask", lambda v: v.float(), "expected torch.bool (a mask)"),
+    ("idefics2", "patch_attention_mask", lambda v: v.long(), "expected torch.bool (a mask)"),
+    ("siglip2", "spatial_shapes", lambda v: v.float(), "expected torch.int64 or torch.int32 (indices)"),
+    ("siglip2", "spatial_shapes", lambda v: -v, "expected indices of 0 or more"),
+    ("gemma4", "image_position_ids", lambda v: v.float(), "expected torch.int64 or torch.int32 (indices)"),
+])
+def test_extra_inputs_of_the_wrong_kind_are_refused(built, name, key, make, expected):
+    # each failed inside the model (RuntimeError from an embedding or torch.where, IndexError, ValueError); Gemma 4's
+    # float positions were cast silently on the graph path where the model's own forward raises
+    adapter, kwargs = built[name]
+    value = make(kwargs[key])
+    refused(adapter, changed(kwargs, key, value), f"'{key}'", expected, "got ")
+
+
+def test_declared_dtypes_come_from_buffers_then_examples():
+    assert role_dtypes(SPECS["gemma4"]) == {"pixels": "model", "positions": "int64"}
+    assert role_dtypes(SPECS["idefics2"])["mask"] == "bool"
+    assert role_dtypes(SPECS["siglip2"])["shapes"] == "int64"  # graph-scoped: its example input says it
+    assert dtype_problem(torch.float16, "model") is None and dtype_problem(torch.int64, "model")
+    assert all(dtype_problem(d, "int64") is None for d in INDEX_DTYPES)
+
+
+# Gemma 4: items.valid must give the model's own row count, or the input is refused
+
+def positions(valid: int, width: int = 48, patches: int = 2520) -> torch.Tensor:
+    """One tile's patch positions as Gemma 4's processor makes them: ``valid`` patches row-major over ``width``
+    columns, then (-1, -1) padding."""
+    index = torch.arange(patches)
+    table = torch.stack([index % width, index // width], dim=-1)
+    table[valid:] = -1
+    return table.unsqueeze(0)
+
+
+def test_gemma4_processor_positions_give_the_models_rows(built):
+    adapter, kwargs = built["gemma4"]
+    for valid, width in ((1728, 48), (576, 24), (81, 9)):
+        call = changed(kwargs, "image_position_ids", positions(valid, width))
+        (item,) = adapter.get_encoder_cudagraph_item_specs(call)
+        assert item.output_tokens == valid // 9 == adapter.encoder_eager_forward(call).shape[0]
+
+
+def test_gemma4_valid_counts_that_make_no_whole_token_are_refused(built):
+    # 1720 patches: the spec's valid // 9 said 191 rows; the model pools the remainder into a row of its own (192)
+    adapter, kwargs = built["gemma4"]
+    call = changed(kwargs, "image_position_ids", positions(1720))
+    with torch.no_grad():  # what the model itself returns
+        assert adapter.module(pixel_values=call["pixel_values"],
+                              pixel_position_ids=call["image_position_ids"]).last_hidden_state.shape[0] == 192
+    refused(adapter, call, "'image_position_ids'", "item 0", "a multiple of 9, the rows of one output token",
+            "got 1720")
+
+
+def test_gemma4_padding_between_patches_is_refused(built):
+    adapter, kwargs = built["gemma4"]
+    table = positions(1728)
+    table[0, 100] = -1  # a padding patch among the image's patches, one more after them
+    table[0, 1728] = torch.tensor([0, 36])
+    refused(adapter, changed(kwargs, "image_position_ids", table), "'image_position_ids'", "row 0",
+            "in one block after its 1728 other patches", "got padding between them")
+    half = positions(1728)
+    half[0, 5] = torch.tensor([-1, 0])  # not padding (one field only) but a negative position
+    refused(adapter, changed(kwargs, "image_position_ids", half), "'image_position_ids'", "row 0",
+            "expected indices of 0 or more (a padding patch is -1 in every field)", "got -1")
