@@ -120,6 +120,11 @@ def test_a_chain_that_cannot_resolve_says_why(tmp_path, text, message):
     assert problems[0].file == str(tmp_path / "child.yaml") and problems[0].code == "extends"
 
 
+def test_a_misspelt_parent_gets_a_did_you_mean(tmp_path):
+    _, problems = resolve_file(child(tmp_path, "name: child\nextends: qwen3_vll\n"))
+    assert [(d.message, d.hint) for d in problems] == [("no spec named 'qwen3_vll' to extend", "did you mean 'qwen3_vl'?")]
+
+
 def test_cycles_and_invalid_parents_are_errors_at_the_extends_line(tmp_path):
     child(tmp_path, "name: a\nextends: b\n", "a")
     child(tmp_path, "name: b\nextends: a\n", "b")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import Diagnostic, shown
+from ..errors import Diagnostic, shown, suggest
 from . import catalogue as cat
 from .loader import LoadedYaml, Path_, Position, load_file, load_text
 
@@ -244,7 +244,8 @@ def language_defaults(spec: LoadedYaml) -> LoadedYaml | None:
 
 
 Finder = Callable[[str, Path | None], Path | None]
-"""Where the spec a name refers to lives: ``(name, folder of the spec that names it)`` -> its file, or None."""
+"""Where the spec a name refers to lives: ``(name, folder of the spec that names it)`` -> its file, or None. A finder
+may also have ``names(folder)``: the names it could find, for a did-you-mean."""
 
 
 class Resolver:
@@ -324,7 +325,8 @@ class Resolver:
             return fail("a spec that extends another states its own name", f"add name: (not {name!r})")
         path = self.find(name, folder)
         if path is None:
-            return fail(f"no spec named {name!r} to extend",
+            known = getattr(self.find, "names", lambda _: [])(folder)
+            return fail(f"no spec named {name!r} to extend", suggest(name, known) or
                         "a parent is NAME.yaml beside this file or in the spec folders (vitcg/specs, $VITCG_SPECS_DIR)")
         key = path.resolve()
         if key in chain:
@@ -360,15 +362,24 @@ def _via(diagnostic: Diagnostic, spec_file: str) -> Diagnostic:
 def folder_finder(folders: Sequence[Path]) -> Finder:
     """A :data:`Finder` that looks beside the spec first, then in ``folders`` (later folders win, as in the
     registry)."""
+    def places(near: Path | None) -> list[Path]:
+        return [Path(f) for f in ([near] if near is not None else []) + list(reversed(list(folders)))]
+
     def find(name: str, near: Path | None) -> Path | None:
         if not _plain_name(name):
             return None
-        for folder in ([near] if near is not None else []) + list(reversed(list(folders))):
+        for folder in places(near):
             for suffix in (".yaml", ".yml"):
-                candidate = Path(folder) / f"{name}{suffix}"
+                candidate = folder / f"{name}{suffix}"
                 if candidate.is_file():
                     return candidate
         return None
+
+    def names(near: Path | None) -> list[str]:
+        return [p.stem for folder in places(near) if folder.is_dir() for p in folder.glob("*.y*ml")
+                if p.suffix in (".yaml", ".yml") and not is_harness_file(p)]
+
+    find.names = names  # type: ignore[attr-defined]
     return find
 
 
