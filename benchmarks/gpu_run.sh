@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, tests-gpu, ttft, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, tests-gpu, ttft, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -66,11 +66,14 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     bench-final) run 400 bench.log python3 -m vitcg bench minicpmv4_6 minicpm_ocr video_llama_3 lighton_ocr --no-compile \
       --iters 10 --device cuda --json "$OUT/bench_final.json" ;;
     check-real-all) run 300 check.log python3 -m vitcg check --all --device cuda --size real ;;
+    check-real-packed)  # real dimensions where the sm90 Triton packed attention serves (head dim >= 32)
+      run 300 check.log python3 -m vitcg check qwen2_vl qwen2_5_vl qwen3_vl glm4v paddleocr_vl kimi_k25 minicpmv4_6 \
+        video_llama_3 dots3_note --device cuda --size real ;;
     bench-smoke) run 120 bench.log python3 -m vitcg bench hunyuan_vl siglip2 idefics3 --size tiny --no-compile --iters 2 \
       --device cuda --json "$OUT/bench_smoke.json" ;;
     bench-all-a|bench-all-b)
       # every other spec file by name; python, not awk (an awk on the device machine gave overlapping halves)
-      specs=$(python3 -c "import glob, sys; print(' '.join(sorted(glob.glob('vitcg/specs/*.yaml'))[sys.argv[1] == 'b'::2]))" "${step##*-}")
+      specs=$(python3 -c "import glob, sys; print(' '.join(sorted(p for p in glob.glob('vitcg/specs/*.yaml') if not p.endswith('.tests.yaml'))[sys.argv[1] == 'b'::2]))" "${step##*-}")
       run 570 bench.log python3 -m vitcg bench $specs --no-compile --iters 5 --device cuda --json "$OUT/$step.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
