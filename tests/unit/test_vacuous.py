@@ -84,7 +84,7 @@ def test_a_hidden_states_output_past_the_tiny_depth_is_refused():
 
 def test_a_selection_of_the_embeddings_output_is_refused():
     """hidden_states[-2] of a one-layer tower is the embeddings' output: no layer runs before it."""
-    found = problems("llava_next", ("  num_hidden_layers: 2\n", "  num_hidden_layers: 1\n"))
+    found = problems("clip", ("  num_hidden_layers: 2\n", "  num_hidden_layers: 1\n"))
     assert [p.message.split(" selects")[0] for p in found] == ["encoder.call_kwargs.output_hidden_states",
                                                                "encoder.outputs[0] (hidden_states[-2])"]
     assert all("the embeddings' output, before every layer" in p.message for p in found)
