@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from .formulas import Formula, parse
+
 DTYPES = ("model", "bool", "int32", "int64", "float32")
 """Buffer and example-input dtypes: ``model`` is the encoder's own dtype."""
 
@@ -245,6 +247,41 @@ class ArgumentForm:
     """What the argument is in this form."""
 
 
+CAPACITY_NAMES = ("max_items", "max_segments", "grid_rows")
+"""What a :class:`Capacity` formula reads: the buffer names of a capture, and ``grid_rows`` (see
+:func:`capacity_names`)."""
+
+
+def capacity_names(budget: int, max_items: int, max_frames: int, split: bool) -> dict[str, int]:
+    """:func:`buffer_names` of one capture plus ``grid_rows``, the grid rows the encoder can see: one per segment
+    where a modality splits its items by frames (``split``), else one per item."""
+    names = buffer_names(budget, max_items, max_frames)
+    return {**names, "grid_rows": names["max_segments"] if split else max_items}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The leading rows a provider's buffer needs to hold any pack a capture serves. A spec writes the buffer's
+    first dimension; ``vitcg validate`` checks it against this need at the spec's budgets and item counts, and a
+    capture allocates what the spec wrote, never more (a smaller buffer is an error naming both)."""
+
+    rows: Mapping[str, str]
+    """Padding rule -> the need, a formula over :data:`CAPACITY_NAMES`; a padding rule not here needs nothing
+    beyond the spec's shape."""
+    doc: str
+    """What the rows are, in words (diagnostics and ``registry/VOCABULARY.md``)."""
+    item_roles_only: bool = False
+    """The need holds only for a buffer whose ``params.role`` is aligned with the items (``per_item``); one
+    aligned with the pixels follows the spec's shape."""
+
+    def formula(self, padding: str, role: str | None, item_roles: frozenset[str]) -> Formula | None:
+        """The need of a buffer padded by ``padding`` carrying ``role``, or None where it has none."""
+        if self.item_roles_only and role not in item_roles:
+            return None
+        source = self.rows.get(padding)
+        return parse(source, CAPACITY_NAMES) if source is not None else None
+
+
 @dataclass(frozen=True)
 class Provider:
     """A metadata provider: fills one buffer of the graph from the items of a pack."""
@@ -268,6 +305,13 @@ class Provider:
     """Fills the arguments of a graph-scoped submodule call (``graph_scope``) and nothing else."""
     forms: tuple[ArgumentForm, ...] = ()
     """Later forms of the argument, oldest first; before the first's release the stored value is the argument."""
+    capacity: Capacity | None = None
+    """The leading rows its buffer needs for any pack of a capture; None: the spec's shape alone says."""
+
+    def needs(self, padding: str, role: str | None, item_roles: frozenset[str]) -> Formula | None:
+        """The leading rows (a formula over :data:`CAPACITY_NAMES`) that its buffer padded by ``padding`` and
+        carrying ``role`` (``params.role``) needs, where ``item_roles`` are aligned with the items; None: none."""
+        return self.capacity.formula(padding, role, item_roles) if self.capacity is not None else None
 
 
 ALL = frozenset(STYLES)
@@ -284,6 +328,8 @@ _ROWS_DIM = {"type": "integer", "minimum": 0, "maximum": 3,
 _ROW_WIDTH = {"type": ["integer", "string"],
               "description": "a formula over geometry: how many entries of the rows dimension (rows_dim) one row "
                              "spans, its patches laid side by side (default 1)"}
+_SEGMENT_SLOTS = Capacity(rows={"trailing_segment": "max_segments + 2"},
+                          doc="a slot for the leading zero, one per segment and one for the padding segment")
 
 PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
     Provider("pixels", "tensor", ALL, ("zeros",), "model",
@@ -292,9 +338,12 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
              {"rows_dim": _ROWS_DIM, "row_width": _ROW_WIDTH}),
     Provider("grid", "tensor", SEGMENTED, ("zeros", "ones", "trailing_item"), "int64",
              "the items' t/h/w rows (`ones` padding when the encoder divides by them, `trailing_item` when it "
-             "derives its attention segments from them)"),
+             "derives its attention segments from them)",
+             capacity=Capacity(rows={"zeros": "grid_rows", "ones": "grid_rows", "trailing_item": "grid_rows + 1"},
+                               doc="a row per grid row the encoder sees (per item, or per frame of a modality "
+                                   "with `split: frames`), and the padding item's row with `trailing_item`")),
     Provider("cu_seqlens", "tensor", SEGMENTED, ("trailing_segment",), "int32",
-             "segment boundaries per frame or per clip (`get_vision_cu_seqlens`)"),
+             "segment boundaries per frame or per clip (`get_vision_cu_seqlens`)", capacity=_SEGMENT_SLOTS),
     Provider("max_seqlen", "host", SEGMENTED, ("fixed",), "int64",
              "worst-case segment length for the budget, fixed at capture"),
     Provider("position_ids", "tensor", SEGMENTED, ("zeros",), "int64",
@@ -333,12 +382,14 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
              "an extra input aligned with the pixels on dim 0 (a per-tile mask, per-image shapes), sliced and "
              "padded like them", (),
              {"role": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
-                       "description": "the extra input role it carries"}, "dtype": _DTYPE}),
+                       "description": "the extra input role it carries"}, "dtype": _DTYPE},
+             capacity=Capacity(rows={"zeros": "max_items", "ones": "max_items"}, item_roles_only=True,
+                               doc="a row per item, for a role aligned with the items (`per_item`)")),
     Provider("scope_arg", "either", ALL, tuple(PADDINGS), "param",
              "an argument of the graph-scoped submodule call, taken from the model's own eager prologue at "
              "replay; host integers (`value`) are fixed at capture", (),
              {"dtype": _DTYPE, "rows_dim": _ROWS_DIM},
-             scoped=True),
+             scoped=True, capacity=_SEGMENT_SLOTS),
 )})
 
 STANDARD_ROLES = ("pixels", *dict.fromkeys(s.count_role for s in STYLES.values()))
@@ -394,7 +445,8 @@ def vocabulary() -> dict[str, Any]:
         "providers": {p.name: {"name": p.name, "kind": p.kind, "doc": p.doc, "paddings": list(p.paddings),
                        "styles": [s for s in STYLES if s in p.styles], "dtype": p.dtype,
                        "geometry": list(p.geometry), "params": sorted(p.params), "scoped": p.scoped,
-                       "forms": [{"since": f.since, "doc": f.doc} for f in p.forms]}
+                       "forms": [{"since": f.since, "doc": f.doc} for f in p.forms],
+                       "capacity": {"rows": dict(p.capacity.rows), "doc": p.capacity.doc} if p.capacity else None}
                       for p in PROVIDERS.values()},
         "paddings": {r.name: {"name": r.name, "doc": r.doc, "row_wise": r.row_wise} for r in PADDINGS.values()},
         "dtypes": list(DTYPES),

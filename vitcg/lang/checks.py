@@ -302,3 +302,4 @@ def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> 
     for rule in (bind.budgets_positive, bind.budget_order, bind.items_positive, bind.buffer_sizes_positive):
         found.add(rule(loaded, spec, geometry["defaults"]))
     found.add(bind.resources_bounded(loaded, spec, geometry))
+    found.add(buf.capacities_hold(loaded, spec, geometry))

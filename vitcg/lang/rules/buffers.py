@@ -13,10 +13,10 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ...errors import Diagnostic
+from ...errors import Diagnostic, FormulaError
 from .. import catalogue as cat
 from ..loader import LoadedYaml
-from ..model import Buffer, Modality
+from ..model import Buffer, Modality, Spec
 from .common import error
 
 SHARED_PROVIDERS = ("aligned", "scope_arg")
@@ -283,3 +283,72 @@ def square_masks(loaded: LoadedYaml, entries: Sequence[Entry], buffers: Sequence
                         f"a square_mask masks the call's rows, {str(rows.shape[rows.rows_dim])!r} (buffer "
                         f"{rows.name!r}), not {str(shape[d])!r}",
                         hint=f"shape: [..., {rows.shape[rows.rows_dim]}, {rows.shape[rows.rows_dim]}]")
+
+
+def _capture_points(low: int, high: int, frames_per_item: int) -> Iterator[tuple[int, int, int]]:
+    """(budget, max_items, max_frames) of the captures a rule samples: each power-of-two budget from ``low`` to
+    ``high`` and both ends; item counts up to ``low`` (vLLM's ``items <= min(budgets)``) at and beside each power of
+    two, where a cap written into a formula shows; no frames, one per item, ``frames_per_item`` per item and as
+    many as the budget (an engine may set frames per batch on its own)."""
+    budgets = sorted({low, high, *(1 << k for k in range(low.bit_length(), high.bit_length()))})
+    counts = sorted({low, *(n for k in range(low.bit_length()) for n in (1 << k, (1 << k) + 1) if n <= low)})
+    for budget in (b for b in budgets if low <= b <= high):
+        for items in counts:
+            frames = {0, items, items * frames_per_item, budget} if frames_per_item else {0}
+            for max_frames in sorted(frames):
+                yield budget, items, max_frames
+
+
+def _not_positive(buffer: Buffer, low: int, geometry: Mapping[str, int]) -> bool:
+    """Whether the first dimension fails where ``buffer_sizes_positive`` looks (and says so itself)."""
+    try:
+        return buffer.shape[0].evaluate({**cat.buffer_names(low, 1, 1), **geometry}) <= 0
+    except FormulaError:
+        return True
+
+
+def _short_capacity(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str, int],
+                    config: str) -> Iterator[Diagnostic]:
+    """The capacity diagnostics of one geometry: at most one per buffer, at the first capture that overflows."""
+    limits = {**cat.DEFAULT_LIMITS, **geometry}
+    try:
+        low, high = spec.budget_min.evaluate(limits), spec.budget_max.evaluate(limits)
+    except FormulaError:
+        return  # the budget rules say why
+    split = any(m.split for m in spec.modalities)
+    roles = frozenset(r for m in spec.modalities for r in m.item_roles)
+    video = max((m.max_frames_per_video for m in spec.modalities if m.name == "video"), default=0)
+    entries = loaded.data["buffers"]
+    for buffer in spec.buffers:
+        need = cat.PROVIDERS[buffer.provider].needs(buffer.padding, buffer.params.get("role"), roles)
+        if need is None or buffer.shape is None or not 0 < low <= high or _not_positive(buffer, low, geometry):
+            continue
+        for budget, items, frames in _capture_points(low, high, video):
+            names = {**cat.capacity_names(budget, items, frames, split), **geometry}
+            try:
+                held, needed = buffer.shape[0].evaluate(names), need.evaluate(names)
+            except FormulaError:
+                break  # a name the capture does not give: buffer_sizes_positive says which
+            if held < needed:
+                index = next(i for i, e in enumerate(entries) if e["name"] == buffer.name)
+                written = re.sub(r"\bgrid_rows\b", "max_segments" if split else "max_items", need.source)
+                yield error(loaded, ("buffers", index, "shape", 0),
+                            f"buffer {buffer.name!r} holds {buffer.shape[0]} = {held} rows at budget={budget}, "
+                            f"max_items={items}, max_frames={frames} ({config}), but a pack can need "
+                            f"{written} = {needed}: {cat.PROVIDERS[buffer.provider].capacity.doc}",
+                            hint=f"shape: [{written}{', ...' if len(buffer.shape) > 1 else ''}]; a capture "
+                                 "allocates what the spec writes, never more")
+                break
+
+
+def capacities_hold(loaded: LoadedYaml, spec: Spec,
+                    geometries: Mapping[str, Mapping[str, int]]) -> Iterator[Diagnostic]:
+    """A buffer whose provider states a capacity (:class:`vitcg.lang.catalogue.Capacity`: segment slots, grid rows,
+    a row per item) holds it on its first dimension for every capture :func:`_capture_points` samples between the
+    min and max budget under the default limits, under every config: the runtime allocates the spec's shape and
+    never raises it, so the written formula is the buffer's real size."""
+    for label, geometry in geometries.items():
+        found = list(_short_capacity(loaded, spec, geometry, "the config defaults" if label == "defaults" else label))
+        yield from found
+        if found:
+            return  # the same formula is short under the other configs too
