@@ -101,9 +101,10 @@ def test_extra_inputs_of_the_wrong_kind_are_refused(built, name, key, make, expe
 
 
 def test_declared_dtypes_come_from_buffers_then_examples():
-    assert role_dtypes(SPECS["gemma4"]) == {"pixels": "model", "positions": "int64"}
+    assert role_dtypes(SPECS["gemma4"]) == {"positions": "int64"}
     assert role_dtypes(SPECS["idefics2"])["mask"] == "bool"
-    assert role_dtypes(SPECS["siglip2"])["shapes"] == "int64"  # graph-scoped: its example input says it
+    assert role_dtypes(SPECS["siglip2"]) == {"shapes": "int64"}  # graph-scoped: its example says it; a bool mask
+    # example says too little (the processor gives int32 masks, which the model takes)
     assert dtype_problem(torch.float16, "model") is None and dtype_problem(torch.int64, "model")
     assert all(dtype_problem(d, "int64") is None for d in INDEX_DTYPES)
 
@@ -127,13 +128,17 @@ def test_gemma4_processor_positions_give_the_models_rows(built):
         assert item.output_tokens == valid // 9 == adapter.encoder_eager_forward(call).shape[0]
 
 
-def test_gemma4_valid_counts_that_make_no_whole_token_are_refused(built):
+def test_gemma4_valid_counts_that_make_no_whole_token_are_refused(built, monkeypatch):
     # 1720 patches: the spec's valid // 9 said 191 rows; the model pools the remainder into a row of its own (192)
     adapter, kwargs = built["gemma4"]
     call = changed(kwargs, "image_position_ids", positions(1720))
     with torch.no_grad():  # what the model itself returns
         assert adapter.module(pixel_values=call["pixel_values"],
                               pixel_position_ids=call["image_position_ids"]).last_hidden_state.shape[0] == 192
+    refused(adapter, call, "'image_position_ids'", "row 0", "grid row by row", "got 1720 patches")
+    # the rule for any items.valid, positions or not: whole output tokens
+    monkeypatch.setattr(adapter._reader, "pooled_side", None)
+    monkeypatch.setattr(adapter._reader, "_last", None)
     refused(adapter, call, "'image_position_ids'", "item 0", "a multiple of 9, the rows of one output token",
             "got 1720")
 
@@ -149,3 +154,26 @@ def test_gemma4_padding_between_patches_is_refused(built):
     half[0, 5] = torch.tensor([-1, 0])  # not padding (one field only) but a negative position
     refused(adapter, changed(kwargs, "image_position_ids", half), "'image_position_ids'", "row 0",
             "expected indices of 0 or more (a padding patch is -1 in every field)", "got -1")
+
+
+@pytest.mark.parametrize("valid, width, model_rows", [(1728, 45, 195), (1584, 44, 169)])
+def test_gemma4_positions_off_the_pooling_grid_are_refused(built, valid, width, model_rows):
+    # whole tokens and trailing padding, but a grid 45 wide (a partial last row) or 44 wide (no multiple of the
+    # 3x3 pooling blocks): the model pools by position into more rows than valid // 9
+    adapter, kwargs = built["gemma4"]
+    call = changed(kwargs, "image_position_ids", positions(valid, width))
+    with torch.no_grad():
+        assert adapter.module(pixel_values=call["pixel_values"],
+                              pixel_position_ids=call["image_position_ids"]).last_hidden_state.shape[0] == model_rows
+    assert model_rows != valid // 9
+    refused(adapter, call, "'image_position_ids'", "row 0", "grid row by row whose sides are multiples of 3",
+            f"got {valid} patches up to x = {width - 1}")
+
+
+def test_gemma4_pools_three_by_three():
+    from vitcg.runtime.inputs import pooled_side
+
+    spec = SPECS["gemma4"]
+    adapter = adapter_for(spec, build_encoder(spec))
+    assert pooled_side(spec, adapter.geometry) == 3
+    assert pooled_side(SPECS["qwen2_vl"], {}) is None

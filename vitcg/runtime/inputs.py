@@ -147,13 +147,31 @@ def item_indices(indices: Any) -> list[int]:
 def role_dtypes(spec: Spec) -> dict[str, str]:
     """The dtype declared for each extra input role: ``model`` (the encoder's floating dtype), ``float32``, ``int64``,
     ``int32`` or ``bool``. A buffer's ``params: {role, dtype}`` says it; for a role no buffer holds (a graph scope's
-    inputs reach the model's own prologue only), the dtype of the spec's example input (``tests.inputs``), which
-    ``vitcg check`` proves the model takes. A role neither declares is absent."""
+    inputs reach the model's own prologue only), an index dtype (int64, int32) of the spec's example input
+    (``tests.inputs``), which ``vitcg check`` proves the model takes. An example's other dtypes say too little:
+    siglip2's example mask is bool and its processor's int32. A role none of these declares is absent."""
     examples = getattr(getattr(spec, "tests", None), "inputs", None) or {}
-    declared = {role: example.dtype for role, example in examples.items() if isinstance(example.dtype, str)}
+    declared = {role: example.dtype for role, example in examples.items() if example.dtype in ("int64", "int32")}
     declared.update({b.params["role"]: b.params["dtype"] for b in spec.buffers
                      if isinstance(b.params.get("role"), str) and isinstance(b.params.get("dtype"), str)})
     return declared
+
+
+def pooled_side(spec: Spec, geometry: Mapping[str, int]) -> int | None:
+    """For a tile spec with ``items.valid``: k when a tile without padding (``items.valid.full`` rows) has k*k rows
+    per output token, each token pooling a k x k block of patches; None for any other spec or ratio."""
+    if spec.valid is None or spec.attention_style.segmented:
+        return None
+    modality = next((m for m in spec.modalities if spec.valid.role in m.inputs), None)
+    if modality is None:
+        return None
+    try:
+        tokens = spec.item_sizes(modality.name, 1, geometry)[1]
+        full = spec.valid.full.evaluate({**spec.attention_style.names(1), **geometry, **modality.item_defaults(geometry)})
+    except FormulaError:
+        return None
+    side = math.isqrt(full // tokens) if tokens > 0 and full % tokens == 0 else 0
+    return side if side > 1 and side * side * tokens == full else None
 
 
 def dtype_problem(dtype: torch.dtype, declared: str) -> str | None:
@@ -198,6 +216,9 @@ class InputReader:
         self.pixel_row = pixel_row(spec, geometry)
         self.geometry = dict(geometry)
         self.role_dtypes = role_dtypes(spec)
+        self.pooled_side = pooled_side(spec, geometry)
+        """With ``items.valid``: the side k when an item without padding has k*k rows per output token (Gemma 4's
+        pooling kernel, 3); None otherwise."""
         self.merge = geometry.get(MERGE_NAME)
         self.merged = spec.attention_style.merged if self.merge else ()
         """Item names that must be multiples of :attr:`merge`: only where the spec defines a merge size."""
@@ -389,11 +410,11 @@ class InputReader:
         One host read."""
         negative = value < 0
         if self.spec.valid is not None and role == self.spec.valid.role and value.ndim >= 2:
-            patches = value.reshape(value.shape[0], value.shape[1], -1)
+            patches = value.reshape(value.shape[0], value.shape[1], math.prod(value.shape[2:]))
             padding = (patches == self.spec.valid.padding).all(dim=-1)
             negative = negative.reshape(patches.shape) & ~padding.unsqueeze(-1)
         if bool(negative.any()):
-            first = negative.reshape(value.shape[0], -1).any(dim=-1).nonzero()[0, 0].item()
+            first = negative.reshape(value.shape[0], math.prod(value.shape[1:])).any(dim=-1).nonzero()[0, 0].item()
             allowed = (f" (a padding patch is {self.spec.valid.padding} in every field)"
                        if self.spec.valid is not None and role == self.spec.valid.role else "")
             raise self._error(key, f"row {first}: expected indices of 0 or more{allowed}, got "
@@ -440,13 +461,33 @@ class InputReader:
         leading = torch.arange(kept.shape[1], device=kept.device) < counts.unsqueeze(-1)
         scattered = (kept != leading).any(dim=-1)
         values = torch.stack([counts, scattered.to(counts.dtype)]).tolist()  # one host read
+        key = next(m.inputs[self.spec.valid.role] for m in self.spec.modalities if self.spec.valid.role in m.inputs)
         if any(values[1]):
             row = values[1].index(1)
-            key = next(m.inputs[self.spec.valid.role] for m in self.spec.modalities
-                       if self.spec.valid.role in m.inputs)
             raise self._error(key, f"row {row}: expected its padding ({self.spec.valid.padding}) in one block after "
                                    f"its {values[0][row]} other patches (items.valid), got padding between them")
+        if self.pooled_side is not None and role.ndim == 3 and role.shape[-1] == 2:
+            self._check_position_grid(key, role, values[0])
         return values[0]
+
+    def _check_position_grid(self, key: str, positions: torch.Tensor, counts: list[int]) -> None:
+        """Patch positions ``(x, y)`` of ``items.valid`` whose output tokens each pool a k x k block of patches
+        (:attr:`pooled_side`): each row's non-padding patches must be a grid of whole blocks, row by row, as a
+        processor lays an image out. The encoder pools by position, so any other layout gives another row count
+        than ``items.output_tokens``: 1728 patches 45 wide gave the model 195 rows, the formula 192."""
+        k = self.pooled_side
+        table = positions.detach().to("cpu")
+        for row, count in enumerate(counts):
+            if not count:
+                continue
+            given = table[row, :count]
+            width = int(given[:, 0].max()) + 1
+            index = torch.arange(count)
+            if (count % width or width % k or (count // width) % k
+                    or not torch.equal(given, torch.stack([index % width, index // width], dim=-1).to(given.dtype))):
+                raise self._error(key, f"row {row}: expected the positions (x, y) of its {count} patches to fill a "
+                                       f"grid row by row whose sides are multiples of {k} (one output token pools "
+                                       f"{k}x{k} patches, items.valid), got {count} patches up to x = {width - 1}")
 
     def _check_whole_tokens(self, modality: Modality, index: int, row: Any, values: tuple | None, valid: int,
                             full_tokens: int, tokens: int) -> None:
