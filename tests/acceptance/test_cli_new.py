@@ -9,8 +9,9 @@ import pytest
 from helpers import vitcg
 
 GUESSED = ("display_name", "architectures", "checkpoints", "class", "vlm_attribute", "args", "outputs",
-           "tiny_config", "real_config", "style", "buffers", "min", "prompt_template", "image_placeholder")
-"""Keys whose line every draft marks as a guess (segments, output_tokens and others only in some styles)."""
+           "tiny_config", "real_config", "style", "prompt_template", "image_placeholder")
+"""Keys whose line every draft marks as a guess (segments, output_tokens, buffers, budget.min and others only where
+they differ from the style's defaults: else a comment line carries the guess)."""
 VISION = ("florence2", "kimi_k25", "minicpmv4_6", "glm_ocr", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "exaone4_5",
           "exaone4_5_vision", "internvl", "llava", "siglip_vision_model", "gemma3", "cohere_compass", "kosmos-2.5",
           "dots3_note", "mobilevit", "depth_pro", "swin")
@@ -63,7 +64,8 @@ def test_every_guess_is_marked_with_what_to_verify(tmp_path):
     # geometry read from a field of another name, or guessed outright, says so
     assert "spatial_merge_size: config.merge_kernel_size[0]   # GUESS: read from config.merge_kernel_size" in text
     assert "in_channels: 3   # GUESS: the config has no such field" in text
-    assert "shape: [budget * spatial_merge_size ** 2, 2]   # GUESS:" in text  # position_ids' columns
+    # a guess about a style default the draft leaves out stays, on a comment
+    assert "# buffers: position_ids.shape is the packed style's default   # GUESS: 2 (h, w) or 3" in text
     # what is read off the code for sure is not marked
     for line in ("name: kimi_k25", "  config_class: transformers.models.kimi_k25.configuration_kimi_k25."
                  "Kimi_K25VisionConfig", "  patch_size: config.patch_size"):

@@ -60,3 +60,55 @@ def test_no_vision_sub_config_and_no_pixels_is_refused():
                                          r"vision_config or video_config, and its model class BertModel takes "
                                          r"'input_ids' first"):
         scaffold.draft("bert")
+
+
+def _draft_text(model_type: str) -> str:
+    return scaffold.render(scaffold.draft(model_type)).text()
+
+
+@pytest.mark.parametrize("model_type, line", [
+    ("qwen3_vl", "deepstack_visual_indexes: [1]"), ("qwen2_5_vl", "fullatt_block_indexes: [1]"),
+    ("got_ocr2", "global_attn_indexes: [1]"), ("mllama", "intermediate_layers_indices: [1]")])
+def test_a_drafted_tiny_config_runs_its_indexed_layers(model_type, line):
+    """Issue 26: the drafted tiny config had 2 layers and the default deepstack indexes [8, 16, 24], so no deepstack
+    merger ran (validate now refuses that). The draft names the tiny tower's last layer instead."""
+    tiny = next(t for t in _draft_text(model_type).splitlines() if t.startswith("  tiny_config: "))
+    assert line in tiny
+
+
+def test_a_modality_the_vlm_has_and_the_draft_lacks_is_a_marked_omission():
+    omits = next(t for t in _draft_text("llava_onevision").splitlines() if "omits:" in t)
+    assert omits.startswith('    omits: {video: "') and "# GUESS: read the VLM's get_video_features" in omits
+
+
+@pytest.mark.parametrize("model_type", ["aria", "paligemma", "mistral3"])
+def test_vlm_attribute_is_read_off_the_vlms_own_modeling_code(model_type):
+    """Their towers come from another model's modeling code (SigLIP, Pixtral, Idefics3); the VLM's own __init__
+    sets vision_tower. Before, the draft wrote the placeholder model.visual."""
+    line = next(t for t in _draft_text(model_type).splitlines() if t.startswith("  vlm_attribute: "))
+    assert line.startswith("  vlm_attribute: model.vision_tower   # GUESS: where the VLM holds this encoder (read off ")
+
+
+def test_the_draft_writes_only_what_differs_from_the_style_defaults():
+    from vitcg.lang import Bindings, spec_from_text
+
+    text = _draft_text("qwen2_5_vl")
+    lines = text.splitlines()
+    assert "items:" not in lines and "budget:" not in lines
+    assert lines[lines.index(next(t for t in lines if t.startswith("buffers:"))) + 1:][:2] == [
+        "  - {name: pixel_values, arg: hidden_states}", ""]
+    spec = spec_from_text(text, "qwen2_5_vl.yaml", Bindings())
+    assert [(b.name, b.provider) for b in spec.buffers] == [
+        ("pixel_values", "pixels"), ("grid_thw", "grid"), ("cu_seqlens", "cu_seqlens"), ("max_seqlen", "max_seqlen"),
+        ("position_ids", "position_ids"), ("window_index", "window_index"),
+        ("cu_window_seqlens", "cu_window_seqlens"), ("max_window_seqlen", "max_window_seqlen")]
+    assert spec.buffer("pixel_values").arg == "hidden_states"
+
+
+def test_a_default_buffer_the_encoder_does_not_take_is_removed():
+    entries = [({"name": "pixel_values", "provider": "pixels", "shape": ["budget", 3], "padding": "zeros"},
+                {"shape": "rows"})]
+    defaults = [{"name": "pixel_values", "provider": "pixels", "shape": ["budget", 3], "padding": "zeros"},
+                {"name": "position_ids", "provider": "position_ids", "shape": ["budget", 2], "padding": "zeros"}]
+    assert scaffold._buffer_changes(entries, defaults) == [({"name": "position_ids", "remove": True}, {})]
+    assert scaffold._kept_guesses(entries, []) == ["pixel_values.shape: rows"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError, suggest
-from ..lang.catalogue import PROVIDERS, STYLES, style_of
+from ..lang.catalogue import PROVIDERS, STYLE_DEFAULTS, STYLES, style_of
 
 MARK = "# GUESS: "
 """How a guessed line of a draft ends: ``key: value   # GUESS: what to verify``."""
@@ -119,6 +119,17 @@ def _encoder_candidates(modeling, vision_config: type) -> list[type]:
 
 
 def _vlm_attribute(modeling, vlm_config: type, encoder: type) -> str | None:
+    """``model.<attribute>`` that the VLM's base model sets to the encoder in its ``__init__``, read off the VLM's
+    own modeling module (where the encoder comes from another model's, as PaliGemma's SigLIP), else the
+    encoder's; None when neither assigns it."""
+    own = vlm_config.__module__.replace(".configuration_", ".modeling_")
+    if own != modeling.__name__:
+        try:
+            found = _vlm_attribute(importlib.import_module(own), vlm_config, encoder)
+        except ImportError:
+            found = None
+        if found:
+            return found
     from transformers import PreTrainedModel
 
     for _, cls in inspect.getmembers(modeling, inspect.isclass):
@@ -256,6 +267,25 @@ def _tiny_config(config: type, defaults: dict[str, Any]) -> dict[str, int]:
         except Exception:  # noqa: BLE001 - any failure means: leave this field at its default
             continue
         tiny[key] = value
+    return _tiny_layer_indexes(config, defaults, tiny)
+
+
+def _tiny_layer_indexes(config: type, defaults: dict[str, Any], tiny: dict[str, Any]) -> dict[str, Any]:
+    """``tiny`` with each layer-index list of the defaults that names a layer past the tiny depth (deepstack,
+    full-attention, global-attention, intermediate layers) set to the tiny tower's last layer: the tiny checks
+    then run both the plain layers and the indexed path (``vitcg validate`` refuses a tiny config that skips it)."""
+    from ..lang.rules.bindings import LAYER_INDEX_FIELDS, TOWER_DEPTH_FIELDS
+
+    depth = next((v for k in TOWER_DEPTH_FIELDS if _int(v := tiny.get(k, defaults.get(k)))), None)
+    for key in LAYER_INDEX_FIELDS:
+        indexes = defaults.get(key)
+        if depth is None or not isinstance(indexes, list) or all(isinstance(i, int) and i < depth for i in indexes):
+            continue
+        try:
+            config(**tiny, **{key: [depth - 1]})
+        except Exception:  # noqa: BLE001 - leave it; validate names the field to fix
+            continue
+        tiny[key] = [depth - 1]
     return tiny
 
 
@@ -292,23 +322,13 @@ class _Lines:
         return "\n".join(self.lines) + "\n"
 
 
-def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lines:
-    """The draft spec's lines (``.text()``), every guessed line ending with ``# GUESS: what to verify``.
-
-    ``path`` is where it will be written (for the next-step commands in its header; default ``NAME.yaml``, as
-    ``vitcg new`` writes it); ``schema`` the path of ``vitcg/lang/schema.json`` for editors (default
-    :func:`schema_reference` of ``path``)."""
-    style = STYLES[d.style]
+def _geometry(d: Draft, style) -> dict[str, tuple[str, str | None, int]]:
+    """``name -> (formula, guess, value)``: what the style, its providers and the draft's own formulas read (a
+    literal guess where the config is silent)."""
     packed = style.segmented
-    video = "video" in d.modalities
-    out = _Lines()
-    path = path or f"{d.name}.yaml"
-    schema = schema or schema_reference(path)
-
-    # what the style, its providers and the draft's own formulas read (a literal guess where the config is silent)
     provided = {g for p in style.required_providers for g in PROVIDERS[p].geometry}
     needed = {"patch_size", "in_channels", "spatial_merge_size" if packed else "image_size", *style.geometry, *provided}
-    needed |= {"temporal_patch_size"} if packed and video else set()
+    needed |= {"temporal_patch_size"} if packed and "video" in d.modalities else set()
     geometry: dict[str, tuple[str, str | None, int]] = {}
     for name in GEOMETRY:
         found = _read(d.defaults, name)
@@ -319,6 +339,45 @@ def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lin
     if packed and "get_vision_interpolation_indices_and_weights" in d.helpers and "num_position_embeddings" in d.defaults:
         geometry["num_grid_per_side"] = ("isqrt(config.num_position_embeddings)", None, 0)
     geometry["out_hidden_size"] = _out_hidden_size(d.defaults)
+    return geometry
+
+
+def _items_and_budget(out: _Lines, style: str, packed: bool, geometry: dict, m: str | None) -> None:
+    """``items`` and ``budget``: what differs from the style's defaults."""
+    merged = f"(h // {m}) * (w // {m})" if m else "h * w"
+    if packed:
+        items = {"input_size": ("t * h * w", None),
+                 "output_tokens": (f"t * {merged}", "output rows of one item, against the encoder's output")}
+        budget = {"min": ("64", "smallest useful budget"), "max": ("min(max_num_batched_tokens, max_model_len)", None)}
+    else:
+        values = {name: value for name, (_, _, value) in geometry.items()}
+        items = {"input_size": ("n", None), "output_tokens": ("n * tokens_per_tile", None)}
+        budget = {"min": ("tokens_per_tile", "smallest useful budget"),
+                  "max": _tile_budget_max(values, max(1, values["image_size"] // values["patch_size"]) ** 2)}
+    _section(out, style, "items", items)
+    _section(out, style, "budget", budget)
+
+
+def _tiny_image_size(defaults: dict[str, Any]) -> dict[str, int]:
+    """A tiles draft's tiny ``image_size``: four patches a side, when the config has both fields."""
+    patch = defaults.get("patch_size")
+    patch = patch[0] if isinstance(patch, list) and patch else patch
+    return {"image_size": 4 * patch} if _int(patch) and isinstance(defaults.get("image_size"), int) else {}
+
+
+def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lines:
+    """The draft spec's lines (``.text()``), every guessed line ending with ``# GUESS: what to verify``.
+
+    ``path`` is where it will be written (for the next-step commands in its header; default ``NAME.yaml``, as
+    ``vitcg new`` writes it); ``schema`` the path of ``vitcg/lang/schema.json`` for editors (default
+    :func:`schema_reference` of ``path``)."""
+    style = STYLES[d.style]
+    packed = style.segmented
+    out = _Lines()
+    path = path or f"{d.name}.yaml"
+    schema = schema or schema_reference(path)
+
+    geometry = _geometry(d, style)
     m = "spatial_merge_size" if "spatial_merge_size" in geometry else None
 
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -359,10 +418,7 @@ def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lin
                 "the output field holding the tokens (or call the VLM's get_image_features: encoder.method)")
     tiny = _tiny_config(d.vision_config, d.defaults)
     if "image_size" in geometry and not packed and geometry["image_size"][0].startswith("config.image_size"):
-        patch = d.defaults.get("patch_size")
-        patch = patch[0] if isinstance(patch, list) and patch else patch
-        if _int(patch) and isinstance(d.defaults.get("image_size"), int):
-            tiny["image_size"] = 4 * patch
+        tiny.update(_tiny_image_size(d.defaults))
     out.add("")
     out.add("geometry:")
     for name, (formula, guess, _) in geometry.items():
@@ -389,26 +445,8 @@ def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lin
                     "the processor's output keys; add `tiles: <key>` if an image carries a tile count")
         if modality == "video":
             out.add("    max_frames_per_video: 32", "largest grid t of one video")
-    merged = f"(h // {m}) * (w // {m})" if m else "h * w"
+    _items_and_budget(out, d.style, packed, geometry, m)
     out.add("")
-    out.add("items:")
-    if packed:
-        out.add("  input_size: t * h * w")
-        out.add(f"  output_tokens: t * {merged}", "output rows of one item, against the encoder's output")
-    else:
-        out.add("  input_size: n")
-        out.add("  output_tokens: n * tokens_per_tile")
-    out.add("")
-    out.add("budget:")
-    out.add(f"  min: {64 if packed else 'tokens_per_tile'}", "smallest useful budget")
-    if packed:
-        out.add("  max: min(max_num_batched_tokens, max_model_len)")
-    else:
-        values = {name: value for name, (_, _, value) in geometry.items()}
-        formula, guess = _tile_budget_max(values, max(1, values["image_size"] // values["patch_size"]) ** 2)
-        out.add(f"  max: {formula}", guess)
-    out.add("")
-    out.add("buffers:", f"the graph inputs {d.style} attention needs; shapes, padding and params against {call}")
     _buffers(out, d, style, geometry, pixels_arg, grid_arg, m)
     out.add("")
     out.add("docs:")
@@ -421,7 +459,7 @@ def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lin
     out.add("  real_config: {}", "overrides for a real checkpoint's dimensions, where the defaults differ")
     out.add('  prompt_template: "USER: {placeholders}{question} ASSISTANT:"', "the chat template")
     out.add('  image_placeholder: "<image>"', "the image placeholder token")
-    if video:
+    if "video" in d.modalities:
         out.add('  video_placeholder: "<video>"', "the video placeholder token")
     _vlm_lines(out, d)
     return out
@@ -492,6 +530,21 @@ def _vlm_lines(out: _Lines, d: Draft) -> None:
             placeholder += f", {role}: [{found[role][0]}]"
     out.add(f"    placeholder: {placeholder}}}", "the VLM config fields of the image token and the tokens "
             "around each image (check the processor's prompt)")
+    left_out = _left_out(d)
+    if left_out:
+        reasons = ", ".join(f'{m}: "the VLM runs its {m}s through the same tower call"' for m in left_out)
+        out.add(f"    omits: {{{reasons}}}", f"read the VLM's get_{left_out[0]}_features: say why the spec needs "
+                f"no {left_out[0]} modality, or add modalities.{left_out[0]} (vitcg validate asks for one or the other)")
+
+
+def _left_out(d: Draft) -> list[str]:
+    """The modalities the VLM has (its ``get_image_features`` / ``get_video_features``) that the draft does not."""
+    import transformers
+
+    vlm = getattr(transformers, _architecture(d), None)
+    if vlm is None or vlm is d.encoder:
+        return []
+    return [m for m in ("image", "video") if m not in d.modalities and callable(getattr(vlm, f"get_{m}_features", None))]
 
 
 AUTO_TABLES = ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES",
@@ -519,43 +572,116 @@ def _quoted(text: str) -> str:
     return text if re.fullmatch(r"[A-Za-z0-9_]+", text) else f'"{text}"'
 
 
-def _buffers(out: _Lines, d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str, m: str | None) -> None:
+def _section(out: _Lines, style: str, key: str, values: dict[str, tuple[str, str | None]]) -> None:
+    """Section ``key`` of the draft: only the values that differ from the style's defaults; a comment naming the
+    defaults (and what to verify in them) when none does."""
+    defaults = STYLE_DEFAULTS[style][key]
+    differ = {k: v for k, v in values.items() if str(defaults.get(k)) != v[0]}
+    out.add("")
+    if not differ:
+        guesses = "; ".join(f"{k}: {g}" for k, (_, g) in values.items() if g)
+        out.add(f"# {key}: the {style} style's defaults ({', '.join(f'{k}: {f}' for k, (f, _) in values.items())})",
+                guesses or None)
+        return
+    out.add(f"{key}:")
+    for k, (formula, guess) in differ.items():
+        out.add(f"  {k}: {formula}", guess)
+
+
+def _buffer_entries(d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str,
+                    m: str | None) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """The buffers the draft's style needs: ``(entry, guess per key)``, in the order they are written."""
     unit = f" * {m} ** 2" if m else ""
     if not style.segmented:
-        for line in ("  - name: pixel_values", f"    arg: {pixels_arg}", "    provider: pixels",
-                     "    shape: [budget // tokens_per_tile, in_channels, image_size, image_size]", "    padding: zeros"):
-            out.add(line)
-        return
+        return [({"name": "pixel_values", "arg": pixels_arg, "provider": "pixels",
+                  "shape": ["budget // tokens_per_tile", "in_channels", "image_size", "image_size"],
+                  "padding": "zeros"}, {})]
     row = "in_channels" + (" * temporal_patch_size" if "temporal_patch_size" in geometry else "") + " * patch_size ** 2"
-    out.add("  - name: pixel_values")
-    out.add(f"    arg: {pixels_arg}")
-    out.add("    provider: pixels")
-    out.add(f"    shape: [budget{unit}, {row}]", "one row of pixel values per patch")
-    out.add("    padding: zeros")
-    for line in ("  - name: grid_thw", f"    arg: {grid_arg}", "    provider: grid", "    shape: [max_items + 1, 3]",
-                 "    padding: zeros", "  - name: cu_seqlens", "    provider: cu_seqlens", "    shape: [max_segments + 2]",
-                 "    padding: trailing_segment", "  - name: max_seqlen", "    provider: max_seqlen",
-                 f"    value: budget{unit}", "    padding: fixed"):
-        out.add(line)
+    entries = [
+        ({"name": "pixel_values", "arg": pixels_arg, "provider": "pixels", "shape": [f"budget{unit}", row],
+          "padding": "zeros"}, {"shape": "one row of pixel values per patch"}),
+        ({"name": "grid_thw", "arg": grid_arg, "provider": "grid", "shape": ["max_items + 1", 3], "padding": "zeros"}, {}),
+        ({"name": "cu_seqlens", "provider": "cu_seqlens", "shape": ["max_segments + 2"],
+          "padding": "trailing_segment"}, {}),
+        ({"name": "max_seqlen", "provider": "max_seqlen", "value": f"budget{unit}", "padding": "fixed"}, {}),
+    ]
     if "get_vision_position_ids" in d.helpers and m:
-        out.add("  - name: position_ids")
-        out.add("    provider: position_ids")
-        out.add(f"    shape: [budget{unit}, 2]", "2 (h, w) or 3 (t, h, w: params include_temporal) columns")
-        out.add("    padding: zeros")
+        entries.append(({"name": "position_ids", "provider": "position_ids", "shape": [f"budget{unit}", 2],
+                         "padding": "zeros"}, {"shape": "2 (h, w) or 3 (t, h, w: params include_temporal) columns"}))
     if "window_index" in style.required_providers:
-        for line in ("  - name: window_index", "    provider: window_index", "    shape: [budget]",
-                     "    padding: identity", "  - name: cu_window_seqlens", "    provider: cu_window_seqlens",
-                     "    shape: [budget + 2]", "    padding: trailing_segment", "  - name: max_window_seqlen",
-                     "    provider: max_window_seqlen"):
-            out.add(line)
-        out.add("    value: (window_size // patch_size) ** 2", "the largest window in patch rows")
-        out.add("    padding: fixed")
+        entries += [
+            ({"name": "window_index", "provider": "window_index", "shape": ["budget"], "padding": "identity"}, {}),
+            ({"name": "cu_window_seqlens", "provider": "cu_window_seqlens", "shape": ["budget + 2"],
+              "padding": "trailing_segment"}, {}),
+            ({"name": "max_window_seqlen", "provider": "max_window_seqlen", "value": "(window_size // patch_size) ** 2",
+              "padding": "fixed"}, {"value": "the largest window in patch rows"}),
+        ]
     if "get_vision_interpolation_indices_and_weights" in d.helpers and "num_grid_per_side" in geometry and m:
         for name in ("interp_indices", "interp_weights"):
-            for line in (f"  - name: {name}", f"    provider: {name}", f"    shape: [budget{unit}, 4]",
-                         "    padding: zeros"):
-                out.add(line)
-            out.add("    params: {mode: bilinear, align_corners: true}", "as the encoder calls the helper")
+            entries.append(({"name": name, "provider": name, "shape": [f"budget{unit}", 4], "padding": "zeros",
+                             "params": {"mode": "bilinear", "align_corners": True}},
+                            {"params": "as the encoder calls the helper"}))
+    return entries
+
+
+def _buffer_changes(entries: list[tuple[dict[str, Any], dict[str, str]]],
+                    defaults: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """What a root spec writes to get ``entries`` over its style's default buffers (merged by name): a default it
+    does not need removed, only the keys that differ from a default of the same name, every other entry whole.
+    ``arg`` equal to the name is left out (it is the default)."""
+    by_name = {b["name"]: b for b in defaults}
+    wanted = {e["name"] for e, _ in entries}
+    changes = [({"name": name, "remove": True}, {}) for name in by_name if name not in wanted]
+    for entry, guesses in entries:
+        entry = {k: v for k, v in entry.items() if not (k == "arg" and v == entry["name"])}
+        base = by_name.get(entry["name"])
+        if base is None:
+            changes.append((entry, guesses))
+            continue
+        differ = {k: v for k, v in entry.items() if k != "name" and base.get(k) != v}
+        if differ:
+            changes.append(({"name": entry["name"], **differ}, {k: g for k, g in guesses.items() if k in differ}))
+    return changes
+
+
+def _kept_guesses(entries: list[tuple[dict[str, Any], dict[str, str]]], changes: list) -> list[str]:
+    """``name.key: guess`` of the guesses on default values the draft keeps (not written, still to verify)."""
+    written = {(e["name"], k) for e, _ in changes for k in e}
+    return [f"{e['name']}.{k}: {g}" for e, guesses in entries for k, g in guesses.items()
+            if (e["name"], k) not in written]
+
+
+def _flow(value: Any) -> str:
+    """``value`` in YAML flow style (formulas, numbers, booleans and flat mappings of them)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _buffers(out: _Lines, d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str, m: str | None) -> None:
+    """``buffers``: only what differs from the style's default buffers (``vitcg validate --resolved`` shows all)."""
+    call = f"{d.encoder.__name__}.forward"
+    entries = _buffer_entries(d, style, geometry, pixels_arg, grid_arg, m)
+    changes = _buffer_changes(entries, STYLE_DEFAULTS[d.style]["buffers"])
+    for kept in _kept_guesses(entries, changes):
+        out.add(f"# buffers: {kept.split(':', 1)[0]} is the {d.style} style's default", kept.split(": ", 1)[1])
+    if not changes:
+        out.add(f"# buffers: the {d.style} style's defaults", f"the graph inputs {d.style} attention needs; check "
+                f"them against {call} (vitcg validate --resolved FILE shows them)")
+        return
+    out.add("buffers:", f"the graph inputs {d.style} attention needs beyond or instead of the style's defaults "
+            f"(vitcg validate --resolved FILE shows all); shapes, padding and params against {call}")
+    for entry, guesses in changes:
+        keys = list(entry)
+        if len(keys) <= 3 and not guesses:
+            out.add(f"  - {_flow(entry)}")
+            continue
+        for i, key in enumerate(keys):
+            out.add(f"  {'- ' if i == 0 else '  '}{key}: {_flow(entry[key])}", guesses.get(key))
 
 
 def schema_reference(path: str | os.PathLike | None) -> str:
