@@ -1,5 +1,6 @@
-"""The buffer records: each provider states the leading rows its buffer must hold (``providers.CAPACITIES``), each
-padding rule its empty value and what it needs of the buffer (``padding.PADDING_RULES``); the adapter asks them."""
+"""The buffer records: each provider states the leading rows its buffer needs (``Provider.capacity`` in the
+catalogue), each padding rule its empty value and what it needs of the buffer (``padding.PADDING_RULES``); the
+adapter asks them."""
 
 from __future__ import annotations
 
@@ -8,42 +9,55 @@ import torch
 
 from vitcg.errors import InputError
 from vitcg.lang import catalogue as cat
-from vitcg.lang.model import Buffer
-from vitcg.runtime import padding, providers
+from vitcg.runtime import padding
 from vitcg.runtime.padding import EMPTY, BufferPadding, Capacities, fill
 
-LIMITS = providers.CaptureLimits(items=3, segments=7, grid_rows=5, item_roles=frozenset({"instruction"}))
+NAMES = {"max_items": 3, "max_segments": 7, "grid_rows": 5}
+ROLES = frozenset({"instruction"})
 
 
-def buffer(provider: str, padding_rule: str = "zeros", **params) -> Buffer:
-    return Buffer(name="b", arg="b", provider=provider, shape=None, value=None, padding=padding_rule, params=params)
+def rows(provider: str, padding_rule: str = "zeros", role: str | None = None) -> int | None:
+    """The rows a buffer of ``provider`` padded by ``padding_rule`` needs at :data:`NAMES`, or None."""
+    need = cat.PROVIDERS[provider].needs(padding_rule, role, ROLES)
+    return need.evaluate(NAMES) if need is not None else None
 
 
-def test_capacity_rules_belong_to_providers_with_tensor_buffers():
-    assert set(providers.CAPACITIES) <= {p.name for p in cat.PROVIDERS.values() if p.kind != "host"}
+def test_capacities_belong_to_tensor_providers_and_their_paddings():
+    for provider in cat.PROVIDERS.values():
+        if provider.capacity is not None:
+            assert provider.kind != "host", provider.name
+            assert set(provider.capacity.rows) <= set(provider.paddings), provider.name
+            for rule in provider.capacity.rows:
+                assert provider.needs(rule, "instruction", ROLES).names <= set(cat.CAPACITY_NAMES)
 
 
-@pytest.mark.parametrize(("record", "rows"), [
-    (buffer("cu_seqlens", "trailing_segment"), 7 + 2),  # the leading zero, the segments, one padding segment
-    (buffer("grid"), 5),  # a row per grid row the encoder sees
-    (buffer("grid", "ones"), 5),
-    (buffer("grid", "trailing_item"), 5 + 1),  # and the padding item's
-    (buffer("aligned", role="instruction"), 3),  # a role aligned with the items: a row per item
-    (buffer("aligned", role="pixel_attention_mask"), None),  # aligned with the pixels: the spec's shape
-    (buffer("scope_arg", "trailing_segment"), 7 + 2),  # segment boundaries, as cu_seqlens
-    (buffer("scope_arg", "trailing_item"), None),
-    (buffer("scope_arg"), None),
-    (buffer("cu_window_seqlens", "trailing_segment"), None),  # windows are not segments: the shape says
-    (buffer("pixels"), None),
-    (buffer("position_ids"), None),
+@pytest.mark.parametrize(("provider", "rule", "role", "want"), [
+    ("cu_seqlens", "trailing_segment", None, 7 + 2),  # the leading zero, the segments, one padding segment
+    ("grid", "zeros", None, 5),  # a row per grid row the encoder sees
+    ("grid", "ones", None, 5),
+    ("grid", "trailing_item", None, 5 + 1),  # and the padding item's
+    ("aligned", "zeros", "instruction", 3),  # a role aligned with the items: a row per item
+    ("aligned", "zeros", "pixel_attention_mask", None),  # aligned with the pixels: the spec's shape
+    ("scope_arg", "trailing_segment", None, 7 + 2),  # segment boundaries, as cu_seqlens
+    ("scope_arg", "trailing_item", None, None),
+    ("scope_arg", "zeros", None, None),
+    ("cu_window_seqlens", "trailing_segment", None, None),  # windows are not segments: the shape says
+    ("pixels", "zeros", None, None),
+    ("position_ids", "zeros", None, None),
 ])
-def test_each_provider_states_its_capacity(record, rows):
-    assert providers.min_rows(record, LIMITS) == rows
+def test_each_provider_states_its_capacity(provider, rule, role, want):
+    assert rows(provider, rule, role) == want
+
+
+def test_grid_rows_are_segments_only_where_a_modality_splits_items_by_frames():
+    assert cat.capacity_names(64, 2, 8, split=True)["grid_rows"] == 10
+    assert cat.capacity_names(64, 2, 8, split=False)["grid_rows"] == 2
+    assert cat.capacity_names(4, 2, 8, split=True)["grid_rows"] == 4  # never more segments than the budget
 
 
 def test_a_segment_buffer_of_its_capacity_holds_every_segment_and_the_padding():
-    dest = torch.zeros(providers.min_rows(buffer("cu_seqlens", "trailing_segment"), LIMITS), dtype=torch.int32)
-    bounds = torch.arange(LIMITS.segments + 1, dtype=torch.int32) * 2
+    dest = torch.zeros(rows("cu_seqlens", "trailing_segment"), dtype=torch.int32)
+    bounds = torch.arange(NAMES["max_segments"] + 1, dtype=torch.int32) * 2
     fill("trailing_segment", dest, bounds, 20, "cu_seqlens")  # 14 rows of segments, 6 of padding
     assert dest.tolist()[-1] == 20 and dest.tolist()[:8] == bounds.tolist()
     with pytest.raises(InputError, match="leave no slot for padding"):
@@ -51,8 +65,8 @@ def test_a_segment_buffer_of_its_capacity_holds_every_segment_and_the_padding():
 
 
 def test_a_grid_of_its_capacity_holds_every_row_and_the_padding_item():
-    dest = torch.zeros(providers.min_rows(buffer("grid", "trailing_item"), LIMITS), 3, dtype=torch.int64)
-    grid = torch.tensor([[1, 2, 2]] * LIMITS.grid_rows)
+    dest = torch.zeros(rows("grid", "trailing_item"), 3, dtype=torch.int64)
+    grid = torch.tensor([[1, 2, 2]] * NAMES["grid_rows"])
     fill("trailing_item", dest, grid, 24, "grid", merge=2)  # 20 rows of items, 4 of padding
     assert dest[-1].tolist() == [1, 2, 2]
     with pytest.raises(InputError, match="no row for the padding item"):

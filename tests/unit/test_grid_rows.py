@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitcg.errors import InputError
+from vitcg.errors import InputError, SpecRuntimeError
 from vitcg.lang import load_registry, load_specs
 from vitcg.lang.formulas import parse
 from vitcg.lang.harness import Placeholder
@@ -90,13 +90,15 @@ def test_split_video_graph_matches_eager(glm):
 
 
 def test_grid_buffer_holds_a_row_per_frame(glm):
-    """Whatever the shape formula says, a split spec's grid buffer gets a row per possible segment."""
+    """A split spec's grid buffer holds a row per possible segment; a shape short of that is an error, never
+    silently raised."""
     spec = glm.spec
+    assert glm.prepare_encoder_cudagraph_capture_inputs(64, 2, 8, device="cpu").values["grid_thw"].shape[0] >= 2 + 8
     narrow = [dataclasses.replace(b, shape=(parse("max_items", ["max_items"]), parse("3", []))) if b.provider == "grid"
               else b for b in spec.buffers]
     adapter = SpecAdapter(dataclasses.replace(spec, buffers=tuple(narrow)), glm.module)
-    values = adapter.prepare_encoder_cudagraph_capture_inputs(64, 2, 8, device="cpu").values
-    assert values["grid_thw"].shape[0] >= min(64, 2 + 8)
+    with pytest.raises(SpecRuntimeError, match=r"'grid_thw' holds 2 rows \(max_items\) .* can need 10 \(grid_rows\)"):
+        adapter.prepare_encoder_cudagraph_capture_inputs(64, 2, 8, device="cpu")
 
 
 def test_hw_grid_items_and_encoder_rows(hw):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitcg.errors import InputError
+from vitcg.errors import InputError, SpecRuntimeError
 from vitcg.lang import load_registry, load_specs
 from vitcg.lang.formulas import parse
 from vitcg.runtime.adapter import SpecAdapter, adapter_for
@@ -74,9 +74,10 @@ def test_buffers_hold_a_row_per_item(qwen):
     capture = qwen.prepare_encoder_cudagraph_capture_inputs(64, 5, 0, device="cpu").values
     assert capture["merge_sizes"].shape == (5,) and capture["merge_sizes"].dtype == torch.int64
     narrow = [dataclasses.replace(b, shape=(parse("1", []),)) if b.provider == "aligned" else b
-              for b in PER_ITEM.buffers]  # whatever the shape formula says: a row per item
+              for b in PER_ITEM.buffers]  # a shape short of a row per item is an error, never silently raised
     adapter = SpecAdapter(dataclasses.replace(PER_ITEM, buffers=tuple(narrow)), qwen.module)
-    assert adapter.prepare_encoder_cudagraph_capture_inputs(64, 5, 0, device="cpu").values["merge_sizes"].shape == (5,)
+    with pytest.raises(SpecRuntimeError, match=r"buffer 'merge_sizes' holds 1 rows \(1\) at budget=64, max_items=5"):
+        adapter.prepare_encoder_cudagraph_capture_inputs(64, 5, 0, device="cpu")
     qwen.get_encoder_cudagraph_config().padding_logics["merge_sizes"](capture["merge_sizes"], values["merge_sizes"])
     assert capture["merge_sizes"].tolist() == [1, 2, 0, 0, 0]
     (call,) = qwen.eager_calls(kwargs)

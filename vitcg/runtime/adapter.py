@@ -29,7 +29,7 @@ from torch import nn
 
 from ..errors import InputError, SpecRuntimeError, UnsupportedError
 from ..lang.bindings import config_snapshot
-from ..lang.catalogue import MERGE_NAME, PROVIDERS, buffer_names
+from ..lang.catalogue import MERGE_NAME, PROVIDERS, capacity_names
 from ..lang.model import Buffer, Modality, PixelLayout, Spec, thaw
 from . import providers
 from .attention import ATTENTION_NAME, configs_of, encoder_lock, register, use_attention
@@ -350,11 +350,12 @@ class _Adapter:
         path: str = DEFAULT_PATH, axis_keys: tuple | None = None,
     ) -> EncoderCudaGraphCaptureInputs:
         """Buffers for ``token_budget`` that hold any pack of ``max_batch_size`` items and
-        ``max_frames_per_batch`` frames. Shape formulas may read ``max_segments``, the most attention
-        segments such a pack has (``min(budget, max_items + max_frames)``: every segment has at least one
-        output token); whatever a spec's shape says, a buffer holds the leading rows its provider's capacity
-        rule asks (:data:`vitcg.runtime.providers.CAPACITIES`: a segment buffer a slot per possible segment plus
-        the leading zero and a padding segment, a grid buffer or an item role's buffer a row per item).
+        ``max_frames_per_batch`` frames, each of the spec's shape. Shape formulas may read ``max_segments``, the
+        most attention segments such a pack has (``min(budget, max_items + max_frames)``: every segment has at
+        least one output token). A buffer whose provider states a capacity
+        (:attr:`vitcg.lang.catalogue.Provider.capacity`: segment slots, grid rows, a row per item) is never
+        made larger than its shape: ``vitcg validate`` holds the shape to the capacity, and limits beyond what it
+        checked raise SpecRuntimeError naming the buffer, its rows and the rows a pack can need.
         ``axis_keys``: with ``separate`` modalities, the modality these graphs serve (the capture axis); a
         modality other than video sees ``max_frames`` 0."""
         _check_path(path)
@@ -362,10 +363,7 @@ class _Adapter:
         dtype = dtype or self.dtype
         if axis_keys and self.spec.separate_modalities and axis_keys[0] != "video":
             max_frames_per_batch = 0  # the graphs of a modality kept apart from video never see frames
-        names = {**buffer_names(token_budget, max_batch_size, max_frames_per_batch), **self.geometry}
-        segments = names["max_segments"]
-        limits = providers.CaptureLimits(max_batch_size, segments, segments if self._splits else max_batch_size,
-                                         self._item_roles)
+        names = {**capacity_names(token_budget, max_batch_size, max_frames_per_batch, self._splits), **self.geometry}
         values: dict[str, torch.Tensor | int] = {}
         for buffer in self.spec.buffers:
             if buffer.is_host:
@@ -375,9 +373,7 @@ class _Adapter:
             if kind == "param":
                 kind = buffer.params.get("dtype", "model")
             shape = tuple(f.evaluate(names) for f in buffer.shape)
-            rows = providers.min_rows(buffer, limits)
-            if rows is not None:
-                shape = (max(shape[0], rows), *shape[1:])
+            self._check_capacity(buffer, shape[0], names)
             shape = self._boundary.storage_shape(buffer, shape)
             values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else providers.DTYPES[kind],
                                               device=device)
@@ -387,6 +383,19 @@ class _Adapter:
                 self._capacities.record(values[buffer.name], capacity)
                 fill(buffer.padding, values[buffer.name], None, capacity, buffer.name, self._padding[buffer.name].merge)
         return EncoderCudaGraphCaptureInputs(values)
+
+    def _check_capacity(self, buffer: Buffer, rows: int, names: Mapping[str, int]) -> None:
+        """Raises SpecRuntimeError when ``rows``, the first dimension of ``buffer``'s shape at a capture's
+        ``names``, is fewer than its provider's capacity needs there."""
+        provider = PROVIDERS[buffer.provider]
+        need = provider.needs(buffer.padding, buffer.params.get("role"), self._item_roles)
+        if need is None or rows >= (needed := need.evaluate(names)):
+            return
+        limits = ", ".join(f"{k}={names[k]}" for k in ("budget", "max_items", "max_frames"))
+        raise SpecRuntimeError(f"{self.spec.name}: buffer {buffer.name!r} holds {rows} rows ({buffer.shape[0]}) at "
+                               f"{limits}, but a pack can need {needed} ({need}): {provider.capacity.doc}; "
+                               f"`vitcg validate` checks the spec's budgets under its default limits, so write "
+                               f"the buffer's first dimension to hold these limits too")
 
     def row_capacity(self, values: Mapping[str, torch.Tensor | int]) -> int:
         """Rows (patches or tiles) these capture inputs hold: the first dimension of the row buffer."""

@@ -52,11 +52,6 @@ class Padding:
     """The value meaning "no data" for a capture buffer (``src`` None or :data:`EMPTY`)."""
     at_capacity: bool = False
     """Its padding ends at the buffer set's row capacity (:class:`Capacities`), not at the buffer's own end."""
-    spare: int = 0
-    """Rows it needs after the value's own: the slot of a padding segment or the row of a padding item (the
-    capacity rules of :mod:`vitcg.runtime.providers` add them)."""
-    boundaries: bool = False
-    """Its value is segment boundaries ``[0, ..., R]`` (a scope argument so padded holds a slot per segment)."""
 
 
 PADDING_RULES: dict[str, Padding] = {}
@@ -107,7 +102,7 @@ def _no_segments(dest: torch.Tensor) -> torch.Tensor:
     return torch.zeros(1, dtype=dest.dtype)
 
 
-@padding_rule("trailing_segment", empty=_no_segments, at_capacity=True, spare=1, boundaries=True)
+@padding_rule("trailing_segment", empty=_no_segments, at_capacity=True)
 def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str, merge: int = 1) -> None:
     """``src`` = boundaries ``[0, ..., R]`` on the host; rows ``R..capacity`` become trailing padding segments.
 
@@ -134,7 +129,7 @@ def pad_trailing_segment(dest: torch.Tensor, src: torch.Tensor, capacity: int, k
     dest.copy_(full, non_blocking=True)
 
 
-@padding_rule("trailing_item", at_capacity=True, spare=1)
+@padding_rule("trailing_item", at_capacity=True)
 def pad_trailing_item(dest: torch.Tensor, src: torch.Tensor, capacity: int, key: str, merge: int = 1) -> None:
     """Grid rows (``(t, h, w)`` or ``(h, w)``) first, then one more row holding the padding rows as an item of
     their own, ``(1, merge, P // merge)`` (without t: ``(merge, P // merge)``), then zero rows. An encoder that

@@ -2,9 +2,10 @@
 
 Each provider named in :mod:`vitcg.lang.catalogue` computes the unpadded value of one buffer for the
 items of a pack, wrapping ``transformers.vision_utils`` (the same helpers the encoders call when a key
-is not precomputed). :mod:`vitcg.runtime.padding` writes such a value into a fixed-size capture buffer. A
-provider whose value grows with the items or segments of a pack also states, in :data:`CAPACITIES`, the
-leading rows its buffer must hold whatever the spec's shape says.
+is not precomputed). :mod:`vitcg.runtime.padding` writes such a value into a fixed-size capture buffer, of the
+spec's shape: a provider whose value grows with the items or segments of a pack states the rows it needs
+(:attr:`vitcg.lang.catalogue.Provider.capacity`), ``vitcg validate`` holds the spec's shape to it, and a capture
+never allocates more than the spec says.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from transformers import vision_utils
 from ..lang.bindings import release, transformers_version
 from ..lang.catalogue import GRID_COLUMNS, PROVIDERS
 from ..lang.model import Buffer
-from .padding import PADDING_RULES
 
 Compute = Callable[["Pack", Mapping[str, Any]], torch.Tensor]
 PROVIDED: dict[str, Compute] = {}
@@ -35,69 +35,6 @@ def provider(name: str) -> Callable[[Compute], Compute]:
         PROVIDED[name] = fn
         return fn
     return register
-
-
-@dataclass(frozen=True)
-class CaptureLimits:
-    """What any pack a capture serves may hold: what the capacity rules read."""
-
-    items: int
-    """Items (``max_batch_size``)."""
-    segments: int
-    """Attention segments (``max_segments``)."""
-    grid_rows: int
-    """Grid rows the encoder sees: one per item, or one per segment when a modality splits its items by frames."""
-    item_roles: frozenset[str] = frozenset()
-    """Extra input roles aligned with the items (``per_item``), not with the pixels."""
-
-
-Capacity = Callable[[Buffer, CaptureLimits], int | None]
-CAPACITIES: dict[str, Capacity] = {}
-"""Provider name -> the leading rows its buffer must hold at least for packs within :class:`CaptureLimits`, or None:
-the spec's shape alone. A provider not here has no such rule."""
-
-
-def capacity(name: str) -> Callable[[Capacity], Capacity]:
-    """Register the capacity rule of the provider ``name``."""
-    def register(fn: Capacity) -> Capacity:
-        CAPACITIES[name] = fn
-        return fn
-    return register
-
-
-def min_rows(buffer: Buffer, limits: CaptureLimits) -> int | None:
-    """The leading rows ``buffer`` must hold at least (its provider's capacity rule), or None without a rule."""
-    rule = CAPACITIES.get(buffer.provider)
-    return rule(buffer, limits) if rule is not None else None
-
-
-def _spare(buffer: Buffer) -> int:
-    """The rows ``buffer``'s padding rule writes after the value's own."""
-    return PADDING_RULES[buffer.padding].spare
-
-
-@capacity("cu_seqlens")
-def _segment_slots(buffer: Buffer, limits: CaptureLimits) -> int:
-    """The leading zero, a boundary per segment, and the padding segment."""
-    return limits.segments + 1 + _spare(buffer)
-
-
-@capacity("grid")
-def _grid_rows(buffer: Buffer, limits: CaptureLimits) -> int:
-    """A row per grid row the encoder sees, and the padding item's where the padding rule writes one."""
-    return limits.grid_rows + _spare(buffer)
-
-
-@capacity("aligned")
-def _aligned_rows(buffer: Buffer, limits: CaptureLimits) -> int | None:
-    """A row per item for a role aligned with the items; one aligned with the pixels: the spec's shape."""
-    return limits.items if buffer.params.get("role") in limits.item_roles else None
-
-
-@capacity("scope_arg")
-def _scope_arg_rows(buffer: Buffer, limits: CaptureLimits) -> int | None:
-    """Segment slots for an argument padded as segment boundaries (as ``cu_seqlens``); otherwise the shape."""
-    return _segment_slots(buffer, limits) if PADDING_RULES[buffer.padding].boundaries else None
 
 
 @dataclass(frozen=True)
