@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, vitcg, vitcg_command
+from spec_files import copy_spec
 
 FAILS = REPO / "tests" / "specs" / "check_fails"
 
@@ -108,7 +109,7 @@ def _specs_folder(tmp_path: Path, *names: str) -> Path:
     folder = tmp_path / "specs"
     folder.mkdir()
     for name in names:
-        (folder / f"{name}.yaml").write_text((REPO / "vitcg" / "specs" / f"{name}.yaml").read_text())
+        copy_spec(name, folder)
     (folder / "broken.yaml").write_text((REPO / "tests" / "specs" / "invalid" / "duplicate_key.yaml").read_text())
     return folder
 
