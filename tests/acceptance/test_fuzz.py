@@ -1,4 +1,5 @@
-"""Fuzzing the ``vitcg`` command (issue #13): mutated real specs and random ``compile-config`` arguments.
+"""Fuzzing the ``vitcg`` command (issue #13): mutated real specs and random ``compile-config`` arguments; and (issue
+27) plan inputs, bindings and compile cache files, protocol methods called directly, two threads on one model.
 
 Whatever the input, the command exits 0, 1 or 2, prints no traceback, names the file (and a line, where the
 file has one) in every diagnostic, and changes nothing but its output. Most examples run the CLI in this
@@ -16,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -254,3 +256,300 @@ def test_compile_config_survives_random_arguments(args: list[str]):
         assert isinstance(config, dict)
     else:
         assert stdout == "" and stderr.strip(), (stdout, stderr)
+
+
+# Issue 27, item 6: the surfaces issue 27 hardened. Cache files and plan inputs never raise anything but the
+# documented error; protocol methods called directly on an adapter refuse or serve exactly; two threads on one
+# accelerated model get the original features. Derandomized like the rest, and small: these examples add about
+# 30 s on a 2-core machine.
+
+JSON_LEAVES = st.one_of(st.none(), st.booleans(), NUMBERS, st.floats(allow_nan=True, allow_infinity=True),
+                        st.sampled_from(WEIRD_STRINGS), st.text(max_size=12))
+JSON_VALUES = st.recursive(JSON_LEAVES, lambda inner: st.lists(inner, max_size=4) |
+                           st.dictionaries(st.text(max_size=8) | st.sampled_from(["images", "videos", "specs"]), inner,
+                                           max_size=4), max_leaves=12)
+COSTS_FILE = REPO / "benchmarks" / "results-costs-2026-11-22-h100.json"
+
+
+@st.composite
+def plan_document(draw) -> bytes:
+    """A ``--requests`` or ``--costs`` file: random JSON, the real costs file with one value replaced, a document
+    nested past the bound, or raw bytes."""
+    kind = draw(st.sampled_from(["random", "costs", "deep", "bytes", "requests"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    if kind == "deep":
+        depth, opening, closing = draw(st.integers(60, 100_000)), *draw(st.sampled_from([("[", "]"), ('{"k":', "}")]))
+        return (opening * depth + "1" + closing * depth).encode()  # written as text: json.dumps would recurse
+    if kind == "requests":
+        sizes = st.lists(st.one_of(NUMBERS, JSON_LEAVES), min_size=2, max_size=3)
+        entry = st.fixed_dictionaries({}, optional={"images": st.lists(sizes, max_size=3),
+                                                    "videos": st.lists(sizes, max_size=2)})
+        return json.dumps(draw(st.lists(entry, max_size=4))).encode()
+    if kind == "random":
+        return json.dumps(draw(JSON_VALUES)).encode()
+    document = json.loads(COSTS_FILE.read_text())
+    paths = [p for p in _paths(document) if p and p[0] == "specs"]
+    path = draw(st.sampled_from(paths))
+    _parent(document, path)[path[-1]] = draw(JSON_VALUES)
+    return json.dumps(document).encode()
+
+
+@settings(FUZZ, max_examples=EXAMPLES or 100, deadline=None)
+@given(content=plan_document())
+def test_plan_inputs_are_read_or_refused_in_one_line(content: bytes):
+    from vitcg.errors import UsageError
+    from vitcg.tools import plan as planning
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "input.json"
+        path.write_bytes(content)
+        try:
+            requests = planning.read_requests(path)
+        except UsageError as exc:
+            assert "\n" not in str(exc) and str(exc).startswith(f"--requests {path}: "), str(exc)
+        else:
+            assert requests and all(0 < n <= planning.MAX_PIXELS for r in requests for s in r.images + r.videos
+                                    for n in s)
+        try:
+            costs = planning.costs_from_results(path, "qwen2_vl")
+        except UsageError as exc:
+            assert "\n" not in str(exc) and str(exc).startswith(f"--costs {path}: "), str(exc)
+        else:  # whatever was measured, no call is free, negative or infinite
+            for size in (1, 64, 4096, 10**6):
+                assert 0 < costs.replay(size) < float("inf") and 0 < costs.eager(size) < float("inf")
+                assert 0 < costs.memory(size) < float("inf")
+
+
+def _binding_answers() -> dict[str, dict]:
+    """Fresh answers (no cache) for a class, a method and a config of qwen2_vl."""
+    from vitcg.lang.bindings import Bindings
+
+    fresh = Bindings(use_cache=False)
+    encoder = "transformers.models.qwen2_vl.modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel"
+    config = "transformers.models.qwen2_vl.configuration_qwen2_vl.Qwen2VLVisionConfig"
+    return {f"class:{encoder}": fresh.check_class(encoder), f"method:{encoder}:forward": fresh.check_method(encoder, "forward"),
+            f"config:{config}:{{}}": fresh.check_config(config, {})}
+
+
+BINDING_ANSWERS: dict[str, dict] = {}
+
+
+@settings(FUZZ, max_examples=EXAMPLES or 30, deadline=None)
+@given(content=st.one_of(st.binary(max_size=200), JSON_VALUES.map(lambda v: json.dumps(v).encode()),
+                         st.integers(40, 5000).map(lambda depth: ("[" * depth + "]" * depth).encode()),
+                         st.lists(JSON_VALUES, min_size=3, max_size=3)))
+def test_a_bindings_cache_file_never_changes_an_answer(content):
+    from vitcg.lang.bindings import Bindings, _valid_entry
+
+    if not BINDING_ANSWERS:
+        BINDING_ANSWERS.update(_binding_answers())
+    if isinstance(content, list):  # the three keys, each with a random entry (a well-formed one is a real answer)
+        entries = {key: value for key, value in zip(BINDING_ANSWERS, content) if not _valid_entry(key, value)}
+        content = json.dumps(entries).encode()
+    with tempfile.TemporaryDirectory() as folder:
+        cached = Bindings(cache_dir=folder)
+        cached.path.write_bytes(content)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # one per unreadable file, by design
+            answers = {key: _ask(cached, key) for key in BINDING_ANSWERS}
+            cached.save()
+        assert answers == BINDING_ANSWERS
+        assert {key: _ask(Bindings(cache_dir=folder), key) for key in BINDING_ANSWERS} == BINDING_ANSWERS
+
+
+def _ask(bindings, key: str) -> dict:
+    kind, rest = key.split(":", 1)
+    if kind == "class":
+        return bindings.check_class(rest)
+    if kind == "method":
+        path, method = rest.rsplit(":", 1)
+        return bindings.check_method(path, method)
+    path, overrides = rest.split(":", 1)
+    return bindings.check_config(path, json.loads(overrides))
+
+
+@st.composite
+def compile_cache_file(draw) -> tuple[str, bytes]:
+    """What may lie at ``compile/KEY.bin``: random bytes, vitcg's header over random bytes, or a file tagged with the
+    user's own key (what a planted file cannot be) over a random or a mutated artifact container."""
+    from vitcg.runtime import compile_cache as cc
+
+    kind = draw(st.sampled_from(["bytes", "header", "tagged", "container"]))
+    if kind == "bytes":
+        return kind, draw(st.binary(max_size=300))
+    if kind == "header":
+        return kind, cc.MAGIC + draw(st.binary(max_size=300))
+    if kind == "tagged":
+        return kind, draw(st.binary(max_size=300))
+    # torch's container layout: crc, version, then (kind, count, (key, data)*)*; names base64, sizes 8 bytes
+    import base64
+    import zlib
+
+    def chunk(data: bytes) -> bytes:
+        return len(data).to_bytes(8, "big") + data
+
+    artifact_kind = draw(st.sampled_from(sorted(cc.EXPECTED_KINDS) + ["pickle", "", "inductor/../x"]))
+    key = draw(st.sampled_from(["a/b", "/etc/x", "../up", "ok", "x\\y", "C:x", "", "a\x00b"]) | st.text(max_size=12))
+    body = (1).to_bytes(8, "big") + chunk(base64.b64encode(artifact_kind.encode())) + (1).to_bytes(8, "big")
+    body += chunk(base64.b64encode(key.encode("utf-8", "surrogatepass"))) + chunk(draw(st.binary(max_size=40)))
+    if draw(st.booleans()):
+        cut = draw(st.integers(0, len(body)))
+        body = body[:cut]
+    return kind, zlib.crc32(body).to_bytes(4, "big") + body
+
+
+@settings(FUZZ, max_examples=EXAMPLES or 120, deadline=None)
+@given(case=compile_cache_file())
+def test_a_compile_cache_file_reaches_torch_only_when_vouched_for(case):
+    from vitcg.runtime import compile_cache as cc
+
+    kind, data = case
+    key = "0" * 32
+    with tempfile.TemporaryDirectory() as root:
+        folder = Path(root) / "compile"
+        folder.mkdir(mode=0o700)
+        path = folder / f"{key}.bin"
+        if kind in ("tagged", "container"):
+            secret = cc._secret(folder, create=True)
+            data = cc.MAGIC + cc._tag(secret, key, data) + data
+        path.write_bytes(data)
+        path.chmod(0o600)
+        try:
+            payload = cc._trusted_payload(path, key)
+        except cc.UntrustedCacheFile as exc:
+            assert str(exc)
+            return
+        # vouched for: vitcg's own tag, and only artifacts torch.compile makes, under relative keys
+        assert kind in ("tagged", "container") and payload is not None
+        for artifact, name in cc.artifact_index(payload):
+            assert artifact in cc.EXPECTED_KINDS and not name.startswith("/") and ".." not in name.split("/")
+
+
+PROTOCOL_SPECS = ("qwen2_vl", "video_llama_3", "gemma4")
+ADAPTERS: dict[str, object] = {}
+
+
+def _adapter(name: str):
+    if name not in ADAPTERS:
+        from vitcg.lang import load_registry
+        from vitcg.runtime.adapter import adapter_for
+        from vitcg.tools.encoders import build_encoder
+
+        spec = next(s for s in load_registry(["vitcg/specs"]) if s.name == name)
+        ADAPTERS[name] = adapter_for(spec, build_encoder(spec))
+    return ADAPTERS[name]
+
+
+@st.composite
+def protocol_call(draw):
+    """A spec, a valid call of it, and that call with a few of its values changed: dtype, sign, shape, layout."""
+    import torch
+
+    from vitcg.tools.workloads import InputBuilder
+
+    name = draw(st.sampled_from(PROTOCOL_SPECS))
+    adapter = _adapter(name)
+    builder = InputBuilder(adapter.spec, adapter, torch.Generator().manual_seed(draw(st.integers(0, 3))))
+    tiles = not adapter.spec.attention_style.segmented
+    items = draw(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=3))
+    kwargs = builder.inputs("image", [1 if tiles else builder.image(2 * h, 2 * w) for h, w in items])
+    for _ in range(draw(st.integers(1, 2))):  # an unchanged call is covered by `vitcg check`
+        key = draw(st.sampled_from(sorted(kwargs, key=lambda k: (k.startswith("pixel_values"), k))))
+        value = kwargs[key]
+        if not isinstance(value, torch.Tensor):  # already None or a list
+            continue
+        change = draw(st.sampled_from(["dtype", "negate", "drop_row", "zero_width", "scramble", "none", "list"]))
+        if change == "dtype":
+            value = value.to(draw(st.sampled_from([torch.int8, torch.uint8, torch.int16, torch.int32, torch.float16,
+                                                   torch.float64, torch.bool])))
+        elif change == "negate" and value.dtype != torch.bool:
+            value = -value
+        elif change == "drop_row":
+            value = value[:-1]
+        elif change == "zero_width" and value.ndim > 1:
+            value = value[..., :0]
+        elif change == "scramble" and value.numel():
+            flat = value.flatten()
+            value = flat[torch.randperm(flat.numel(), generator=torch.Generator().manual_seed(1))].reshape(value.shape)
+        elif change == "none":
+            value = None
+        elif change == "list":
+            value = value.tolist()
+        kwargs[key] = value
+    return name, kwargs, draw(st.lists(st.integers(-1, 4) | st.sampled_from([1.5, "0", True, None]), max_size=3))
+
+
+@settings(FUZZ, max_examples=EXAMPLES or 25, deadline=None)
+@given(call=protocol_call())
+def test_protocol_methods_called_directly_refuse_or_serve_exactly(call):
+    import torch
+
+    from vitcg.errors import VitcgError
+
+    name, kwargs, indices = call
+    adapter = _adapter(name)
+
+    def attempt(method: str, *args):
+        try:  # a graph-scoped adapter refuses protocol-only members on access (UnsupportedError)
+            return True, getattr(adapter, method)(kwargs, *args)
+        except VitcgError as exc:
+            return False, exc
+    served, specs = attempt("get_encoder_cudagraph_item_specs")
+    eager_served, rows = attempt("encoder_eager_forward")
+    assert served == eager_served, (specs, rows)
+    attempt("get_input_modality")
+    attempt("select_encoder_cudagraph_items", indices)
+    if served and specs:  # an empty call's replay buffers are an open defect of two specs' adapters (KeyError)
+        attempt("prepare_encoder_cudagraph_replay_buffers", len(specs), 0)
+    if served:  # the rows the spec promises are the rows the model returns
+        assert isinstance(rows, torch.Tensor) and rows.shape[0] == sum(s.output_tokens for s in specs)
+
+
+THREAD_MODEL: list = []
+
+
+@settings(FUZZ, max_examples=EXAMPLES // 50 or 3, deadline=None)
+@given(grids=st.lists(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=3),
+                      min_size=2, max_size=2))
+def test_two_threads_on_one_accelerated_model_get_the_original_features(grids):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    import transformers
+
+    import vitcg
+
+    if not THREAD_MODEL:
+        torch.manual_seed(0)
+        config = transformers.Qwen2VLConfig(
+            vision_config={"depth": 2, "embed_dim": 64, "hidden_size": 48, "num_heads": 4},
+            text_config={"hidden_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+                         "intermediate_size": 64, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 2, 2]}})
+        THREAD_MODEL.append(transformers.Qwen2VLForConditionalGeneration(config).eval())
+    model = THREAD_MODEL[0]
+    calls = []
+    for t, items in enumerate(grids):
+        grid = torch.tensor([[1, 2 * h, 2 * w] for h, w in items])
+        rows = int(grid.prod(dim=1).sum())
+        calls.append((torch.randn(rows, 1176, generator=torch.Generator().manual_seed(t)), grid))
+
+    def features(pixels, grid):
+        with torch.no_grad():
+            return model.model.get_image_features(pixels, grid).pooler_output
+
+    want = [features(*c) for c in calls]
+    with vitcg.accelerate(model, max_num_batched_tokens=256):
+        start = threading.Barrier(2)
+
+        def work(t):
+            start.wait()
+            return [features(*calls[t]) for _ in range(3)]
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(work, range(2)))
+    for t, got in enumerate(results):
+        for each in got:
+            assert [g.shape for g in each] == [w.shape for w in want[t]]
+            for g, w in zip(each, want[t]):
+                assert float((g - w).norm() / w.norm().clamp_min(1e-12)) <= 1e-5
