@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError, suggest
+from ..errors import UsageError, VitcgError, suggest
 from ..lang.catalogue import PROVIDERS, STYLE_DEFAULTS, STYLES, style_of
 
 MARK = "# GUESS: "
@@ -365,17 +365,61 @@ def _tiny_image_size(defaults: dict[str, Any]) -> dict[str, int]:
     return {"image_size": 4 * patch} if _int(patch) and isinstance(defaults.get("image_size"), int) else {}
 
 
+def family_parent(d: Draft) -> Any:
+    """The packaged spec (or one of ``$VITCG_SPECS_DIR``) whose encoder is this draft's tower: the same module class
+    built from the same config class; None when no spec has it. The draft of a family member extends it."""
+    from ..lang import load_registry
+
+    try:
+        registry = load_registry()
+    except VitcgError:
+        return None
+    tower = (_path(d.encoder), _path(d.vision_config))
+    return next((s for s in registry if (s.encoder.class_path, s.encoder.config_class) == tower and s.name != d.name),
+                None)
+
+
+def _render_extends(d: Draft, parent: Any, path: str, schema: str) -> _Lines:
+    """A family member's draft: its own names, ``extends`` the spec of its tower, and guesses where the parent's
+    values may not fit (the harness's VLM config, the notes)."""
+    out = _Lines()
+    out.add("# yaml-language-server: $schema=" + schema)
+    out.add(f"# Draft written by `vitcg new {d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
+    out.add(f"# confirm it, then run `vitcg validate --resolved {path}` (the whole spec it means),")
+    out.add(f"# `vitcg validate {path}` and `vitcg check {path}`.")
+    out.add(f"name: {d.name}")
+    out.add(f"extends: {parent.name}", f"{parent.file} describes the same tower ({d.encoder.__name__} from "
+                                        f"{d.vision_config.__name__}); check its geometry, buffers and outputs hold here")
+    out.add(f"display_name: {d.name}", "the model's display name")
+    out.add(f"architectures: [{_architecture(d)}]", "the architecture class name of the checkpoints")
+    out.add(f"model_types: [{_quoted(d.model_type)}]")
+    out.add(f"checkpoints: [org/{d.name}]", "real checkpoint names")
+    out.add("")
+    out.add("docs:")
+    out.add(f"  notes: \"Drafted by vitcg new: the {parent.display_name} tower ({parent.name}).\"",
+            "describe the model for the supported-models page")
+    out.add("")
+    out.add("tests:", f"the harness merges over {parent.name}'s: its tiny VLM config was written for "
+                      f"{parent.architectures[0] if parent.architectures else parent.name}")
+    out.add("  vlm:")
+    out.add("    config: {}", f"the text config and token ids {_architecture(d)} needs, where {parent.name}'s differ")
+    return out
+
+
 def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lines:
     """The draft spec's lines (``.text()``), every guessed line ending with ``# GUESS: what to verify``.
 
     ``path`` is where it will be written (for the next-step commands in its header; default ``NAME.yaml``, as
     ``vitcg new`` writes it); ``schema`` the path of ``vitcg/lang/schema.json`` for editors (default
     :func:`schema_reference` of ``path``)."""
+    path = path or f"{d.name}.yaml"
+    schema = schema or schema_reference(path)
+    parent = family_parent(d)
+    if parent is not None:
+        return _render_extends(d, parent, path, schema)
     style = STYLES[d.style]
     packed = style.segmented
     out = _Lines()
-    path = path or f"{d.name}.yaml"
-    schema = schema or schema_reference(path)
 
     geometry = _geometry(d, style)
     m = "spatial_merge_size" if "spatial_merge_size" in geometry else None
