@@ -109,12 +109,22 @@ def test_draft_is_checked_against_the_real_vlm_from_its_first_run(tmp_path):
 
 
 def test_draft_of_a_tile_encoder_is_valid_but_flags_what_check_disproves(tmp_path):
-    path = tmp_path / "llava.yaml"
-    assert vitcg("new", "llava", "--output", str(path)).returncode == 0
+    path = tmp_path / "chinese_clip.yaml"  # a CLIP-style tower no packaged spec has: drafted whole
+    assert vitcg("new", "chinese_clip", "--output", str(path)).returncode == 0
+    assert "\nextends:" not in path.read_text()
     assert vitcg("validate", str(path)).returncode == 0
     check = vitcg("check", str(path))
-    assert check.returncode == 1  # CLIP keeps a CLS token: tokens_per_tile must be confirmed
+    assert check.returncode == 1  # the tower keeps a CLS token: tokens_per_tile must be confirmed
     assert "items.output_tokens says 16" in check.stdout
+
+
+def test_a_family_member_is_drafted_as_extends_and_proven(tmp_path):
+    path = tmp_path / "llava.yaml"  # LLaVA's tower is the packaged clip spec's
+    assert vitcg("new", "llava", "--output", str(path)).returncode == 0
+    assert "\nextends: clip   # GUESS: " in path.read_text()
+    check = vitcg("check", str(path))
+    assert check.returncode == 0, check.stdout
+    assert "llava  proven:" in check.stdout
 
 
 def test_stdout_and_refusals(tmp_path):

@@ -379,6 +379,18 @@ def family_parent(d: Draft) -> Any:
                 None)
 
 
+def _identity(out: _Lines, d: Draft, extends: tuple[str, str] | None = None) -> None:
+    """The draft's names (and ``extends``: the parent's name and why), then a blank line."""
+    out.add(f"name: {d.name}")
+    if extends is not None:
+        out.add(f"extends: {extends[0]}", extends[1])
+    out.add(f"display_name: {d.name}", "the model's display name")
+    out.add(f"architectures: [{_architecture(d)}]", "the architecture class name of the checkpoints")
+    out.add(f"model_types: [{_quoted(d.model_type)}]")
+    out.add(f"checkpoints: [org/{d.name}]", "real checkpoint names")
+    out.add("")
+
+
 def _render_extends(d: Draft, parent: Any, path: str, schema: str) -> _Lines:
     """A family member's draft: its own names, ``extends`` the spec of its tower, and guesses where the parent's
     values may not fit (the harness's VLM config, the notes)."""
@@ -387,14 +399,13 @@ def _render_extends(d: Draft, parent: Any, path: str, schema: str) -> _Lines:
     out.add(f"# Draft written by `vitcg new {d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
     out.add(f"# confirm it, then run `vitcg validate --resolved {path}` (the whole spec it means),")
     out.add(f"# `vitcg validate {path}` and `vitcg check {path}`.")
-    out.add(f"name: {d.name}")
-    out.add(f"extends: {parent.name}", f"{parent.file} describes the same tower ({d.encoder.__name__} from "
-                                        f"{d.vision_config.__name__}); check its geometry, buffers and outputs hold here")
-    out.add(f"display_name: {d.name}", "the model's display name")
-    out.add(f"architectures: [{_architecture(d)}]", "the architecture class name of the checkpoints")
-    out.add(f"model_types: [{_quoted(d.model_type)}]")
-    out.add(f"checkpoints: [org/{d.name}]", "real checkpoint names")
-    out.add("")
+    _identity(out, d, (parent.name, f"{parent.file} describes the same tower ({d.encoder.__name__} from "
+                                    f"{d.vision_config.__name__}); check its geometry, buffers and outputs hold here"))
+    if d.vlm_attribute and d.vlm_attribute != parent.encoder.vlm_attribute:
+        out.add("encoder:")
+        out.add(f"  vlm_attribute: {d.vlm_attribute}", f"where the VLM holds this encoder (read off "
+                f"{d.vlm_config.__name__}'s model; {parent.name} says {parent.encoder.vlm_attribute})")
+        out.add("")
     out.add("docs:")
     out.add(f"  notes: \"Drafted by vitcg new: the {parent.display_name} tower ({parent.name}).\"",
             "describe the model for the supported-models page")
@@ -406,15 +417,16 @@ def _render_extends(d: Draft, parent: Any, path: str, schema: str) -> _Lines:
     return out
 
 
-def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lines:
+def render(d: Draft, path: str | None = None, schema: str | None = None, *, family: bool = True) -> _Lines:
     """The draft spec's lines (``.text()``), every guessed line ending with ``# GUESS: what to verify``.
 
     ``path`` is where it will be written (for the next-step commands in its header; default ``NAME.yaml``, as
     ``vitcg new`` writes it); ``schema`` the path of ``vitcg/lang/schema.json`` for editors (default
-    :func:`schema_reference` of ``path``)."""
+    :func:`schema_reference` of ``path``). ``family``: a model type whose tower a spec already describes is
+    drafted as ``extends:`` of that spec (:func:`family_parent`); False drafts the whole spec anyway."""
     path = path or f"{d.name}.yaml"
     schema = schema or schema_reference(path)
-    parent = family_parent(d)
+    parent = family_parent(d) if family else None
     if parent is not None:
         return _render_extends(d, parent, path, schema)
     style = STYLES[d.style]
@@ -434,12 +446,7 @@ def render(d: Draft, path: str | None = None, schema: str | None = None) -> _Lin
     out.add(f"# Draft written by `vitcg new {d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
     out.add("# confirm what it names (docs/writing-specs.md), then run")
     out.add(f"# `vitcg validate {path}` and `vitcg check {path}`.")
-    out.add(f"name: {d.name}")
-    out.add(f"display_name: {d.name}", "the model's display name")
-    out.add(f"architectures: [{_architecture(d)}]", "the architecture class name of the checkpoints")
-    out.add(f"model_types: [{_quoted(d.model_type)}]")
-    out.add(f"checkpoints: [org/{d.name}]", "real checkpoint names")
-    out.add("")
+    _identity(out, d)
     out.add("encoder:")
     others = f"; other classes built from {d.vision_config.__name__}: {', '.join(d.alternatives)}" if d.alternatives else ""
     out.add(f"  class: {_path(d.encoder)}",
