@@ -115,3 +115,12 @@ def test_serve_command_quotes_the_config_for_a_shell():
     assert json.loads(words[6]) == config and len(words) == 7
     with pytest.raises(UsageError, match="--serve needs a model"):
         serve_command("  ", config)
+
+
+def test_a_base_nested_too_deeply_is_a_usage_error():
+    """Was RecursionError from json.loads on about 60k nested brackets."""
+    from vitcg.errors import UsageError
+    from vitcg.tools.compile_config import parse_base
+
+    with pytest.raises(UsageError, match="--base is nested too deeply"):
+        parse_base("[" * 100_000 + "]" * 100_000)

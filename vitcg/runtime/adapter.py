@@ -162,6 +162,15 @@ class WholeCall:
             return self._combine(self._call(**kwargs, **self._call_kwargs))
 
 
+def _check_capture_sizes(token_budget: Any, max_batch_size: Any, max_frames_per_batch: Any) -> None:
+    """A capture's sizes are integers: the budget and the item count at least 1, the frame count at least 0.
+    Raises InputError naming the argument, what it takes and what it got."""
+    for name, value, least in (("token_budget", token_budget, 1), ("max_batch_size", max_batch_size, 1),
+                               ("max_frames_per_batch", max_frames_per_batch, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InputError(f"{name}: expected an integer >= {least}, got {value!r}")
+
+
 def _check_path(path: str) -> None:
     if path != DEFAULT_PATH:
         raise InputError(f"encoder path {path!r} is unknown: spec adapters have one path, {DEFAULT_PATH!r}")
@@ -359,6 +368,7 @@ class _Adapter:
         ``axis_keys``: with ``separate`` modalities, the modality these graphs serve (the capture axis); a
         modality other than video sees ``max_frames`` 0."""
         _check_path(path)
+        _check_capture_sizes(token_budget, max_batch_size, max_frames_per_batch)
         device = torch.device(device) if device is not None else self.device
         dtype = dtype or self.dtype
         if axis_keys and self.spec.separate_modalities and axis_keys[0] != "video":

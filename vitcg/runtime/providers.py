@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import vision_utils
 
+from ..errors import InputError
 from ..lang.bindings import release, transformers_version
 from ..lang.catalogue import GRID_COLUMNS, PROVIDERS
 from ..lang.model import Buffer
@@ -262,7 +263,12 @@ def _pixels(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
 
 @provider("aligned")
 def _aligned(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
-    return pack.extras[params["role"]].to(pack.cache.device)
+    role = params["role"]
+    if role not in pack.extras:  # a pack of no items: no modality gave this role, and no rows are copied
+        if pack.counts.shape[0] == 0:
+            return pack.pixels.new_empty((0,), device=pack.cache.device)
+        raise InputError(f"input role {role!r}: expected it beside the pixels of {pack.counts.shape[0]} items, got none")
+    return pack.extras[role].to(pack.cache.device)
 
 
 def encoder_grid(counts: torch.Tensor, columns: tuple[str, ...]) -> torch.Tensor:

@@ -60,6 +60,8 @@ def parse_base(text: str | None) -> dict[str, Any]:
         raise UsageError(f"--base holds {exc.text}, which is not a finite number (JSON has no Infinity or NaN)") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--base is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError("--base is nested too deeply to be a compilation config") from None
     if not isinstance(base, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(base), "a number")
         raise UsageError(f"--base must be a JSON object (a compilation config), got {kind}: {text}")
