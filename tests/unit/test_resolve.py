@@ -180,3 +180,26 @@ def test_validate_resolved_prints_the_flattened_spec(tmp_path):
     assert data["name"] == "child" and data["buffers"] == resolved(tmp_path, "qwen2_vl").data["buffers"]
     result = CliRunner().invoke(app, ["validate", "--resolved", str(child(tmp_path, "name: c\nextends: no\n", "c"))])
     assert result.exit_code == 1 and "no spec named 'no' to extend" in result.output
+
+
+def test_remove_drops_keys_the_parent_holds(tmp_path):
+    copy_spec("pixtral", tmp_path)
+    parent = resolved(tmp_path, "pixtral").data
+    assert "output_hidden_states" in parent["encoder"]["call_kwargs"] and parent["tests"]["real_config"]
+    child(tmp_path, "name: child\nextends: pixtral\nremove: [encoder.call_kwargs.output_hidden_states, tests.real_config]\n"
+                    "encoder:\n  outputs: [last_hidden_state]\n")
+    kid = resolved(tmp_path, "child").data
+    assert "output_hidden_states" not in kid["encoder"]["call_kwargs"] and "real_config" not in kid["tests"]
+    assert kid["encoder"]["outputs"] == ["last_hidden_state"] and "remove" not in kid
+    assert resolved(tmp_path, "pixtral").data == parent  # the parent itself is untouched
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("name: child\nextends: pixtral\nremove: [encoder.nothing]\n", "the parent holds no key 'encoder.nothing' to remove"),
+    ("name: child\nextends: pixtral\nremove: encoder\n", "remove lists dotted key paths, not 'encoder'"),
+    ("name: child\nremove: [encoder]\n", "remove drops keys a spec inherits; this spec extends none"),
+])
+def test_a_remove_that_cannot_apply_says_why(tmp_path, text, message):
+    copy_spec("pixtral", tmp_path)
+    _, problems = resolve_file(child(tmp_path, text))
+    assert [d.message for d in problems] == [message] and problems[0].code == "extends"

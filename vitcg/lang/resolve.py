@@ -306,7 +306,14 @@ class Resolver:
             parent, problems = self._parent(loaded, folder, chain)
             if parent is None:
                 return None, problems
-            merged, problems = merge(parent, _without(loaded, "extends"))
+            parent, problems = _removed(parent, loaded)
+            if problems:
+                return None, problems
+            merged, problems = merge(parent, _without(loaded, "extends", "remove"))
+        elif "remove" in loaded.data:
+            return None, [loaded.diagnostic(("remove",), "remove drops keys a spec inherits; this spec extends none",
+                                            hint="add extends: PARENT, or delete the remove list", code="extends",
+                                            key=True)]
         else:
             defaults = language_defaults(loaded)
             merged, problems = merge(defaults, loaded) if defaults is not None else (loaded, [])
@@ -347,11 +354,38 @@ class Resolver:
         return parent, []
 
 
-def _without(loaded: LoadedYaml, key: str) -> LoadedYaml:
+def _without(loaded: LoadedYaml, *keys: str) -> LoadedYaml:
     copy = _Copy(loaded.file)
     copy.out.data = copy.place(loaded, (), ())
-    del copy.out.data[key]
+    for key in keys:
+        copy.out.data.pop(key, None)
     return copy.out
+
+
+def _removed(parent: LoadedYaml, child: LoadedYaml) -> tuple[LoadedYaml, list[Diagnostic]]:
+    """``parent`` without the mapping keys the child's ``remove:`` list names (dotted paths such as
+    ``encoder.call_kwargs.output_hidden_states``); a path the parent does not hold is a diagnostic at its entry."""
+    paths = child.data.get("remove", [])
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        return parent, [child.diagnostic(("remove",), f"remove lists dotted key paths, not {shown(paths)}",
+                                         hint="remove: [encoder.call_kwargs.output_hidden_states, modalities.video]",
+                                         code="extends")]
+    copy = _Copy(parent.file)
+    copy.out.data = copy.place(parent, (), ())
+    problems = []
+    for i, dotted in enumerate(paths):
+        *head, last = dotted.split(".")
+        node = copy.out.data
+        for part in head:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            problems.append(child.diagnostic(("remove", i), f"the parent holds no key {dotted!r} to remove",
+                                             hint="name a mapping key of the parent's resolved spec (vitcg validate "
+                                                  "--resolved PARENT); a buffer is removed in buffers: by "
+                                                  "remove: true", code="extends"))
+            continue
+        del node[last]
+    return copy.out, problems
 
 
 def _via(diagnostic: Diagnostic, spec_file: str) -> Diagnostic:
