@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, vitcg
+from spec_files import copy_spec
 
 import vitcg as package
 
@@ -83,7 +84,8 @@ def test_generate_force_writes_beside_other_files_and_removes_only_its_own(crowd
 
     check = run("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--check")
     assert check.returncode == 0, check.stdout + check.stderr  # other files are not stale
-    specs = len(list((REPO / "vitcg" / "specs").glob("*.yaml"))) + 3  # --specs adds 3 to the packaged ones
+    packaged = [p for p in (REPO / "vitcg" / "specs").glob("*.yaml") if not p.name.endswith(".tests.yaml")]
+    specs = len(packaged) + 3  # --specs adds 3 to the packaged ones
     assert check.stdout.endswith(f"is up to date (5 files from {specs} specs)\n")
 
 
@@ -100,7 +102,7 @@ def test_generate_check_lists_only_generated_files_as_stale(crowded: Path):
 
 def test_deeply_nested_spec_is_a_diagnostic_and_other_files_still_validate(tmp_path: Path):
     (tmp_path / "deep.yaml").write_text("[" * 25_000 + "\n")
-    shutil.copy(REPO / "vitcg" / "specs" / "qwen2_vl.yaml", tmp_path / "qwen2_vl.yaml")
+    copy_spec("qwen2_vl", tmp_path)
     result = run("validate", "--json", str(tmp_path))
     assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
     assert "Traceback" not in result.stderr
@@ -325,7 +327,7 @@ def test_generate_refuses_a_spec_with_an_infinite_runner_kwarg(tmp_path: Path):
     result = run("generate", "--specs", str(specs), "--out", str(tmp_path / "out"))
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
-    assert f"{spec}:99:40: $.tests.runner_kwargs.limit_mm_per_prompt: '.inf' is infinite" in result.stderr
+    assert f"{spec}:91:40: $.tests.runner_kwargs.limit_mm_per_prompt: '.inf' is infinite" in result.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -109,7 +109,7 @@ def test_commands_work_outside_the_checkout(installed):
 
     run = installed.vitcg("validate")
     assert run.returncode == 0, run.stdout + run.stderr
-    count = len(list((REPO / "vitcg" / "specs").glob("*.yaml")))
+    count = len([p for p in (REPO / "vitcg" / "specs").glob("*.yaml") if not p.name.endswith(".tests.yaml")])
     assert run.stdout.splitlines()[-1].startswith(f"{count} spec files checked: all valid")
 
     run = installed.vitcg("check", "qwen2_vl")

@@ -126,22 +126,22 @@ class _Merge:
         the new ones in the file's order."""
         named: dict[str, int] = {}
         for j, e in enumerate(over):
-            name = e.get("name") if isinstance(e, dict) else None
-            if isinstance(name, str) and name in named:  # checked here: merging by name would hide it
+            name = _name(e)
+            if name is not None and name in named:  # checked here: merging by name would hide it
                 self.problems.append(self.over.diagnostic(o + (j, "name"), f"buffer name {name!r} is already used "
                                                           f"by buffers[{named[name]}]", code="semantic"))
-            elif isinstance(name, str):
+            elif name is not None:
                 named[name] = j
-        inherited = {e.get("name") for e in base if isinstance(e, dict)}
+        inherited = {_name(e) for e in base} - {None}
         out: list = []
         for i, entry in enumerate(base):
-            j = named.get(entry.get("name")) if isinstance(entry, dict) else None
+            j = named.get(_name(entry))
             if j is None:
                 out.append(self.copy.place(self.base, b + (i,), ("buffers", len(out))))
             elif not self.removed(o + (j,), over[j]):
                 out.append(self.entry(b + (i,), o + (j,), ("buffers", len(out))))
         for j, entry in enumerate(over):
-            if isinstance(entry, dict) and entry.get("name") in inherited:
+            if _name(entry) in inherited:
                 continue
             if isinstance(entry, dict) and "remove" in entry:
                 self.problems.append(self.over.diagnostic(
@@ -171,6 +171,12 @@ class _Merge:
         keys = [k for k in base if not (k in _EXCLUSIVE and k not in over and any(x in over for x in _EXCLUSIVE))]
         return {k: self.node(b + (k,) if k in base else None, o + (k,) if k in over else None, dst + (k,))
                 for k in [*keys, *(k for k in over if k not in base)]}
+
+
+def _name(entry: Any) -> str | None:
+    """A buffer entry's name, where it has one that is a string (a hostile spec may write anything there)."""
+    name = entry.get("name") if isinstance(entry, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def merge(base: LoadedYaml, over: LoadedYaml) -> tuple[LoadedYaml, list[Diagnostic]]:
@@ -207,7 +213,8 @@ def _synthetic(data: dict, anchor: LoadedYaml, at: Path_, label: str, root: Path
 def _not_provided(defaults: list[dict], written: list) -> list[dict]:
     """The default buffers whose provider no written buffer of another name fills: a spec that writes its own
     buffer for a provider (``target_sizes`` for ``grid``) replaces the default of that provider."""
-    taken = {(e.get("provider"), e.get("name")) for e in written if isinstance(e, dict)}
+    taken = {(e.get("provider"), e.get("name")) for e in written
+             if isinstance(e, dict) and isinstance(e.get("provider"), str) and isinstance(e.get("name"), str)}
     return [d for d in defaults if not any(p == d["provider"] and n != d["name"] for p, n in taken)]
 
 

@@ -10,6 +10,7 @@ writing); ``vitcg check`` then says whether the guesses hold.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -368,15 +369,26 @@ def _tiny_image_size(defaults: dict[str, Any]) -> dict[str, int]:
 def family_parent(d: Draft) -> Any:
     """The packaged spec (or one of ``$VITCG_SPECS_DIR``) whose encoder is this draft's tower: the same module class
     built from the same config class; None when no spec has it. The draft of a family member extends it."""
+    from ..lang import spec_folders
+
+    tower = (_path(d.encoder), _path(d.vision_config))
+    return next((s for s in _towers(tuple(map(str, spec_folders()))).get(tower, ()) if s.name != d.name), None)
+
+
+@functools.lru_cache(maxsize=4)
+def _towers(folders: tuple[str, ...]) -> dict[tuple[str, str], list]:
+    """The specs of ``folders`` by ``(encoder class, config class)``, in name order (one registry load for every
+    draft of a process)."""
     from ..lang import load_registry
 
     try:
-        registry = load_registry()
+        registry = load_registry(list(folders))
     except VitcgError:
-        return None
-    tower = (_path(d.encoder), _path(d.vision_config))
-    return next((s for s in registry if (s.encoder.class_path, s.encoder.config_class) == tower and s.name != d.name),
-                None)
+        return {}
+    towers: dict[tuple[str, str], list] = {}
+    for spec in registry:
+        towers.setdefault((spec.encoder.class_path, spec.encoder.config_class), []).append(spec)
+    return towers
 
 
 def _identity(out: _Lines, d: Draft, extends: tuple[str, str] | None = None) -> None:
