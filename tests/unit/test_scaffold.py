@@ -33,8 +33,8 @@ def test_a_draft_that_does_not_validate_is_never_returned(monkeypatch):
     """The last guard: a rendering bug for some model type is an error naming it, not a broken file."""
     real = scaffold.render
 
-    def broken(d, path=None, schema=None):
-        lines = real(d, path, schema)
+    def broken(d, path=None, schema=None, family=True):
+        lines = real(d, path, schema, family=family)
         lines.lines = [line.replace("  patch_size: config.patch_size", "  patch_size: config.no_such_field")
                        for line in lines.lines]
         return lines
@@ -132,3 +132,18 @@ def test_a_family_member_is_drafted_as_extends_of_the_spec_of_its_tower(tmp_path
 
 def test_a_tower_no_spec_has_is_drafted_whole():
     assert scaffold.family_parent(scaffold.draft("qwen3_vl_moe")) is None  # the one spec of its tower is its own
+
+
+def test_an_extends_draft_that_does_not_validate_falls_back_to_the_whole_draft(monkeypatch):
+    """A family spec that does not fit the model type's VLM is no reason to write nothing: the whole draft is
+    written instead (it validates on its own)."""
+    real = scaffold._render_extends
+
+    def unfit(d, parent, path, schema):
+        lines = real(d, parent, path, schema)
+        lines.lines.append("geometry: {patch_size: config.no_such_field}")
+        return lines
+
+    monkeypatch.setattr(scaffold, "_render_extends", unfit)
+    text, _ = scaffold.checked_draft("vipllava")
+    assert "\nextends:" not in text and "\nencoder:" in text

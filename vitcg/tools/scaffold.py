@@ -426,6 +426,7 @@ def _render_extends(d: Draft, parent: Any, path: str, schema: str) -> _Lines:
                       f"{parent.architectures[0] if parent.architectures else parent.name}")
     out.add("  vlm:")
     out.add("    config: {}", f"the text config and token ids {_architecture(d)} needs, where {parent.name}'s differ")
+    _omits_line(out, _left_out(d, parent.modality_names))
     return out
 
 
@@ -593,21 +594,27 @@ def _vlm_lines(out: _Lines, d: Draft) -> None:
             placeholder += f", {role}: [{found[role][0]}]"
     out.add(f"    placeholder: {placeholder}}}", "the VLM config fields of the image token and the tokens "
             "around each image (check the processor's prompt)")
-    left_out = _left_out(d)
-    if left_out:
-        reasons = ", ".join(f'{m}: "the VLM runs its {m}s through the same tower call"' for m in left_out)
-        out.add(f"    omits: {{{reasons}}}", f"read the VLM's get_{left_out[0]}_features: say why the spec needs "
-                f"no {left_out[0]} modality, or add modalities.{left_out[0]} (vitcg validate asks for one or the other)")
+    _omits_line(out, _left_out(d))
 
 
-def _left_out(d: Draft) -> list[str]:
-    """The modalities the VLM has (its ``get_image_features`` / ``get_video_features``) that the draft does not."""
+def _left_out(d: Draft, have: tuple[str, ...] | None = None) -> list[str]:
+    """The modalities the VLM has (its ``get_image_features`` / ``get_video_features``) that the draft (or, given,
+    ``have``) does not."""
     import transformers
 
     vlm = getattr(transformers, _architecture(d), None)
     if vlm is None or vlm is d.encoder:
         return []
-    return [m for m in ("image", "video") if m not in d.modalities and callable(getattr(vlm, f"get_{m}_features", None))]
+    have = d.modalities if have is None else have
+    return [m for m in ("image", "video") if m not in have and callable(getattr(vlm, f"get_{m}_features", None))]
+
+
+def _omits_line(out: _Lines, left_out: list[str]) -> None:
+    """``tests.vlm.omits`` for modalities the VLM has and the spec leaves out, marked as a guess."""
+    if left_out:
+        reasons = ", ".join(f'{m}: "the VLM runs its {m}s through the same tower call"' for m in left_out)
+        out.add(f"    omits: {{{reasons}}}", f"read the VLM's get_{left_out[0]}_features: say why the spec needs "
+                f"no {left_out[0]} modality, or add modalities.{left_out[0]} (vitcg validate asks for one or the other)")
 
 
 AUTO_TABLES = ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES",
@@ -767,20 +774,36 @@ def checked_draft(model_type: str, path: str | os.PathLike | None = None) -> tup
     refuses. Raises UsageError when the model type cannot be drafted, SpecError (naming the model type, with
     every diagnostic) if the draft does not validate: a bug of this module for that model type.
     """
-    from ..errors import SpecError, VitcgError
-    from ..lang import Bindings, spec_from_text
-
     shown = str(path) if path is not None else None
+    lines = _rendered(model_type, shown, path)
+    problem = _invalid(lines, model_type, shown)
+    if problem is not None and "\nextends: " in lines.text():  # the family's spec does not fit: draft it whole
+        lines = _rendered(model_type, shown, path, family=False)
+        problem = _invalid(lines, model_type, shown)
+    if problem is not None:
+        raise VitcgError(f"the draft of {model_type!r} does not validate, so nothing was written (a bug of "
+                         f"vitcg new: please report it, and write the spec by hand meanwhile):\n{problem}")
+    return lines.text(), lines.guesses
+
+
+def _rendered(model_type: str, shown: str | None, path: str | os.PathLike | None, family: bool = True) -> _Lines:
+    """The draft's lines; model code that fails while drafting is a VitcgError naming the model type."""
     try:
-        lines = render(draft(model_type), shown, schema_reference(path))
+        return render(draft(model_type), shown, schema_reference(path), family=family)
     except VitcgError:
         raise
     except Exception as exc:  # noqa: BLE001 - model code of any transformers release; say so, never a traceback
         raise VitcgError(f"cannot draft {model_type!r}: {type(exc).__name__}: {exc}; write the spec by hand "
                          "(docs/writing-specs.md)") from None
+
+
+def _invalid(lines: _Lines, model_type: str, shown: str | None) -> Exception | None:
+    """The SpecError the draft gets from validation, or None when it validates."""
+    from ..errors import SpecError
+    from ..lang import Bindings, spec_from_text
+
     try:
         spec_from_text(lines.text(), shown or f"<draft of {model_type}>", Bindings())
     except SpecError as exc:
-        raise VitcgError(f"the draft of {model_type!r} does not validate, so nothing was written (a bug of "
-                         f"vitcg new: please report it, and write the spec by hand meanwhile):\n{exc}") from None
-    return lines.text(), lines.guesses
+        return exc
+    return None
