@@ -97,7 +97,7 @@ def test_a_config_feature_layer_of_the_vision_config_is_refused():
                                        "embeddings' output")
 
 
-@pytest.mark.parametrize("name", ["molmo2", "llava_onevision"])
+@pytest.mark.parametrize("name", ["molmo2", "minicpmv4_6"])
 def test_a_modality_the_vlm_has_needs_a_reason_to_be_left_out(name):
     omits = next(line for line in spec_text(name).splitlines(keepends=True) if "omits:" in line)
     (problem,) = problems(name, (omits, ""))
