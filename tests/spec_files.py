@@ -40,3 +40,15 @@ def copy_spec(name: str, folder: Path, text: str | None = None) -> Path:
     if harness_path(name).is_file():
         shutil.copy(harness_path(name), folder / f"{name}.tests.yaml")
     return target
+
+
+def skip_unavailable(name: str) -> None:
+    """Skip the calling test, saying why, where the installed transformers predates packaged spec ``name`` (its
+    ``transformers:`` key): its classes may be missing, and validate and check report it as unavailable there."""
+    import pytest
+
+    from vitcg.lang import load_registry
+
+    spec = load_registry().get(name)
+    if spec is not None and spec.unavailable:
+        pytest.skip(f"{name}: {spec.unavailable}")
