@@ -22,12 +22,12 @@ items of a call span several packs and budgets.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 from doubles import CpuCaptureManager
 from eager_check import assert_matches_eager
+from spec_files import spec_text
 
 from vitcg.errors import InputError
 from vitcg.lang import load_registry, spec_from_text
@@ -184,7 +184,7 @@ def test_an_item_over_every_budget_is_a_miss_and_equals_eager(served):
 def separate_variant(name: str):
     """Spec ``name`` with its video modality kept ``separate`` (capture axes by modality), validated from text:
     kimi_k25, the one packaged spec with separate modalities, needs a transformers newer than vLLM 0.33.0's."""
-    text = Path(REGISTRY[name].file).read_text()
+    text = spec_text(name)  # the packaged spec with its harness written in
     anchor = "    max_frames_per_video: 32\n"
     assert text.count(anchor) == 1
     return spec_from_text(text.replace(f"name: {name}\n", f"name: {name}_separate\n", 1)
