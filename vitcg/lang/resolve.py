@@ -17,7 +17,7 @@ Checks run on the result (:mod:`.checks`); ``vitcg validate --resolved`` prints 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -427,8 +427,3 @@ def folder_finder(folders: Sequence[Path]) -> Finder:
 def _plain_name(name: str) -> bool:
     """A spec name, never a path: no separators, no leading dot."""
     return bool(name) and not name.startswith(".") and "/" not in name and "\\" not in name and len(name) <= 100
-
-
-def flattened(loaded: LoadedYaml) -> Mapping[str, Any]:
-    """The resolved spec as plain data, keys in the order a spec is written (``vitcg validate --resolved``)."""
-    return _copy(loaded.data)
