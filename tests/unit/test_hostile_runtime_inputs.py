@@ -83,9 +83,9 @@ def test_pixels_without_values_are_refused(built, name, key):
 @pytest.mark.parametrize("name, key, make, expected", [
     ("instructblip", "qformer_input_ids", lambda v: v.float(), "expected torch.int64 or torch.int32 (indices)"),
     ("instructblip", "qformer_input_ids", lambda v: v.to(torch.int8), "expected torch.int64 or torch.int32"),
-    ("instructblip", "qformer_input_ids", lambda v: v - 10**6, "expected indices of 0 or more"),
+    ("instructblip", "qformer_input_ids", lambda v: v - 10**6, "expected indices in [0, 128)"),
     ("mllama", "aspect_ratio_ids", lambda v: v.double(), "expected torch.int64 or torch.int32 (indices)"),
-    ("mllama", "aspect_ratio_ids", lambda v: v * 0 - 3, "expected indices of 0 or more"),
+    ("mllama", "aspect_ratio_ids", lambda v: v * 0 - 3, "expected indices in [0, 9)"),
     ("idefics2", "patch_attention_mask", lambda v: v.float(), "expected torch.bool (a mask)"),
     ("idefics2", "patch_attention_mask", lambda v: v.long(), "expected torch.bool (a mask)"),
     ("siglip2", "spatial_shapes", lambda v: v.float(), "expected torch.int64 or torch.int32 (indices)"),
@@ -153,7 +153,8 @@ def test_gemma4_padding_between_patches_is_refused(built):
     half = positions(1728)
     half[0, 5] = torch.tensor([-1, 0])  # not padding (one field only) but a negative position
     refused(adapter, changed(kwargs, "image_position_ids", half), "'image_position_ids'", "row 0",
-            "expected indices of 0 or more (a padding patch is -1 in every field)", "got -1")
+            "expected indices in [0, 10240) (params.below: position_embedding_size) (a padding patch is -1 in every "
+            "field)", "got -1")
 
 
 @pytest.mark.parametrize("valid, width, model_rows", [(1728, 45, 195), (1584, 44, 169)])

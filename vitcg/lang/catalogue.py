@@ -325,6 +325,10 @@ _DTYPE = {"enum": list(DTYPES), "description": "the buffer's dtype (default mode
 _ROWS_DIM = {"type": "integer", "minimum": 0, "maximum": 3,
              "description": "the dimension of the call's argument holding the rows (default 0); the buffer is "
                             "stored rows-first"}
+_BELOW = {"type": ["integer", "string"],
+          "description": "a formula over geometry: the values of an integer role (dtype int64 or int32) index a table "
+                         "of this many rows (a vocabulary, the aspect-ratio embedding), so each must lie in "
+                         "[0, below); the input check refuses others by name before any tensor work"}
 _ROW_WIDTH = {"type": ["integer", "string"],
               "description": "a formula over geometry: how many entries of the rows dimension (rows_dim) one row "
                              "spans, its patches laid side by side (default 1)"}
@@ -382,7 +386,7 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
              "an extra input aligned with the pixels on dim 0 (a per-tile mask, per-image shapes), sliced and "
              "padded like them", (),
              {"role": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
-                       "description": "the extra input role it carries"}, "dtype": _DTYPE},
+                       "description": "the extra input role it carries"}, "dtype": _DTYPE, "below": _BELOW},
              capacity=Capacity(rows={"zeros": "max_items", "ones": "max_items"}, item_roles_only=True,
                                doc="a row per item, for a role aligned with the items (`per_item`)")),
     Provider("scope_arg", "either", ALL, tuple(PADDINGS), "param",

@@ -203,8 +203,10 @@ def _buffers(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, geome
         found.add(buf.aligned_role_exists(loaded, i, entry, modalities))
         found.add(buf.params_allowed(loaded, i, entry))
         found.add(buf.provider_geometry(loaded, i, entry, geometry))
-        if "row_width" in entry.get("params", {}):
-            found.formula(("buffers", i, "params", "row_width"), geometry)
+        for param in ("row_width", "below"):
+            if param in entry.get("params", {}):
+                found.formula(("buffers", i, "params", param), geometry)
+        found.add(buf.below_needs_indices(loaded, i, entry))
         shape = value = None
         if "shape" in entry:
             shape = tuple(found.formula(("buffers", i, "shape", j), vocab) for j in range(len(entry["shape"])))

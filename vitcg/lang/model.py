@@ -145,6 +145,12 @@ class Buffer:
         buffer itself is stored rows-first."""
         return int(self.params.get("rows_dim", 0))
 
+    def index_bound(self, geometry: Mapping[str, int]) -> int | None:
+        """The rows of the table this buffer's index role indexes (``params.below``, a formula over geometry):
+        its values must lie in ``[0, bound)``; None when the spec sets no bound. Raises FormulaError."""
+        source = self.params.get("below")
+        return None if source is None else parse(source, geometry).evaluate(geometry)
+
     def pixel_layout(self, names: Mapping[str, int]) -> PixelLayout:
         """Where the rows of this (pixels) buffer lie in the call's argument, for geometry and buffer ``names``:
         see :class:`PixelLayout`. Raises FormulaError for a shape formula that does not evaluate."""

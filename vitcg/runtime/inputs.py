@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..errors import FormulaError, InputError, suggest
+from ..errors import FormulaError, InputError, SpecRuntimeError, suggest
 from ..lang.catalogue import BUFFER_NAMES, GRID_COLUMNS, MERGE_NAME, buffer_names
 from ..lang.model import Modality, Spec
 from .protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, EncoderItemSpec
@@ -157,6 +157,28 @@ def role_dtypes(spec: Spec) -> dict[str, str]:
     return declared
 
 
+def role_bounds(spec: Spec, geometry: Mapping[str, int]) -> dict[str, int]:
+    """By index role, the rows of the table its values index (an ``aligned`` buffer's ``params.below`` at
+    ``geometry``): the Q-Former vocabulary of InstructBLIP's instruction ids, Mllama's aspect-ratio embedding, Gemma
+    4's position table. Eagerly a value past it is an IndexError; in a graph replay on a GPU a device-side assert
+    that ends the process. Raises SpecRuntimeError for a bound that does not evaluate to a positive integer."""
+    bounds = {}
+    for buffer in spec.buffers:
+        role = buffer.params.get("role")
+        try:
+            bound = buffer.index_bound(geometry)
+        except FormulaError as exc:
+            raise SpecRuntimeError(f"{spec.name}: buffer {buffer.name!r}: params.below "
+                                   f"{buffer.params['below']!r} does not evaluate: {exc}") from None
+        if bound is None or not isinstance(role, str):
+            continue
+        if bound < 1:
+            raise SpecRuntimeError(f"{spec.name}: buffer {buffer.name!r}: params.below {buffer.params['below']!r} "
+                                   f"is {bound} for this config; expected a positive number of table rows")
+        bounds[role] = bound
+    return bounds
+
+
 def pooled_side(spec: Spec, geometry: Mapping[str, int]) -> int | None:
     """For a tile spec with ``items.valid``: k when a tile without padding (``items.valid.full`` rows) has k*k rows
     per output token, each token pooling a k x k block of patches; None for any other spec or ratio."""
@@ -216,6 +238,8 @@ class InputReader:
         self.pixel_row = pixel_row(spec, geometry)
         self.geometry = dict(geometry)
         self.role_dtypes = role_dtypes(spec)
+        self.role_bounds = role_bounds(spec, geometry)
+        """By index role, the exclusive upper bound of its values (:func:`role_bounds`)."""
         self.pooled_side = pooled_side(spec, geometry)
         """With ``items.valid``: the side k when an item without padding has k*k rows per output token (Gemma 4's
         pooling kernel, 3); None otherwise."""
@@ -404,21 +428,30 @@ class InputReader:
         return value
 
     def _check_indices(self, key: str, role: str, value: torch.Tensor) -> None:
-        """An index input (token ids, aspect ratio ids, patch positions) holds no negative value: an ``embedding``
-        raises IndexError on one eagerly, and on a GPU a graph replay would hit a device-side assert instead. The
-        ``items.valid`` role's padding patches (every field equal to ``items.valid.padding``) are the exception.
-        One host read."""
-        negative = value < 0
-        if self.spec.valid is not None and role == self.spec.valid.role and value.ndim >= 2:
+        """An index input (token ids, aspect ratio ids, patch positions) holds values in ``[0, bound)``, the bound
+        being the rows of the table it indexes where the spec says (``params.below``, :attr:`role_bounds`), and
+        only a lower bound where it does not: an ``embedding`` raises IndexError on a value outside eagerly, and
+        on a GPU a graph replay would hit a device-side assert instead. The ``items.valid`` role's padding patches
+        (every field equal to ``items.valid.padding``) are the exception. One host read."""
+        bound = self.role_bounds.get(role)
+        bad = value < 0 if bound is None else (value < 0) | (value >= bound)
+        padded = self.spec.valid is not None and role == self.spec.valid.role
+        if padded and value.ndim >= 2:
             patches = value.reshape(value.shape[0], value.shape[1], math.prod(value.shape[2:]))
             padding = (patches == self.spec.valid.padding).all(dim=-1)
-            negative = negative.reshape(patches.shape) & ~padding.unsqueeze(-1)
-        if bool(negative.any()):
-            first = negative.reshape(value.shape[0], math.prod(value.shape[1:])).any(dim=-1).nonzero()[0, 0].item()
-            allowed = (f" (a padding patch is {self.spec.valid.padding} in every field)"
-                       if self.spec.valid is not None and role == self.spec.valid.role else "")
-            raise self._error(key, f"row {first}: expected indices of 0 or more{allowed}, got "
-                                   f"{value[first].min().item()}")
+            bad = bad.reshape(patches.shape) & ~padding.unsqueeze(-1)
+        if not bool(bad.any()):
+            return
+        flat = bad.reshape(value.shape[0], -1)
+        first = flat.any(dim=-1).nonzero()[0, 0].item()
+        actual = value.reshape(value.shape[0], -1)[first][flat[first]][0].item()
+        expected = "of 0 or more" if bound is None else f"in [0, {bound}) (params.below: {self._below(role)})"
+        allowed = f" (a padding patch is {self.spec.valid.padding} in every field)" if padded else ""
+        raise self._error(key, f"row {first}: expected indices {expected}{allowed}, got {actual}")
+
+    def _below(self, role: str) -> str:
+        return next(str(b.params["below"]) for b in self.spec.buffers
+                    if b.params.get("role") == role and "below" in b.params)
 
     def _per_item(self, modality: Modality, role: str, value: Any, counts_cpu: torch.Tensor) -> torch.Tensor:
         """An item-aligned input (``per_item``): an integer tensor of shape ``(items,)``."""

@@ -161,6 +161,16 @@ def aligned_role_exists(loaded: LoadedYaml, index: int, entry: Entry,
                     f"in params.role ({', '.join(extra_roles) or 'the modalities have none'})")
 
 
+def below_needs_indices(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
+    """``params.below`` (the rows of the table a role indexes) goes with an index dtype, int64 or int32: only
+    indices are checked against it."""
+    params = entry.get("params", {})
+    if "below" in params and params.get("dtype") not in ("int64", "int32"):
+        yield error(loaded, ("buffers", index, "params", "below"),
+                    f"params.below bounds index values, but the buffer's dtype is {params.get('dtype', 'model')!r}",
+                    hint="params.dtype: int64 (or int32) for an index role, or remove below")
+
+
 def params_allowed(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
     """Each key of ``params`` is a param the provider takes."""
     provider = entry["provider"]
