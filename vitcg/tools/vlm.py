@@ -414,7 +414,8 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
         raise VitcgError(f"accelerate refused the VLM: {exc}") from None
     with handle:
         _features(vlm, inputs["image"])  # the first call runs the original and learns the output layout
-        got = {m: _features(vlm, given, m) for m, given in inputs.items()}
+        with _step(f"{type(vlm).__name__}'s feature call on the graphs' outputs", _uncaptured(spec, own_calls)):
+            got = {m: _features(vlm, given, m) for m, given in inputs.items()}
         with torch.no_grad():
             accelerated = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
         stats = handle.stats
@@ -443,6 +444,21 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
                              f"{want_tokens[0, -NEW_TOKENS:].tolist()}")
     keys = "; input keys not fed from the processor (tests.vlm.engine_keys)" if spec.tests.vlm.engine_keys else ""
     return sum(counts.values()), worst, route + keys
+
+
+def _uncaptured(spec: Spec, own_calls: Mapping[str, list[Any]]) -> str:
+    """What to check when the VLM's feature call fails on the graphs' outputs: ``encoder.outputs``, naming the
+    fields the encoder's own output set that the spec leaves out (under the graphs they are None, and the VLM code
+    reading one fails with a bare ``TypeError`` or ``AttributeError`` on None)."""
+    captured = {entry.split("[", 1)[0] for entry in spec.encoder.outputs}
+    own = [field for calls in own_calls.values() for out in calls[:1] if hasattr(out, "items")
+           for field, value in out.items() if value is not None and field not in captured]
+    if not own:
+        return f"encoder.outputs ({', '.join(spec.encoder.outputs)}) against the fields the VLM reads"
+    left = ", ".join(dict.fromkeys(own))
+    return (f"encoder.outputs: the encoder's own output also sets {left}, which the spec's "
+            f"[{', '.join(spec.encoder.outputs)}] leaves out (None under the graphs); capture each field the VLM "
+            "reads, and out_hidden_size with it")
 
 
 def not_routed(spec: Spec, stats: Any, reasons: Mapping[str, int]) -> str:
