@@ -18,7 +18,7 @@ import os
 import stat
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +201,77 @@ def write_cache_file(path: Path, data: bytes) -> None:
         raise
 
 
+class NotRegularFile(Exception):
+    """A path :func:`read_regular` will not read: a folder, FIFO, device or socket (``kind`` names which)."""
+
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        self.kind = kind
+
+
+class OversizedFile(Exception):
+    """A file over the limit :func:`read_regular` was given: ``size`` bytes by its ``fstat``, or None when it grew
+    past the limit while being read."""
+
+    def __init__(self, size: int | None, limit: int):
+        super().__init__(f"{size if size is not None else 'more than'} bytes, over {limit}")
+        self.size, self.limit = size, limit
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, for a message: ``a folder``, ``a FIFO``, ..."""
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+READ_STEP = 1 << 20
+"""Bytes per read of :func:`read_regular`: memory grows with what the file holds, never past the limit plus one
+step."""
+
+
+def read_regular(path: str | os.PathLike, limit: int, *, follow_links: bool = True,
+                 check: Callable[[os.stat_result], None] | None = None) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them, read through one file descriptor whose
+    ``fstat`` is checked first: what is checked is what is read. The file is opened without waiting (a FIFO without
+    a writer would block the open forever) and refused before any read unless it is a regular file; ``check`` (the
+    caller's own test of the ``fstat``: an owner, a mode) runs next; then it is read in steps of
+    :data:`READ_STEP`, never whole, and refused once past ``limit`` (``/dev/zero`` never ends; a file may grow after
+    its ``fstat``). ``follow_links=False`` refuses a symbolic link (OSError ``ELOOP`` where ``O_NOFOLLOW`` exists).
+
+    Raises :class:`NotRegularFile`, :class:`OversizedFile`, whatever ``check`` raises, or OSError from the open or a
+    read (FileNotFoundError when there is no such entry)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    if not follow_links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # before fdopen, which refuses a folder with its own error
+            raise NotRegularFile(file_kind(st.st_mode))
+        if check is not None:
+            check(st)
+        if st.st_size > limit:
+            raise OversizedFile(st.st_size, limit)
+        handle = os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = handle.read(min(READ_STEP, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:
+            raise OversizedFile(None, limit)
+        return b"".join(chunks)
+
+
 MAX_CACHE_BYTES = 64 << 20
 """The largest bindings cache read (64 MiB): the packaged specs' facts take about 0.4 MB per transformers
 version, so a file a hundred times larger is not one vitcg wrote, and reading it whole would cost memory."""
@@ -229,25 +300,17 @@ def read_cache(path: Path) -> dict[str, Any]:
     """The entries of the bindings cache ``path`` ({} when there is none). Raises :class:`UnusableCache` for a file
     that is not a regular file (a FIFO would block the read forever), is over :data:`MAX_CACHE_BYTES`, is not JSON,
     nests deeper than :data:`MAX_CACHE_DEPTH` or is not a JSON object. Entries are checked one by one on lookup."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(path, flags)
+        data = read_regular(path, MAX_CACHE_BYTES)
     except FileNotFoundError:
         return {}
-    except OSError as exc:
-        raise UnusableCache(f"cannot open it: {exc.strerror}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CACHE_BYTES:
-        os.close(fd)
-        raise UnusableCache("it is not a regular file" if not stat.S_ISREG(st.st_mode) else
-                            f"it holds {st.st_size} bytes, over the limit of {MAX_CACHE_BYTES}")
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            data = handle.read(MAX_CACHE_BYTES + 1)
+    except NotRegularFile:
+        raise UnusableCache("it is not a regular file") from None
+    except OversizedFile as exc:
+        raise UnusableCache(f"it holds {exc.size} bytes, over the limit of {MAX_CACHE_BYTES}" if exc.size is not None
+                            else f"it holds more than {MAX_CACHE_BYTES} bytes") from None
     except OSError as exc:
         raise UnusableCache(f"cannot read it: {exc.strerror}") from None
-    if len(data) > MAX_CACHE_BYTES:  # it grew after the fstat
-        raise UnusableCache(f"it holds more than {MAX_CACHE_BYTES} bytes")
     too_deep = UnusableCache(f"it nests deeper than {MAX_CACHE_DEPTH} levels")
     try:
         entries = json.loads(data.decode("utf-8"))

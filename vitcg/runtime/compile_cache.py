@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from ..lang.bindings import cache_root, transformers_version, write_cache_file
+from ..lang.bindings import NotRegularFile, OversizedFile, cache_root, read_regular, transformers_version, write_cache_file
 from ..lang.model import Spec
 
 log = logging.getLogger(__name__)
@@ -148,36 +148,25 @@ def _check_folder(folder: Path) -> None:
 
 def _read_trusted(path: Path, limit: int, *, what: str, private: bool = False) -> bytes | None:
     """The bytes of ``path`` (None when there is no such entry), read through one file descriptor whose owner, mode,
-    kind and size are checked first, at most ``limit + 1`` bytes of it. Raises :class:`UntrustedCacheFile`."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    kind and size are checked first, at most ``limit + 1`` bytes of it (:func:`vitcg.lang.bindings.read_regular`,
+    links not followed). Raises :class:`UntrustedCacheFile`."""
     if not hasattr(os, "O_NOFOLLOW") and os.path.islink(path):
         raise UntrustedCacheFile(f"{what} {path} is a symbolic link")
     try:
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+        return read_regular(path, limit, follow_links=False,
+                            check=lambda st: _check_owner(st, what, path, private=private))
     except FileNotFoundError:
         if os.path.islink(path):
             raise UntrustedCacheFile(f"{what} {path} is a symbolic link") from None
         return None
+    except NotRegularFile:
+        raise UntrustedCacheFile(f"{what} {path} is not a regular file") from None
+    except OversizedFile as exc:
+        raise UntrustedCacheFile(f"{what} {path} holds {exc.size} bytes, over the {limit}-byte cap" if exc.size
+                                 is not None else f"{what} {path} holds more than the {limit}-byte cap") from None
     except OSError as exc:  # ELOOP: the entry is a link, which O_NOFOLLOW refuses to open
-        reason = "is a symbolic link" if os.path.islink(path) else f"cannot be opened: {exc.strerror}"
+        reason = "is a symbolic link" if os.path.islink(path) else f"cannot be read: {exc.strerror}"
         raise UntrustedCacheFile(f"{what} {path} {reason}") from None
-    with os.fdopen(fd, "rb", buffering=0) as handle:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UntrustedCacheFile(f"{what} {path} is not a regular file")
-        _check_owner(st, what, path, private=private)
-        if st.st_size > limit:
-            raise UntrustedCacheFile(f"{what} {path} holds {st.st_size} bytes, over the {limit}-byte cap")
-        chunks, total = [], 0
-        while total <= limit:
-            chunk = handle.read(min(1 << 20, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limit:  # it grew after the fstat
-            raise UntrustedCacheFile(f"{what} {path} holds more than the {limit}-byte cap")
-        return b"".join(chunks)
 
 
 def _secret(folder: Path, *, create: bool) -> bytes:

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import UsageError
+from ..lang.bindings import NotRegularFile, OversizedFile, read_regular
 
 
 def _reason(exc: OSError) -> str:
@@ -143,44 +144,20 @@ MAX_JSON_DEPTH = 64
 (a bench result), and Python's parser raises RecursionError at about 1,000."""
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def read_bounded(path: str | os.PathLike, where: str, limit: int = MAX_JSON_BYTES) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them. Raises UsageError starting with ``where``
-    for anything else: a file that cannot be opened, one over ``limit`` bytes (read in steps, never whole), a
-    folder, device or FIFO (``/dev/zero`` never ends; a FIFO without a writer would block forever: it is opened
-    without waiting and refused before any read)."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    """The bytes of the regular file ``path``, at most ``limit`` of them (:func:`vitcg.lang.bindings.read_regular`).
+    Raises UsageError starting with ``where`` for anything else: a file that cannot be opened, one over ``limit``
+    bytes (read in steps, never whole), a folder, device or FIFO (``/dev/zero`` never ends; a FIFO without a writer
+    would block forever: it is opened without waiting and refused before any read)."""
     try:
-        fd = os.open(path, flags)
+        return read_regular(path, limit)
+    except NotRegularFile as exc:
+        raise UsageError(f"{where}: expected a regular file, got {exc.kind}") from None
+    except OversizedFile as exc:
+        raise UsageError(f"{where}: the file holds {exc.size} bytes, over the limit of {limit}" if exc.size is not None
+                         else f"{where}: the file holds more than the limit of {limit} bytes") from None
     except OSError as exc:
         raise UsageError(f"{where}: cannot read it: {_reason(exc)}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-        os.close(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{where}: expected a regular file, got {_kind(st.st_mode)}")
-        raise UsageError(f"{where}: the file holds {st.st_size} bytes, over the limit of {limit}")
-    with os.fdopen(fd, "rb", buffering=0) as handle:
-        chunks, total = [], 0
-        try:
-            while total <= limit:
-                chunk = handle.read(min(1 << 20, limit + 1 - total))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                total += len(chunk)
-        except OSError as exc:
-            raise UsageError(f"{where}: cannot read it: {_reason(exc)}") from None
-        if total > limit:  # it grew after the fstat
-            raise UsageError(f"{where}: the file holds more than the limit of {limit} bytes")
-        return b"".join(chunks)
 
 
 def json_depth(document: object, limit: int) -> int:
