@@ -4,15 +4,17 @@ A spec whose ``encoder.outputs`` leaves out a field the VLM reads passes the spe
 itself) and the VLM then fails on None: a raw draft that dropped Qwen3-VL's deepstack features ended in
 ``TypeError: 'NoneType' object is not iterable``, and a tower captured without its merger (the projector) in
 ``AttributeError: 'NoneType' object has no attribute 'split'``, naming no step and no field. An escaped NUL inside a
-quoted string is refused like the other control characters."""
+quoted string is refused like the other control characters. And every packaged spec is proven end to end or says
+in ``tests.vlm.skip`` why not: `vitcg check --all` fails a spec without ``tests.vlm``, and this keeps that true
+for ``vitcg/specs`` in the test suite itself, without running the end-to-end stage."""
 
 from __future__ import annotations
 
 import pytest
 from spec_files import spec_text
 
-from vitcg.errors import VitcgError
-from vitcg.lang import spec_from_text
+from vitcg.errors import SpecError, VitcgError
+from vitcg.lang import load_registry, spec_from_text
 from vitcg.lang.bindings import Bindings
 from vitcg.lang.loader import load_text
 from vitcg.tools.vlm import check_vlm
@@ -62,3 +64,23 @@ def test_an_escaped_nul_in_a_string_is_refused_at_its_column():
     (problem,) = problems
     assert (problem.line, problem.col) == (2, 15)
     assert problem.message == "string holds the control character U+0000"
+
+
+PACKAGED = load_registry()
+
+
+@pytest.mark.parametrize("name", PACKAGED.names)
+def test_every_packaged_spec_is_proven_end_to_end_or_says_why_not(name):
+    vlm = PACKAGED.get(name).tests.vlm
+    assert vlm is not None, f"{name}: no tests.vlm, so vitcg check fails it unproven; add it, or tests.vlm.skip"
+    if vlm.skip is not None:
+        assert len(vlm.skip.split()) >= 5, f"{name}: tests.vlm.skip is not a written reason: {vlm.skip!r}"
+
+
+def test_a_skip_that_is_no_reason_is_refused():
+    text = spec_text("aimv2")
+    assert "skip: " in text
+    start = text.index("skip: ")
+    end = text.index("\n", start)
+    with pytest.raises(SpecError, match=r"tests\.vlm\.skip: 'todo' is too short"):
+        spec_from_text(text[:start] + "skip: todo" + text[end:], "aimv2.yaml", Bindings())
