@@ -79,6 +79,24 @@ PADDINGS: Mapping[str, PaddingRule] = MappingProxyType({r.name: r for r in (
 
 
 @dataclass(frozen=True)
+class Absence:
+    """What a graph-scoped buffer's ``absent`` key means: the value a replay gives a buffer whose argument the
+    scoped call leaves out (None). Without the key only a mask (``padding: ones``) may be absent (all ones)."""
+
+    name: str
+    doc: str
+    paddings: tuple[str, ...]
+    """The padding rules of the buffers it may be set on (what the buffer must be for the value to mean it)."""
+
+
+ABSENCES: Mapping[str, Absence] = MappingProxyType({a.name: a for a in (
+    Absence("one_segment", "the call's rows are one attention segment: the replay fills the boundaries [0, rows], "
+                           "then the padding segments (a model that passes no cu_seqlens for a call of one image)",
+            paddings=("trailing_segment",)),
+)})
+
+
+@dataclass(frozen=True)
 class AttentionStyle:
     """What an item is for one attention style, and everything that follows from it.
 
@@ -430,6 +448,7 @@ def vocabulary_schema(base: Mapping[str, Any]) -> dict[str, Any]:
     buffer = props["buffers"]["items"]["properties"]
     buffer["provider"]["enum"] = list(PROVIDERS)
     buffer["padding"]["enum"] = list(PADDINGS)
+    buffer["absent"]["enum"] = list(ABSENCES)
     buffer["params"]["properties"] = _union_params()
     props["tests"]["properties"]["inputs"]["additionalProperties"]["properties"]["dtype"]["enum"] = list(DTYPES)
     return out
@@ -453,5 +472,6 @@ def vocabulary() -> dict[str, Any]:
                        "capacity": {"rows": dict(p.capacity.rows), "doc": p.capacity.doc} if p.capacity else None}
                       for p in PROVIDERS.values()},
         "paddings": {r.name: {"name": r.name, "doc": r.doc, "row_wise": r.row_wise} for r in PADDINGS.values()},
+        "absences": {a.name: {"name": a.name, "doc": a.doc, "paddings": list(a.paddings)} for a in ABSENCES.values()},
         "dtypes": list(DTYPES),
     }

@@ -200,6 +200,7 @@ def _buffers(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, geome
         found.add(buf.rows_dim_in_range(loaded, i, entry))
         found.add(buf.pixels_leading_dims(loaded, i, entry))
         found.add(buf.host_or_tensor(loaded, i, entry))
+        found.add(buf.absent_allowed(loaded, i, entry))
         found.add(buf.aligned_role_exists(loaded, i, entry, modalities))
         found.add(buf.params_allowed(loaded, i, entry))
         found.add(buf.provider_geometry(loaded, i, entry, geometry))
@@ -214,7 +215,7 @@ def _buffers(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, geome
         else:
             value = found.formula(("buffers", i, "value"), vocab)
         out.append(Buffer(entry["name"], buf.buffer_arg(entry), entry["provider"], shape, value, entry["padding"],
-                          freeze(entry.get("params", {}))))
+                          freeze(entry.get("params", {})), entry.get("absent")))
     found.add(buf.tuple_args_complete(loaded, out))
     found.add(buf.row_wise_buffer(loaded, out))
     found.add(buf.required_providers(loaded, entries, style, scoped))

@@ -20,6 +20,14 @@ GAPS: tuple[Gap, ...] = (
     Gap(("perception_lm", "fast_vlm"),
         "timm towers (TimmWrapper); timm needs torchvision, which does not load beside the CPU build of torch "
         "that CI uses, so they cannot be built or checked here."),
+    Gap(("lfm3_vl",),
+        "Every conv layer of the tower reshapes each item's rows to its (t, h, w) grid in a Python loop over "
+        "grid_thw.tolist(), passed to all layers: a graph of the model's own code bakes that list in. Measured on "
+        "the CPU (benchmarks/per_item_grids.py, random weights): a graph per distinct grid set needed 950 captures "
+        "for 1000 calls of 1-4 photos; the conv modules took 31-53% of the eager time and interleave with the "
+        "attention layers, so a stack graph that leaves them eager keeps most launches. A sync-free form exists "
+        "(the depthwise convolution as a gather over each row's grid neighbours, filled outside the graph), but "
+        "it replaces the model's code, which a spec cannot do."),
 )
 """Gemma 4's video modality is a partial gap, noted in vitcg/specs/gemma4.yaml: frames come padded to 70 soft tokens,
 not the 280 of the image tile the spec fixes."""

@@ -134,6 +134,9 @@ class Buffer:
     """Padding rule: zeros, trailing_segment, identity or fixed."""
     params: Mapping[str, Any]
     """Provider parameters."""
+    absent: str | None = None
+    """``scope_arg``: what the buffer holds when the scoped call passes None for it
+    (:data:`vitcg.lang.catalogue.ABSENCES`); None: only a mask (``padding: ones``) may be absent."""
 
     @property
     def is_host(self) -> bool:

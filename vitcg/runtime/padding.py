@@ -224,6 +224,17 @@ EMPTY = _Empty()
 """A replay value meaning "no data": the buffer gets its all-padding value (an absent mask: all ones)."""
 
 
+def one_segment(rows: int) -> torch.Tensor:
+    """The boundaries of one segment over the call's ``rows``, ``[0, rows]`` on the host (no sync): what a
+    ``trailing_segment`` buffer holds for a call whose rows all attend to each other."""
+    return torch.tensor([0, rows], dtype=torch.int64)
+
+
+ABSENT_VALUES: dict[str, Callable[[int], torch.Tensor]] = {"one_segment": one_segment}
+"""Absence name (:data:`vitcg.lang.catalogue.ABSENCES`) -> the value of a scope_arg buffer whose argument the scoped
+call leaves out, from the call's row count; the buffer's padding rule then pads it as any other value."""
+
+
 def fill(rule: str, dest: torch.Tensor, src: torch.Tensor | None, capacity: int, key: str, merge: int = 1) -> None:
     """Write ``src`` into ``dest`` by ``rule``; ``src=None`` or EMPTY writes the rule's empty value. ``merge``: the
     spec's spatial_merge_size (``trailing_item`` shapes its padding item by it)."""

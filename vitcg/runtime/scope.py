@@ -27,7 +27,7 @@ from torch import nn
 from ..errors import SpecRuntimeError
 from ..lang.model import Buffer, Spec
 from .extension import Replay
-from .padding import EMPTY
+from .padding import ABSENT_VALUES, EMPTY
 
 
 @runtime_checkable
@@ -172,10 +172,7 @@ class Scope:
             if buffer.is_host:
                 values[buffer.name] = None
             elif value is None:
-                if buffer.padding != "ones":
-                    raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes no {buffer.arg!r}, but the graph was "
-                                     "captured with one; only a mask (padding: ones) may be absent")
-                values[buffer.name] = EMPTY  # no mask: attend to everything
+                values[buffer.name] = self._absent(buffer, arguments)
             elif not isinstance(value, torch.Tensor):
                 raise SpecRuntimeError(f"{self.spec.name}: buffer {buffer.name!r} (arg: {buffer.arg}) expects a tensor, "
                                        f"but the scoped call passes {buffer.arg}={_described(value)}; "
@@ -183,6 +180,25 @@ class Scope:
             else:
                 values[buffer.name] = value.movedim(buffer.rows_dim, 0) if buffer.rows_dim else value
         return values
+
+    def _absent(self, buffer: Buffer, arguments: Mapping[str, Any]) -> Any:
+        """The value of ``buffer`` for a call that passes None for it: its ``absent`` value (from the call's rows),
+        or for a mask (padding: ones) EMPTY, all ones. Raises SpecRuntimeError for any other buffer, naming the
+        key that would make a segment buffer absent."""
+        if buffer.absent is not None:
+            rows = arguments.get(self.rows.arg)
+            if not isinstance(rows, torch.Tensor):
+                raise SpecRuntimeError(f"{self.spec.name}: buffer {buffer.name!r} (absent: {buffer.absent}) takes its "
+                                       f"rows from {self.rows.arg!r}, which the scoped call passes as "
+                                       f"{_described(rows)}")
+            return ABSENT_VALUES[buffer.absent](rows.shape[self.rows.rows_dim])
+        if buffer.padding == "ones":
+            return EMPTY  # no mask: attend to everything
+        fix = (f"; if the model leaves it out for a call of one segment, add absent: one_segment to buffer "
+               f"{buffer.name!r}" if buffer.padding == "trailing_segment" else "")
+        raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes no {buffer.arg!r}, but the graph was captured "
+                               f"with one; only a mask (padding: ones) or a buffer with an absent key may be absent"
+                               + fix)
 
     def run(self, forward: Callable[[], Any], replay: Replay) -> Any:
         """``forward()`` with every call of the scope answered by ``replay``. Raises SpecRuntimeError when the scope

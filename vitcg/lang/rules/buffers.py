@@ -99,6 +99,23 @@ def padding_allowed(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Di
                     hint=f"padding: {paddings[0]}")
 
 
+def absent_allowed(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
+    """``absent`` is set on a scope_arg buffer whose padding rule the absence applies to (``one_segment``: segment
+    boundaries, ``trailing_segment``)."""
+    if "absent" not in entry:
+        return
+    absence = cat.ABSENCES[entry["absent"]]
+    if entry["provider"] != "scope_arg":
+        yield error(loaded, ("buffers", index, "absent"),
+                    f"absent applies to scope_arg buffers (an argument a scoped call may leave out), not to "
+                    f"provider {entry['provider']!r}", hint="remove absent", key=True)
+    elif entry["padding"] not in absence.paddings:
+        yield error(loaded, ("buffers", index, "absent"),
+                    f"absent: {absence.name} applies to buffers padded with "
+                    f"{' or '.join(map(repr, absence.paddings))} (segment boundaries), not {entry['padding']!r}",
+                    hint=f"padding: {absence.paddings[0]}, or remove absent", key=True)
+
+
 def rows_dim_in_range(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
     """``params.rows_dim`` is one of the buffer's dimensions."""
     rows_dim = entry.get("params", {}).get("rows_dim", 0)
