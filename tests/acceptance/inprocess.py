@@ -106,13 +106,21 @@ def _exit_status(code: object) -> tuple[int, str]:
     return 1, f"{code}\n"
 
 
-def vitcg_inprocess(*args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None
-                    ) -> subprocess.CompletedProcess:
+class _Terminal(io.StringIO):
+    """A captured stream that says it is a terminal, as a user's stderr is when nothing redirects it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def vitcg_inprocess(*args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None,
+                    terminal: bool = False) -> subprocess.CompletedProcess:
     """``vitcg ARGS`` run by ``vitcg.cli.main`` in this process, in ``cwd``, under ``env`` (default: the
-    current environment). Returns the exit status and everything written to stdout and stderr."""
+    current environment), with a stderr that says it is a terminal if ``terminal``. Returns the exit status and
+    everything written to stdout and stderr."""
     from vitcg.cli import main
 
-    out, err, outer = io.StringIO(), io.StringIO(), sys.stderr
+    out, err, outer = io.StringIO(), _Terminal() if terminal else io.StringIO(), sys.stderr
     status = 0
     with (_process_state(["vitcg", *args], cwd, env), contextlib.redirect_stdout(out),
           contextlib.redirect_stderr(err), _fresh_warnings(err, outer)):

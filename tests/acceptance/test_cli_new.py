@@ -1,4 +1,6 @@
-"""``vitcg new``: a draft spec from a transformers model type that validates, marks its guesses, and checks."""
+"""``vitcg new``: a draft spec from a transformers model type that validates, marks its guesses, and checks.
+One test runs the real console entry point in a subprocess (a draft written to its stdout); the others call the
+same entry point in this process (tests/acceptance/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import re
 
 import pytest
 from helpers import vitcg
+from inprocess import vitcg_inprocess
 
 GUESSED = ("display_name", "architectures", "checkpoints", "class", "vlm_attribute", "args", "outputs",
            "tiny_config", "real_config", "style", "prompt_template", "image_placeholder")
@@ -61,7 +64,7 @@ def test_every_model_type_is_drafted_valid_or_refused():
 
 def test_every_guess_is_marked_with_what_to_verify(tmp_path):
     path = tmp_path / "kimi.yaml"
-    assert vitcg("new", "kimi_k25", "-o", str(path)).returncode == 0
+    assert vitcg_inprocess("new", "kimi_k25", "-o", str(path)).returncode == 0
     text = path.read_text()
     marks = {line.split(":", 1)[0].strip(): line.split("# GUESS: ", 1)[1] for line in text.splitlines()
              if "# GUESS: " in line and not line.startswith("#")}
@@ -85,10 +88,10 @@ def test_drafts_that_failed_to_validate_now_do(tmp_path):
     """florence2 (duplicate patch_size), kimi_k25 (unknown in_channels), kosmos-2.5 (a name with - and .)."""
     for model_type in ("florence2", "kimi_k25", "kosmos-2.5"):
         path = tmp_path / f"{model_type}.yaml"
-        run = vitcg("new", model_type, "-o", str(path))
+        run = vitcg_inprocess("new", model_type, "-o", str(path))
         assert run.returncode == 0, run.stderr
         assert "guesses to verify" in run.stdout
-        validate = vitcg("validate", str(path))
+        validate = vitcg_inprocess("validate", str(path))
         assert validate.returncode == 0, validate.stdout
 
 
@@ -98,7 +101,7 @@ def test_draft_is_checked_against_the_real_vlm_from_its_first_run(tmp_path):
     transformers maps no image processor to glm_ocr, and the failure says which field to set. With that one
     field set, the draft is proven end to end: nothing passes unproven."""
     path = tmp_path / "glm_ocr.yaml"
-    run = vitcg("new", "glm_ocr", "--output", str(path))
+    run = vitcg_inprocess("new", "glm_ocr", "--output", str(path))
     assert run.returncode == 0, run.stderr
     assert re.search(r"wrote .*glm_ocr.yaml: \d+ guesses to verify", run.stdout)
     text = path.read_text()
@@ -107,22 +110,22 @@ def test_draft_is_checked_against_the_real_vlm_from_its_first_run(tmp_path):
     assert "style: packed" in text
     assert "mrope_section: [2, 2, 2]" in text
     assert "placeholder: {token: image_token_id, before: [image_start_token_id], after: [image_end_token_id]}" in text
-    assert vitcg("validate", str(path)).returncode == 0
-    check = vitcg("check", str(path))
+    assert vitcg_inprocess("validate", str(path)).returncode == 0
+    check = vitcg_inprocess("check", str(path))
     assert check.returncode == 1 and "FAILED" in check.stdout
     assert "no image processor mapped to glm_ocr: set tests.vlm.processor_class" in check.stdout
     path.write_text(text.replace("\n  vlm:", "\n  vlm:\n    processor_class: Glm46VImageProcessorPil", 1))
-    check = vitcg("check", str(path))
+    check = vitcg_inprocess("check", str(path))
     assert check.returncode == 0, check.stdout
     assert "glm_ocr  proven: 6 cases, and the VLM end to end on 3 items" in check.stdout
 
 
 def test_draft_of_a_tile_encoder_is_valid_but_flags_what_check_disproves(tmp_path):
     path = tmp_path / "chinese_clip.yaml"  # a CLIP-style tower no packaged spec has: drafted whole
-    assert vitcg("new", "chinese_clip", "--output", str(path)).returncode == 0
+    assert vitcg_inprocess("new", "chinese_clip", "--output", str(path)).returncode == 0
     assert "\nextends:" not in path.read_text()
-    assert vitcg("validate", str(path)).returncode == 0
-    check = vitcg("check", str(path))
+    assert vitcg_inprocess("validate", str(path)).returncode == 0
+    check = vitcg_inprocess("check", str(path))
     assert check.returncode == 1  # the tower keeps a CLS token: tokens_per_tile must be confirmed
     assert "items.output_tokens says 16" in check.stdout
 
@@ -135,24 +138,24 @@ def test_a_family_member_is_drafted_as_extends_and_proven(tmp_path):
     if needed and release(transformers_version()) < release(needed):
         pytest.skip(f"clip's end-to-end stage needs transformers >= {needed}")
     path = tmp_path / "llava.yaml"  # LLaVA's tower is the packaged clip spec's
-    assert vitcg("new", "llava", "--output", str(path)).returncode == 0
+    assert vitcg_inprocess("new", "llava", "--output", str(path)).returncode == 0
     assert "\nextends: clip   # GUESS: " in path.read_text()
-    check = vitcg("check", str(path))
+    check = vitcg_inprocess("check", str(path))
     assert check.returncode == 0, check.stdout
     assert "llava  proven:" in check.stdout
 
 
 def test_stdout_and_refusals(tmp_path):
-    run = vitcg("new", "qwen2_vl", "--output", "-")
+    run = vitcg("new", "qwen2_vl", "--output", "-")  # a subprocess: the draft on the process's own stdout
     assert run.returncode == 0 and run.stdout.startswith("# yaml-language-server: $schema=vitcg/lang/schema.json")
-    run = vitcg("new", "qwen2_vll", "--output", "-")
+    run = vitcg_inprocess("new", "qwen2_vll", "--output", "-")
     assert run.returncode == 2 and "did you mean 'qwen2_vl'?" in run.stderr
     path = tmp_path / "x.yaml"
     path.write_text("keep me")
-    run = vitcg("new", "qwen2_vl", "--output", str(path))
+    run = vitcg_inprocess("new", "qwen2_vl", "--output", str(path))
     assert run.returncode == 2 and "pass --force" in run.stderr
     assert path.read_text() == "keep me"
-    assert vitcg("new", "qwen2_vl", "--output", str(path), "--force").returncode == 0
+    assert vitcg_inprocess("new", "qwen2_vl", "--output", str(path), "--force").returncode == 0
     assert "name: qwen2_vl" in path.read_text()
 
 
@@ -164,9 +167,9 @@ def test_force_replaces_a_symlink_and_never_writes_through_it(tmp_path):
     folder.mkdir()
     link = folder / "qwen.yaml"
     link.symlink_to(precious)
-    refused = vitcg("new", "qwen2_vl", "-o", str(link))
+    refused = vitcg_inprocess("new", "qwen2_vl", "-o", str(link))
     assert refused.returncode == 2 and "pass --force" in refused.stderr
-    assert vitcg("new", "qwen2_vl", "-o", str(link), "--force").returncode == 0
+    assert vitcg_inprocess("new", "qwen2_vl", "-o", str(link), "--force").returncode == 0
     assert precious.read_text() == "keep me"
     assert not link.is_symlink() and "name: qwen2_vl" in link.read_text()
 
@@ -175,21 +178,21 @@ def test_writes_anywhere_it_is_told(tmp_path):
     """Anywhere, into folders it makes; the default is NAME.yaml in the working folder, NAME the model type in
     snake case; the draft names its own path in the next steps it gives."""
     path = tmp_path / "drafts" / "deep" / "florence.yaml"
-    run = vitcg("new", "florence2", "--output", str(path))
+    run = vitcg_inprocess("new", "florence2", "--output", str(path))
     assert run.returncode == 0, run.stderr
     text = path.read_text()
     assert f"`vitcg validate {path}` and `vitcg check {path}`" in text
     schema = text.splitlines()[0].split("$schema=", 1)[1]
     assert schema.endswith("vitcg/lang/schema.json") and (path.parent / schema).is_file()
-    run = vitcg("new", "kosmos-2.5", cwd=tmp_path)
+    run = vitcg_inprocess("new", "kosmos-2.5", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "kosmos_2_5.yaml").is_file()
     assert "name: kosmos_2_5" in (tmp_path / "kosmos_2_5.yaml").read_text()
     assert 'model_types: ["kosmos-2.5"]' in (tmp_path / "kosmos_2_5.yaml").read_text()
     assert not list(tmp_path.glob(".*"))  # no temporary file left beside it
-    again = vitcg("new", "kosmos-2.5", cwd=tmp_path)
+    again = vitcg_inprocess("new", "kosmos-2.5", cwd=tmp_path)
     assert again.returncode == 2 and "pass --force" in again.stderr
-    folder = vitcg("new", "florence2", "-o", str(tmp_path))
+    folder = vitcg_inprocess("new", "florence2", "-o", str(tmp_path))
     assert folder.returncode == 2 and "it is a folder" in folder.stderr
 
 
@@ -213,7 +216,7 @@ def test_readme_walkthrough_works_as_written(tmp_path):
         assert command in readme, command
     shutil.copytree(REPO / "registry", tmp_path / "registry", ignore=shutil.ignore_patterns("__pycache__"))
     for command in WALKTHROUGH:
-        run = vitcg(*command.split()[1:], cwd=tmp_path)
+        run = vitcg_inprocess(*command.split()[1:], cwd=tmp_path)
         if command.startswith("vitcg check"):  # the draft is not proven until its guesses hold: it must not pass
             assert run.returncode == 1, f"{command}\n{run.stdout}\n{run.stderr}"
             assert "cohere_compass  FAILED: end-to-end stage:" in run.stdout
@@ -235,7 +238,7 @@ def test_refuses_model_types_it_cannot_draft(tmp_path, model_type, named):
     if importlib.util.find_spec(f"transformers.models.{model_type}") is None:
         pytest.skip(f"this transformers has no {model_type} config")
     path = tmp_path / f"{model_type}.yaml"
-    run = vitcg("new", model_type, "--output", str(path))
+    run = vitcg_inprocess("new", model_type, "--output", str(path))
     assert run.returncode == 2, (run.stdout, run.stderr)
     assert "Traceback" not in run.stderr
     lines = run.stderr.splitlines()
@@ -246,7 +249,7 @@ def test_refuses_model_types_it_cannot_draft(tmp_path, model_type, named):
 
 
 def test_help_says_what_new_does():
-    run = vitcg("new", "--help")
+    run = vitcg_inprocess("new", "--help")
     assert run.returncode == 0
     text = " ".join(run.stdout.split())
     for fragment in ("# GUESS: what to verify", "vlm_attribute", "--output", "'-' for stdout",

@@ -1,6 +1,12 @@
 """Hostile input to the ``vitcg`` command (issue #13): every failure is one line and an exit code, never a
-traceback, a crash or lost files. Each test runs the command in a subprocess, so a segfault fails the test
-instead of killing pytest."""
+traceback, a crash or lost files.
+
+``run`` starts the command in a subprocess where the process is the point: input that could crash the
+interpreter (YAML and JSON nested thousands of levels deep), files that could block or exhaust memory (FIFOs,
+/dev/zero: under a timeout and an address-space limit), a closed, full or abandoned standard output, and what
+``--version`` imports. The other tests refuse arguments and files one line at a time, and ``call`` runs them
+in this process (tests/acceptance/inprocess.py: the same entry point, exit status, stdout and stderr), which
+imports torch and transformers once instead of once per command."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, vitcg
+from inprocess import vitcg_inprocess
 from spec_files import copy_spec
 
 import vitcg as package
@@ -30,6 +37,11 @@ def run(*args: str, env: dict[str, str] | None = None, stdout=subprocess.PIPE,
         command = ["sh", "-c", shell_prefix + ' "$0" "$@"', *command]
     return subprocess.run(command, cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
                           env={**os.environ, **(env or {})})
+
+
+def call(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``vitcg ARGS`` in this process, in the repository root, with extra environment."""
+    return vitcg_inprocess(*args, env={**os.environ, **(env or {})})
 
 
 def assert_usage_error(result: subprocess.CompletedProcess, *names: str) -> None:
@@ -63,7 +75,7 @@ def crowded(tmp_path: Path) -> Path:
 
 def test_generate_refuses_a_folder_with_other_files_and_touches_nothing(crowded: Path):
     before = snapshot(crowded)
-    result = run("generate", "--specs", RENDER_SPECS, "--out", str(crowded))
+    result = call("generate", "--specs", RENDER_SPECS, "--out", str(crowded))
     assert_usage_error(result, "--force", f"{crowded.as_posix()}/notes.txt", f"{crowded.as_posix()}/.git/",
                        f"{crowded.as_posix()}/sub/")
     assert snapshot(crowded) == before
@@ -73,7 +85,7 @@ def test_generate_force_writes_beside_other_files_and_removes_only_its_own(crowd
     (crowded / "OLD_LIST.md").write_text(f"<!-- {HEADER} -->\nleft over\n")
     (crowded / "late.md").write_text(f"my file\n<!-- {HEADER} -->\nthe header is not in the first line\n")
     before = snapshot(crowded)
-    result = run("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--force")
+    result = call("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--force")
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert f"removed {crowded.as_posix()}/OLD_LIST.md (not produced by any template)" in result.stdout
@@ -82,7 +94,7 @@ def test_generate_force_writes_beside_other_files_and_removes_only_its_own(crowd
     assert {name: after.get(name) for name in kept} == kept  # .git/HEAD, notes, sub/ and late.md survive
     assert set(after) == set(kept) | OUTPUTS
 
-    check = run("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--check")
+    check = call("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--check")
     assert check.returncode == 0, check.stdout + check.stderr  # other files are not stale
     packaged = [p for p in (REPO / "vitcg" / "specs").glob("*.yaml") if not p.name.endswith(".tests.yaml")]
     specs = len(packaged) + 3  # --specs adds 3 to the packaged ones
@@ -91,7 +103,7 @@ def test_generate_force_writes_beside_other_files_and_removes_only_its_own(crowd
 
 def test_generate_check_lists_only_generated_files_as_stale(crowded: Path):
     (crowded / "OLD_LIST.md").write_text(f"<!-- {HEADER} -->\n")
-    result = run("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--check")
+    result = call("generate", "--specs", RENDER_SPECS, "--out", str(crowded), "--check")
     assert result.returncode == 1
     assert f"stale: {crowded.as_posix()}/OLD_LIST.md: not produced by any template" in result.stdout
     for name in ("notes.txt", ".git", "sub", "code.py"):
@@ -127,7 +139,7 @@ def test_deep_block_nesting_is_a_diagnostic(tmp_path: Path):
 
 def test_oversized_spec_names_its_size_and_the_bound(tmp_path: Path):
     (tmp_path / "big.yaml").write_text("a: " + "x" * (2 << 20) + "\n")
-    result = run("validate", str(tmp_path / "big.yaml"))
+    result = call("validate", str(tmp_path / "big.yaml"))
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"{tmp_path / 'big.yaml'}:0:0: $: file is {(2 << 20) + 4} bytes" in result.stdout
     assert "1048576 bytes" in result.stdout
@@ -136,19 +148,19 @@ def test_oversized_spec_names_its_size_and_the_bound(tmp_path: Path):
 # 3. writes: atomic, and a failure is one line with exit 2
 
 def test_schema_output_failures_are_one_line(tmp_path: Path):
-    assert_usage_error(run("schema", "-o", str(tmp_path / "missing" / "schema.json")), "missing/schema.json",
+    assert_usage_error(call("schema", "-o", str(tmp_path / "missing" / "schema.json")), "missing/schema.json",
                        "no such folder")
-    assert_usage_error(run("schema", "-o", str(tmp_path)), str(tmp_path), "it is a folder")
+    assert_usage_error(call("schema", "-o", str(tmp_path)), str(tmp_path), "it is a folder")
     if Path("/dev/full").exists():
-        assert_usage_error(run("schema", "-o", "/dev/full"), "/dev/full", "No space left on device")
-    assert run("schema", "-o", os.devnull).returncode == 0  # a device is written directly, not replaced
+        assert_usage_error(call("schema", "-o", "/dev/full"), "/dev/full", "No space left on device")
+    assert call("schema", "-o", os.devnull).returncode == 0  # a device is written directly, not replaced
 
 
 def test_schema_output_replaces_the_file_and_leaves_no_temporary(tmp_path: Path):
     path = tmp_path / "schema.json"
     path.write_text("old\n")
     path.chmod(0o640)
-    result = run("schema", "-o", str(path))
+    result = call("schema", "-o", str(path))
     assert result.returncode == 0, result.stderr
     assert json.loads(path.read_text())["$schema"]
     assert oct(path.stat().st_mode & 0o777) == oct(0o640)  # the file keeps its mode
@@ -161,31 +173,31 @@ def test_schema_output_into_a_read_only_folder(tmp_path: Path):
     folder.mkdir()
     folder.chmod(0o555)
     try:
-        assert_usage_error(run("schema", "-o", str(folder / "schema.json")), "locked/schema.json", "ermission")
+        assert_usage_error(call("schema", "-o", str(folder / "schema.json")), "locked/schema.json", "ermission")
     finally:
         folder.chmod(0o755)
 
 
 def test_new_output_under_a_file_is_one_line(tmp_path: Path):
     (tmp_path / "file").write_text("x\n")
-    assert_usage_error(run("new", "qwen2_vl", "-o", str(tmp_path / "file" / "draft.yaml")), str(tmp_path / "file"))
+    assert_usage_error(call("new", "qwen2_vl", "-o", str(tmp_path / "file" / "draft.yaml")), str(tmp_path / "file"))
     assert (tmp_path / "file").read_text() == "x\n"
 
 
 def test_generate_output_that_is_a_folder_is_one_line(tmp_path: Path):
     out = tmp_path / "out"
     (out / "index.json").mkdir(parents=True)
-    assert_usage_error(run("generate", "--specs", RENDER_SPECS, "--out", str(out)), "index.json", "it is a folder")
+    assert_usage_error(call("generate", "--specs", RENDER_SPECS, "--out", str(out)), "index.json", "it is a folder")
     (tmp_path / "plain").write_text("x\n")
-    assert_usage_error(run("generate", "--specs", RENDER_SPECS, "--out", str(tmp_path / "plain")), "plain", "is a file")
+    assert_usage_error(call("generate", "--specs", RENDER_SPECS, "--out", str(tmp_path / "plain")), "plain", "is a file")
 
 
 def test_bench_json_into_a_missing_folder_fails_before_running(tmp_path: Path):
-    result = run("bench", "qwen2_vl", "--device", "cpu", "--size", "tiny", "--json",
+    result = call("bench", "qwen2_vl", "--device", "cpu", "--size", "tiny", "--json",
                  str(tmp_path / "missing" / "bench.json"))
     assert_usage_error(result, "missing/bench.json", "no such folder")
     assert result.stdout == ""  # no spec was benchmarked
-    assert_usage_error(run("bench", "qwen2_vl", "--device", "cpu", "--json", str(tmp_path)), "it is a folder")
+    assert_usage_error(call("bench", "qwen2_vl", "--device", "cpu", "--json", str(tmp_path)), "it is a folder")
 
 
 # 4. bench options
@@ -193,7 +205,7 @@ def test_bench_json_into_a_missing_folder_fails_before_running(tmp_path: Path):
 def test_bench_from_json_missing_or_malformed(tmp_path: Path):
     plot = str(tmp_path / "plot.png")
     missing = tmp_path / "nowhere.json"
-    assert_usage_error(run("bench", "--from-json", str(missing), "--plot", plot), str(missing), "cannot read")
+    assert_usage_error(call("bench", "--from-json", str(missing), "--plot", plot), str(missing), "cannot read")
     for name, text, reason in (("broken.json", "{", "not valid JSON"), ("list.json", "[1, 2]", "not a results file"),
                                ("nospecs.json", '{"date": "x"}', "not a results file"),
                                ("binary.json", None, "not valid JSON")):
@@ -202,17 +214,17 @@ def test_bench_from_json_missing_or_malformed(tmp_path: Path):
             path.write_bytes(b"\xff\xfe\x00")
         else:
             path.write_text(text)
-        assert_usage_error(run("bench", "--from-json", str(path), "--plot", plot), str(path), reason)
+        assert_usage_error(call("bench", "--from-json", str(path), "--plot", plot), str(path), reason)
     assert not (tmp_path / "plot.png").exists()
 
 
 @pytest.mark.parametrize("device", ["tpu", "cuda:x", "cpu:0", ""])
 def test_bench_unknown_device_is_a_usage_error(device: str):
-    assert_usage_error(run("bench", "qwen2_vl", "--device", device, "--size", "tiny"), "--device", repr(device))
+    assert_usage_error(call("bench", "qwen2_vl", "--device", device, "--size", "tiny"), "--device", repr(device))
 
 
 def test_check_unknown_device_is_a_usage_error():
-    assert_usage_error(run("check", "qwen2_vl", "--device", "cuda:x"), "--device", "'cuda:x'")
+    assert_usage_error(call("check", "qwen2_vl", "--device", "cuda:x"), "--device", "'cuda:x'")
 
 
 # 5. a corrupt bindings cache is a cache miss
@@ -251,7 +263,7 @@ def test_corrupt_bindings_cache_entries_are_recomputed(tmp_path: Path):
 
     cache = tmp_path / f"bindings-transformers-{transformers_version()}.json"
     cache.write_text(json.dumps(entries))
-    result = run("validate", str(spec), env={"VITCG_CACHE_DIR": str(tmp_path)})
+    result = call("validate", str(spec), env={"VITCG_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and "all valid" in result.stdout
     rewritten = json.loads(cache.read_text())
@@ -305,13 +317,13 @@ def test_version_prints_the_package_version_without_torch():
 def test_compile_config_refuses_huge_and_non_finite_values(args: list[str], named: str):
     if "--modality" not in args:
         args = ["--modality", "image", *args]
-    result = run("compile-config", *args)
+    result = call("compile-config", *args)
     assert_usage_error(result, named)
     assert result.stdout == ""
 
 
 def test_compile_config_accepts_the_largest_budget():
-    result = run("compile-config", "--modality", "image", "--budgets", str(2**31 - 1))
+    result = call("compile-config", "--modality", "image", "--budgets", str(2**31 - 1))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["encoder_cudagraph_token_budgets"] == [2**31 - 1]
     assert "Infinity" not in result.stdout and "NaN" not in result.stdout
@@ -324,7 +336,7 @@ def test_generate_refuses_a_spec_with_an_infinite_runner_kwarg(tmp_path: Path):
     shutil.copytree(REPO / RENDER_SPECS, specs)
     spec = specs / "windowed_vl.yaml"
     spec.write_text(spec.read_text().replace("limit_mm_per_prompt: {image: 2, video: 1}", "limit_mm_per_prompt: .inf"))
-    result = run("generate", "--specs", str(specs), "--out", str(tmp_path / "out"))
+    result = call("generate", "--specs", str(specs), "--out", str(tmp_path / "out"))
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
     assert f"{spec}:91:40: $.tests.runner_kwargs.limit_mm_per_prompt: '.inf' is infinite" in result.stderr
@@ -355,7 +367,7 @@ def _qwen_costs(tmp_path: Path, **changes) -> Path:
     ({"replay": {str(10**30): 5.0}}, [f'["replay_ms"]["{10**30}"]', "expected an integer", f"got '{10**30}'"]),
 ])
 def test_plan_refuses_costs_out_of_range_by_key(tmp_path: Path, changes: dict, named: list[str]):
-    result = run("plan", "qwen2_vl", "--costs", str(_qwen_costs(tmp_path, **changes)))
+    result = call("plan", "qwen2_vl", "--costs", str(_qwen_costs(tmp_path, **changes)))
     assert_usage_error(result, f"--costs {tmp_path / 'costs.json'}: specs[", *named)
     assert result.stdout == ""
 
@@ -425,7 +437,7 @@ def test_a_full_standard_output_is_one_line(args: tuple[str, ...]):
 
 def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path: Path):
     name = "a" * 300
-    assert_usage_error(run("new", "qwen2_vl", "-o", str(tmp_path / f"{name}.yaml")), name, "File name too long")
-    assert_usage_error(run("new", "qwen2_vl", "-o", str(tmp_path / name / "x.yaml")), name, "File name too long")
-    assert_usage_error(run("schema", "-o", str(tmp_path / f"{name}.json")), name, "File name too long")
+    assert_usage_error(call("new", "qwen2_vl", "-o", str(tmp_path / f"{name}.yaml")), name, "File name too long")
+    assert_usage_error(call("new", "qwen2_vl", "-o", str(tmp_path / name / "x.yaml")), name, "File name too long")
+    assert_usage_error(call("schema", "-o", str(tmp_path / f"{name}.json")), name, "File name too long")
     assert list(tmp_path.iterdir()) == []
