@@ -46,6 +46,7 @@ def child(spec_name: str, device: str, size: str) -> dict:
     sync()
     built = time.perf_counter()
     adapter = adapter_for(spec, module, compile_forward=True)
+    adapted = time.perf_counter()
     # routing off: the check below must replay graphs, not explore its first call eagerly
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype, options=ManagerOptions(route_eager=False))
     report, cache = capture_compiled(manager, spec)
@@ -57,8 +58,12 @@ def child(spec_name: str, device: str, size: str) -> dict:
     from torch._dynamo.utils import counters
     return {"imports_s": round(imported - START, 2), "build_s": round(built - imported, 2),
             "compile_capture_s": round(ready - built, 2), "process_to_ready_s": round(ready - START, 2),
+            "adapter_s": round(adapted - built, 2), "capture_s": round(report.seconds, 2),
             "budgets": list(manager.budgets), "cache_loaded": cache.loaded, "cache_bytes": cache.saved_bytes,
             "cache_file": str(cache.path), "dynamo_unique_graphs": counters["stats"]["unique_graphs"],
+            "ahead_of_time": None if adapter.ahead is None else {
+                "functions": len(adapter.ahead.blobs), "compiled_here": adapter.ahead.compiled,
+                "disabled": adapter.ahead.disabled},
             "per_budget_s": {b: round(t, 2) for b, t in report.per_budget.items()},
             "replay_ms": {b: round(t, 3) for b, t in report.replay_ms.items()},
             "mixed_rel_error_vs_eager": round(error, 5)}
@@ -100,7 +105,8 @@ def main() -> None:
         print(f"{label:<17} process {result['process_to_ready_s']:7.1f} s (imports {result['imports_s']:.1f}, "
               f"build {result['build_s']:.1f}, compile+capture {result['compile_capture_s']:.1f}); cache "
               f"{'loaded' if result['cache_loaded'] else 'stored ' + str(result['cache_bytes']) + ' bytes'}; "
-              f"{result['dynamo_unique_graphs']} dynamo graphs; mixed vs eager {result['mixed_rel_error_vs_eager']}; "
+              f"{result['dynamo_unique_graphs']} dynamo graphs; ahead of time {result['ahead_of_time']}; "
+              f"mixed vs eager {result['mixed_rel_error_vs_eager']}; "
               f"seconds per budget {result['per_budget_s']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

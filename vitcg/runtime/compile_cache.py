@@ -43,7 +43,7 @@ import stat
 import tempfile
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -256,8 +256,9 @@ def artifact_index(payload: bytes) -> list[tuple[str, str]]:
     return index
 
 
-def _trusted_payload(path: Path, key: str) -> bytes | None:
+def _trusted_payload(path: Path, key: str, check: Callable[[bytes], Any] = artifact_index) -> bytes | None:
     """The artifacts in ``path`` if vitcg can vouch for them (see the module docstring), None when there is no file.
+    ``check`` reads the payload's layout without unpickling (torch's container, or :func:`aot_index`).
     Raises :class:`UntrustedCacheFile` saying why not."""
     if not os.path.lexists(path):
         return None
@@ -273,7 +274,7 @@ def _trusted_payload(path: Path, key: str) -> bytes | None:
     if not hmac.compare_digest(data[len(MAGIC):header], _tag(secret, key, payload)):
         raise UntrustedCacheFile(f"the file {path} fails its integrity check: vitcg did not write it for this key "
                                  f"with your key, or it was changed since")
-    artifact_index(payload)
+    check(payload)
     return payload
 
 
@@ -322,12 +323,12 @@ def persistent_compile_cache(key: str, root: str | os.PathLike | None = None) ->
         _warn(f"could not store the compile cache {path}: {exc}")
 
 
-def _store(path: Path, key: str, payload: bytes) -> None:
+def _store(path: Path, key: str, payload: bytes, check: Callable[[bytes], Any] = artifact_index) -> None:
     """Write ``payload`` to ``path`` with its tag, in a private folder, replacing (never writing through) what is
     there. Raises :class:`UntrustedCacheFile` (a folder others may write, artifacts vitcg would refuse) or OSError."""
     if len(payload) + len(MAGIC) + TAG_BYTES > MAX_ARTIFACT_BYTES:
         raise UntrustedCacheFile(f"the artifacts take {len(payload)} bytes, over the {MAX_ARTIFACT_BYTES}-byte cap")
-    artifact_index(payload)  # what would be refused on loading is not stored
+    check(payload)  # what would be refused on loading is not stored
     folder = path.parent
     folder.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
@@ -338,11 +339,97 @@ def _store(path: Path, key: str, payload: bytes) -> None:
     log.info("compile cache: stored %d bytes of artifacts in %s", len(payload), path)
 
 
+AOT_MAGIC = b"vitcgaot1\n"
+"""The first line of the payload of a ``KEY.aot`` file: block functions compiled ahead of time
+(:class:`vitcg.runtime.regions.AheadOfTime`). Then one JSON line, ``{"functions": [[signature, bytes], ...]}``,
+then the serialized functions in that order."""
+
+MAX_AOT_INDEX_BYTES = 1 << 20
+
+
+def aot_index(payload: bytes) -> list[tuple[str, int]]:
+    """The ``(signature, length)`` entries of an ahead-of-time payload, read with :mod:`json` (no pickle); raises
+    :class:`UntrustedCacheFile` for any other layout."""
+    if not payload.startswith(AOT_MAGIC):
+        raise UntrustedCacheFile("the file does not hold block functions in vitcg's layout")
+    end = payload.find(b"\n", len(AOT_MAGIC), len(AOT_MAGIC) + MAX_AOT_INDEX_BYTES)
+    try:
+        entries = json.loads(payload[len(AOT_MAGIC):end])["functions"] if end > 0 else None
+        index = [(str(signature), int(length)) for signature, length in entries]
+    except (ValueError, TypeError, KeyError):
+        index = None
+    if index is None or any(length < 0 for _, length in index) or \
+            end + 1 + sum(length for _, length in index) != len(payload):
+        raise UntrustedCacheFile("the block functions' index does not match the file")
+    return index
+
+
+def _aot_payload(blobs: dict[str, bytes]) -> bytes:
+    index = json.dumps({"functions": [[signature, len(blob)] for signature, blob in blobs.items()]})
+    return AOT_MAGIC + index.encode() + b"\n" + b"".join(blobs.values())
+
+
+def _aot_blobs(payload: bytes) -> dict[str, bytes]:
+    index = aot_index(payload)
+    offset = payload.index(b"\n", len(AOT_MAGIC)) + 1
+    blobs = {}
+    for signature, length in index:
+        blobs[signature] = payload[offset:offset + length]
+        offset += length
+    return blobs
+
+
+def _load_ahead(path: Path, key: str, ahead: Any) -> str | None:
+    """Hand the block functions stored under ``key`` to ``ahead``; None when loaded, else why not (no file, or a
+    file vitcg cannot vouch for: warned, and replaced after the capture)."""
+    try:
+        payload = _trusted_payload(path, key, aot_index)
+    except UntrustedCacheFile as exc:
+        _warn(f"not loading the compiled block functions: {exc}; compiling instead")
+        return str(exc)
+    if payload is None:
+        return "no file"
+    ahead.load(_aot_blobs(payload))
+    log.info("compile cache: loaded %d bytes of block functions from %s", len(payload), path)
+    return None
+
+
+def _store_ahead(path: Path, key: str, ahead: Any) -> int:
+    payload = _aot_payload(ahead.blobs)
+    try:
+        _store(path, key, payload, aot_index)
+    except UntrustedCacheFile as exc:
+        _warn(f"not storing the compiled block functions {path}: {exc}")
+        return 0
+    except OSError as exc:
+        _warn(f"could not store the compiled block functions {path}: {exc}")
+        return 0
+    return len(payload)
+
+
 def capture_compiled(manager: Any, spec: Spec) -> tuple[Any, CompileCacheUse]:
     """``manager.capture()`` (its adapter built with ``compile_forward``) inside the persistent cache of its spec,
-    budgets, capture limits, device and dtype. Returns the capture report and how the cache was used."""
+    budgets, capture limits, device and dtype. Returns the capture report and how the cache was used.
+
+    Blocks compiled ahead of time (the adapter's ``ahead``, :class:`vitcg.runtime.regions.AheadOfTime`) are kept
+    in ``KEY.aot``: when that file loads, the capture needs neither dynamo nor inductor's artifacts, so
+    ``KEY.bin`` is not read; the artifacts serve the blocks that cannot be compiled ahead of time."""
     key = compile_key(spec, manager.device, manager.dtype, budgets=list(manager.budgets),
                       max_items=manager.plan.max_items, max_frames=manager.plan.max_frames)
-    with persistent_compile_cache(key) as use:
+    ahead = getattr(manager.model, "ahead", None)
+    if ahead is None or ahead.disabled:
+        with persistent_compile_cache(key) as use:
+            report = manager.capture()
+        return report, use
+    path = Path(cache_root()) / "compile" / f"{key}.aot"
+    refused = _load_ahead(path, key, ahead)
+    if refused is None:
+        use = CompileCacheUse(path, loaded=True)
         report = manager.capture()
+    else:
+        with persistent_compile_cache(key) as use:
+            report = manager.capture()
+        use.refused = use.refused or (None if refused == "no file" else refused)
+    if ahead.compiled and not ahead.disabled:
+        use.saved_bytes += _store_ahead(path, key, ahead)
     return report, use

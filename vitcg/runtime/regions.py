@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 
 def repeated_blocks(root: nn.Module) -> list[nn.Module]:
@@ -52,18 +56,143 @@ def _run_block(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return type(block).forward(block, *args, **kwargs)
 
 
-def compile_blocks(blocks: list[nn.Module], *, dynamic: bool = False) -> dict[nn.Module, Callable[..., Any]]:
+def compile_blocks(blocks: list[nn.Module], *, dynamic: bool = False,
+                   ahead: AheadOfTime | None = None) -> dict[nn.Module, Callable[..., Any]]:
     """Each block's forward through one ``torch.compile`` of :func:`_run_block` (the block is an input, its
     weights graph inputs, so the first block's compilation serves the rest). Static shapes by default: each
     budget gets kernels for its own token count, and integer arguments stay constants (with ``dynamic=True``
     they become symbolic inputs, which inductor 2.11 fails to compile for Qwen2.5-VL's and Pixtral's blocks on
-    CUDA). A block whose instance carries a forward of its own (a hook that wraps it, as accelerate's device
-    hooks do) is left out: its class's forward would skip the wrapper."""
+    CUDA). With ``ahead``, each distinct call is compiled ahead of time instead (:class:`AheadOfTime`), and the
+    plain compilation serves only the calls it cannot. A block whose instance carries a forward of its own (a
+    hook that wraps it, as accelerate's device hooks do) is left out: its class's forward would skip the
+    wrapper."""
     blocks = [block for block in blocks if "forward" not in vars(block)]
     if not blocks:
         return {}
-    compiled = _calling(torch.compile(_run_block, dynamic=dynamic))
+    if ahead is None:
+        compiled = _calling(torch.compile(_run_block, dynamic=dynamic))
+    else:  # the plain compilation made only if a call needs it: making one imports inductor's compiler (~1 s)
+        compiled = functools.partial(ahead, _lazily(lambda: _calling(torch.compile(_run_block, dynamic=dynamic))))
     return {block: functools.partial(compiled, block) for block in blocks}
+
+
+def _lazily(make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+    """A function that calls ``make()``'s result, made at its first call."""
+    made: list[Callable[..., Any]] = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not made:
+            made.append(make())
+        return made[0](*args, **kwargs)
+    return call
+
+
+def call_signature(block: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> str | None:
+    """What a compiled block function is specialized on: the block's class and mode, each tensor's shape,
+    strides, dtype and device, and every other argument's value. None when an argument is of a kind this cannot
+    describe (its compilation is then not stored)."""
+    def describe(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            return (f"T{tuple(value.shape)}{value.stride()}{value.dtype}:{value.device.type}"
+                    f"{'g' if value.requires_grad else ''}")
+        if isinstance(value, (tuple, list)):
+            return f"{type(value).__name__}(" + ",".join(describe(v) for v in value) + ")"
+        if isinstance(value, dict):
+            return "{" + ",".join(f"{k!r}:{describe(v)}" for k, v in sorted(value.items(), key=lambda item: str(item[0]))) + "}"
+        if value is None or type(value) in (bool, int, float, str):
+            return repr(value)
+        raise TypeError(type(value).__name__)
+    try:
+        parts = [describe(args), describe(dict(kwargs))]
+    except TypeError:
+        return None
+    return f"{type(block).__module__}.{type(block).__qualname__}:{block.training}:" + ";".join(parts)
+
+
+class AheadOfTime:
+    """Block functions compiled ahead of time (``torch.compile(...).aot_compile``), one per call signature
+    (:func:`call_signature`), which serialize to bytes and load in a later process without dynamo tracing
+    anything: a warm start then costs loading them, not a trace and a cache lookup per budget.
+
+    Called as ``ahead(fallback, block, *args, **kwargs)``: a stored or loaded function for the call's signature
+    runs it (its own guards checked first); a new signature is compiled ahead of time and kept in :attr:`blobs`
+    (for the persistent cache, :mod:`vitcg.runtime.compile_cache`). Where that cannot be done (a torch without
+    ``aot_compile``, a block dynamo cannot trace in one graph, an argument of an unknown kind), ``fallback`` (the
+    plain compiled function) runs, and :attr:`disabled` says why once a compilation failed."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        """Serialized functions by call signature: those loaded, and those compiled in this process."""
+        self.compiled = 0
+        """Functions compiled (not loaded) in this process."""
+        self.fallbacks = 0
+        """Calls the plain compilation served (no function of their signature, or its guards failed)."""
+        self.disabled: str | None = None
+        self._functions: dict[str, Callable[..., Any]] = {}
+        self._compiler: Any = None
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        """An empty store: dynamo pickles the state of a block it compiles, which reaches this object through the
+        block's patched-in forward; the compiled functions (and their guards) are not part of that state."""
+        return AheadOfTime, ()
+
+    def load(self, blobs: Mapping[str, bytes]) -> None:
+        """Serialized functions (from a file vitcg vouched for) to use for their signatures; each is
+        deserialized when a call first needs it."""
+        self.blobs.update(blobs)
+
+    def __call__(self, fallback: Callable[..., Any], block: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        # compiled, guarded and called with torch function modes off, as the plain compilation is (_calling)
+        with torch._C.DisableTorchFunction():
+            function = None if self.disabled else self._function(block, args, kwargs)
+            if function is not None:
+                return function(block, *args, **kwargs)
+        self.fallbacks += 1
+        return fallback(block, *args, **kwargs)
+
+    def _function(self, block: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> Callable[..., Any] | None:
+        signature = call_signature(block, args, kwargs)
+        if signature is None:
+            return None
+        function = self._functions.get(signature)
+        if function is None and signature in self.blobs:
+            function = self._deserialize(signature)
+        if function is None:
+            function = self._compile(signature, block, args, kwargs)
+        if function is None or not function.guard_check(block, *args, **kwargs):
+            return None
+        return function
+
+    def _deserialize(self, signature: str) -> Callable[..., Any] | None:
+        try:
+            function = torch.compiler.load_compiled_function(io.BytesIO(self.blobs[signature]),
+                                                             f_globals=_run_block.__globals__)
+        except Exception as exc:  # another torch build's bytes: compile this signature again
+            log.warning("vitcg: a stored block function could not be loaded (%s: %s); compiling it again",
+                        type(exc).__name__, str(exc)[:200])
+            del self.blobs[signature]
+            return None
+        self._functions[signature] = function
+        return function
+
+    def _compile(self, signature: str, block: nn.Module, args: tuple,
+                 kwargs: Mapping[str, Any]) -> Callable[..., Any] | None:
+        if self._compiler is None:
+            # torch 2.11 gives the compiled function its aot_compile only under this flag; later releases always
+            aot = {"enable_aot_compile": True} if hasattr(torch._dynamo.config, "enable_aot_compile") else {}
+            with torch._dynamo.config.patch(**aot):
+                self._compiler = torch.compile(_run_block, fullgraph=True, dynamic=False)
+        try:
+            function = self._compiler.aot_compile(((block, *args), dict(kwargs)))
+            blob = type(function).serialize(function).serialized_data
+        except Exception as exc:  # a graph break or an unserializable graph: the plain compilation serves
+            self.disabled = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            log.info("vitcg: blocks of %s are not compiled ahead of time (%s)", type(block).__name__,
+                     self.disabled)
+            return None
+        self._functions[signature], self.blobs[signature] = function, blob
+        self.compiled += 1
+        return function
 
 
 def _calling(compiled: Callable[..., Any]) -> Callable[..., Any]:

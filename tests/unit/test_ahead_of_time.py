@@ -1,0 +1,149 @@
+"""Blocks compiled ahead of time (:class:`vitcg.runtime.regions.AheadOfTime`) and their persistent store
+(``KEY.aot`` in :mod:`vitcg.runtime.compile_cache`): a loaded function serves its calls without dynamo tracing
+anything, every call's output equals the block's own forward, and a stored file is handed to torch only when vitcg
+can vouch for it. dynamo's eager backend keeps these fast; tests/gpu/test_regions_gpu.py runs inductor on CUDA."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+
+from vitcg.runtime import compile_cache, regions
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0, extra: object = None) -> torch.Tensor:
+        return torch.relu(self.linear(x)) * scale
+
+
+class Tower(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor, scale: float = 0.5, extra: object = None) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, scale=scale, extra=extra)
+        return x
+
+
+@pytest.fixture
+def eager_backend(monkeypatch):
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _run(tower: Tower, ahead: regions.AheadOfTime, *inputs: torch.Tensor, **kwargs) -> list[torch.Tensor]:
+    with regions.compiled_blocks(regions.compile_blocks(regions.repeated_blocks(tower), ahead=ahead)), \
+            torch.no_grad():
+        return [tower(x, **kwargs) for x in inputs]
+
+
+def _expected(tower: Tower, *inputs: torch.Tensor, **kwargs) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [tower(x, **kwargs) for x in inputs]
+
+
+def test_one_function_per_signature_serves_every_block_and_loads_without_tracing(eager_backend):
+    torch.manual_seed(0)
+    tower = Tower().eval()
+    inputs = (torch.randn(5, 8), torch.randn(9, 8), torch.randn(5, 8))
+    expected = _expected(tower, *inputs)
+    ahead = regions.AheadOfTime()
+    for got, want in zip(_run(tower, ahead, *inputs), expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert ahead.disabled is None and ahead.compiled == 2 and len(ahead.blobs) == 2 and ahead.fallbacks == 0
+
+    traced = counters["stats"]["unique_graphs"]
+    loaded = regions.AheadOfTime()
+    loaded.load(ahead.blobs)
+    for got, want in zip(_run(tower, loaded, *inputs), expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert loaded.compiled == 0 and loaded.fallbacks == 0
+    assert counters["stats"]["unique_graphs"] == traced  # nothing traced again
+
+
+def test_calls_it_cannot_describe_or_compile_fall_back_to_the_plain_compilation(eager_backend):
+    torch.manual_seed(0)
+    tower = Tower().eval()
+    x = torch.randn(5, 8)
+    ahead = regions.AheadOfTime()
+    (got,) = _run(tower, ahead, x, extra=object())  # an argument of a kind no signature describes
+    torch.testing.assert_close(got, _expected(tower, x)[0])
+    assert ahead.compiled == 0 and not ahead.blobs and ahead.fallbacks == 3
+
+    class Breaking:  # what a block dynamo cannot trace as one graph does to aot_compile
+        @staticmethod
+        def aot_compile(inputs):
+            raise RuntimeError("graph break in the block")
+    failing = regions.AheadOfTime()
+    failing._compiler = Breaking()
+    (got,) = _run(tower, failing, x)
+    torch.testing.assert_close(got, _expected(tower, x)[0])
+    assert failing.disabled == "RuntimeError: graph break in the block" and failing.fallbacks == 3
+
+
+def test_signatures_tell_shapes_dtypes_values_and_block_classes_apart():
+    block, x = Block(), torch.randn(4, 8)
+    base = regions.call_signature(block, (x,), {"scale": 0.5})
+    assert base == regions.call_signature(Block(), (torch.randn(4, 8),), {"scale": 0.5})  # values do not matter
+    others = [regions.call_signature(block, (torch.randn(5, 8),), {"scale": 0.5}),
+              regions.call_signature(block, (x.double(),), {"scale": 0.5}),
+              regions.call_signature(block, (x.t().contiguous().t(),), {"scale": 0.5}),
+              regions.call_signature(block, (x,), {"scale": 0.25}),
+              regions.call_signature(block, (x,), {"scale": 0.5, "extra": None}),
+              regions.call_signature(Tower(), (x,), {"scale": 0.5})]
+    assert len({base, *others}) == 1 + len(others)
+    assert regions.call_signature(block, (x,), {"extra": object()}) is None
+
+
+def _stored(tmp_path, monkeypatch) -> tuple[regions.AheadOfTime, str, object]:
+    monkeypatch.setenv("VITCG_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    tower = Tower().eval()
+    ahead = regions.AheadOfTime()
+    _run(tower, ahead, torch.randn(5, 8))
+    path = tmp_path / "compile" / "k.aot"
+    assert compile_cache._store_ahead(path, "k", ahead) > 0
+    return ahead, path, tower
+
+
+def test_a_stored_file_round_trips_and_a_changed_one_is_never_unpickled(eager_backend, tmp_path, monkeypatch):
+    ahead, path, tower = _stored(tmp_path, monkeypatch)
+    loaded = regions.AheadOfTime()
+    assert compile_cache._load_ahead(path, "k", loaded) is None and loaded.blobs == ahead.blobs
+    assert compile_cache._load_ahead(tmp_path / "compile" / "other.aot", "other", regions.AheadOfTime()) == "no file"
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch was handed a file vitcg cannot vouch for")
+    monkeypatch.setattr(torch.compiler, "load_compiled_function", refuse)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    changed = regions.AheadOfTime()
+    with pytest.warns(UserWarning, match="fails its integrity check"):
+        assert "integrity" in compile_cache._load_ahead(path, "k", changed)
+    assert not changed.blobs
+    with pytest.warns(UserWarning, match="fails its integrity check"):  # another key's tag does not fit either
+        assert compile_cache._load_ahead(path, "other-key", regions.AheadOfTime())
+
+
+@pytest.mark.parametrize("payload", [
+    b"", b"vitcgcc1 not this layout", compile_cache.AOT_MAGIC + b'{"functions": [["s", 5]]}\nabc',
+    compile_cache.AOT_MAGIC + b'{"functions": [["s", -1]]}\n', compile_cache.AOT_MAGIC + b"[1, 2]\n",
+    compile_cache.AOT_MAGIC + b'{"functions": [["s", 3]]}'])
+def test_a_payload_whose_index_does_not_match_is_refused(payload):
+    with pytest.raises(compile_cache.UntrustedCacheFile):
+        compile_cache.aot_index(payload)
+    assert compile_cache.aot_index(compile_cache._aot_payload({"a": b"xyz", "b": b""})) == [("a", 3), ("b", 0)]
