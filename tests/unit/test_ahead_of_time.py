@@ -147,3 +147,45 @@ def test_a_payload_whose_index_does_not_match_is_refused(payload):
     with pytest.raises(compile_cache.UntrustedCacheFile):
         compile_cache.aot_index(payload)
     assert compile_cache.aot_index(compile_cache._aot_payload({"a": b"xyz", "b": b""})) == [("a", 3), ("b", 0)]
+
+
+def test_output_capturing_hooks_inside_a_block_are_left_out_of_its_compiled_call(eager_backend):
+    """transformers hooks the modules whose outputs ``output_attentions`` collects with a function that reads a
+    ContextVar, which dynamo cannot trace in one graph (InternVL's attention): the compiled call leaves such
+    hooks out, and they are back on their modules, in order, after it; the block's own hooks still run."""
+    from contextvars import ContextVar
+
+    collector: ContextVar = ContextVar("collector", default=None)
+
+    def output_capturing_hook(module, args, output):  # transformers' name, and what it reads
+        collected = collector.get()
+        if collected is not None:
+            collected.append(output)
+
+    def other_hook(module, args, output):
+        return None
+
+    torch.manual_seed(0)
+    tower = Tower().eval()
+    for block in tower.blocks:
+        block.linear.register_forward_hook(output_capturing_hook)
+        block.linear.register_forward_hook(other_hook)
+    own = []
+    tower.blocks[0].register_forward_hook(lambda module, args, output: own.append(output.shape))
+    before = [list(block.linear._forward_hooks.values()) for block in tower.blocks]
+    x = torch.randn(5, 8)
+    expected = _expected(tower, x)[0]
+    own.clear()
+    ahead = regions.AheadOfTime()
+    (got,) = _run(tower, ahead, x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert ahead.disabled is None and ahead.compiled == 1 and ahead.fallbacks == 0
+    assert own == [torch.Size([5, 8])]
+    assert [list(block.linear._forward_hooks.values()) for block in tower.blocks] == before
+    collected: list = []
+    token = collector.set(collected)
+    try:
+        _expected(tower, x)  # the eager path still collects
+    finally:
+        collector.reset(token)
+    assert len(collected) == 3

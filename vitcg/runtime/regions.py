@@ -74,7 +74,7 @@ def compile_blocks(blocks: list[nn.Module], *, dynamic: bool = False,
         compiled = _calling(torch.compile(_run_block, dynamic=dynamic))
     else:  # the plain compilation made only if a call needs it: making one imports inductor's compiler (~1 s)
         compiled = functools.partial(ahead, _lazily(lambda: _calling(torch.compile(_run_block, dynamic=dynamic))))
-    return {block: functools.partial(compiled, block) for block in blocks}
+    return {block: functools.partial(_without_capturing_hooks, compiled, block) for block in blocks}
 
 
 def _lazily(make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
@@ -224,3 +224,29 @@ def compiled_blocks(compiled: Mapping[nn.Module, Callable[..., Any]]) -> Iterato
                 vars(block).pop("forward", None)
             else:
                 block.forward = previous
+
+
+CAPTURING_HOOK = "output_capturing_hook"
+"""The name of the forward hook transformers puts on the modules whose outputs ``output_attentions`` and friends
+collect (``transformers.utils.output_capturing``, installed at a model's first call). It reads a ``ContextVar``,
+which dynamo cannot trace: a block with one on a submodule (InternVL's attention) breaks its graph there."""
+
+
+def _without_capturing_hooks(forward: Callable[..., Any], block: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``forward(block, ...)`` with the output-capturing hooks of the block's submodules (not the block's own)
+    left out for the call. A graph's outputs are the spec's, so the attention weights such a hook collects are
+    never asked of it; the block's own hooks, which collect its hidden states, run around this call and stay."""
+    saved = []
+    for module in block.modules():
+        if module is not block and any(getattr(hook, "__name__", None) == CAPTURING_HOOK
+                                       for hook in module._forward_hooks.values()):
+            saved.append((module, dict(module._forward_hooks)))
+            for hook_id, hook in saved[-1][1].items():
+                if getattr(hook, "__name__", None) == CAPTURING_HOOK:
+                    del module._forward_hooks[hook_id]
+    try:
+        return forward(block, *args, **kwargs)
+    finally:
+        for module, hooks in saved:
+            module._forward_hooks.clear()
+            module._forward_hooks.update(hooks)
