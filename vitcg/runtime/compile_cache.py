@@ -7,8 +7,8 @@ repeated blocks compiled once per budget (:mod:`vitcg.runtime.regions`), qwen2_v
 capture in 22 s on an H100 from nothing and in 10 s from this cache. Blocks compiled ahead of time are kept
 beside it, in ``KEY.aot`` (:func:`capture_compiled`), which loads without a dynamo trace (4.1 s). The key
 covers what the kernels depend on: the spec's file, the budgets and capture limits, dtype, device model, the
-torch, transformers and triton versions, and how the forward is compiled (:data:`COMPILE_FORMAT`). The file lives under ``compile/`` in
-vitcg's cache folder (``VITCG_CACHE_DIR``).
+torch, transformers and triton versions, and how the forward is compiled (:data:`COMPILE_FORMAT`). The file
+lives under ``compile/`` in vitcg's cache folder (``VITCG_CACHE_DIR``).
 
 Loading an artifact runs code: torch unpickles parts of it, and writes each entry to a path built from the entry's
 key. The key is computable from public facts, so anyone who can put a file at ``compile/KEY.bin`` chooses what runs
