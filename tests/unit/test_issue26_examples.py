@@ -84,3 +84,48 @@ def test_a_skip_that_is_no_reason_is_refused():
     end = text.index("\n", start)
     with pytest.raises(SpecError, match=r"tests\.vlm\.skip: 'todo' is too short"):
         spec_from_text(text[:start] + "skip: todo" + text[end:], "aimv2.yaml", Bindings())
+
+
+def diagnostics(name: str, *edits: tuple[str, str]):
+    """The diagnostics of spec ``name`` after each ``(old, new)`` text edit (each old text found once)."""
+    text = spec_text(name)
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    with pytest.raises(SpecError) as raised:
+        spec_from_text(text, f"{name}.yaml", Bindings())
+    return raised.value.diagnostics
+
+
+def test_a_left_out_modality_and_deepstack_past_the_tiny_depth_print_in_one_run():
+    """Both of the draft's wrong guesses at once: before, the modality stopped the binding rules, and the
+    deepstack indexes showed only after it was fixed."""
+    found = diagnostics("qwen3_vl",
+                        ("  video:\n    inputs: {pixels: pixel_values_videos, grid: video_grid_thw}\n"
+                         "    max_frames_per_video: 32\n", ""),
+                        ('  video_placeholder: "<|vision_start|><|video_pad|><|vision_end|>"\n', ""),
+                        ("    deepstack_visual_indexes: [0, 1]\n", "    deepstack_visual_indexes: [1, 5]\n"))
+    assert [p.path for p in found] == ["$.modalities", "$.tests.tiny_config.deepstack_visual_indexes"]
+    assert found[0].message.endswith("has get_video_features, but the spec has no video modality: no check runs "
+                                     "the VLM's videos")
+    assert found[1].message.startswith("the tiny config's deepstack_visual_indexes = [1, 5] names layers [5]")
+
+
+SEXAGESIMAL_HINT = ("YAML 1.1 read 1:30 as a base-60 number (90); vitcg reads YAML 1.2, where it is the string "
+                    "'1:30': write 90 if that is meant")
+
+
+@pytest.mark.parametrize(("old", "new", "path"), [
+    ("  num_video_frames: 16\n", "  num_video_frames: 1:30\n", "$.tests.num_video_frames"),
+    ("max_frames_per_video: 32", "max_frames_per_video: 1:30", "$.modalities.video.max_frames_per_video"),
+    ("  patch_size: config.patch_size\n", "  patch_size: 1:30\n", "$.geometry.patch_size"),
+])
+def test_a_yaml_1_1_base_60_number_says_it_is_a_string_now(old, new, path):
+    (problem,) = diagnostics("qwen3_vl", (old, new))
+    assert problem.path == path
+    assert problem.hint == SEXAGESIMAL_HINT
+
+
+def test_a_quoted_colon_string_gets_no_base_60_hint():
+    (problem,) = diagnostics("qwen3_vl", ("  num_video_frames: 16\n", "  num_video_frames: '1:30'\n"))
+    assert problem.message == "'1:30' is not of type 'integer'" and problem.hint is None

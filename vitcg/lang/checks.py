@@ -286,14 +286,18 @@ def _placeholder(entry: dict | None) -> Placeholder | None:
 
 
 def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> None:
-    """The binding rules, each stage only when the one before found nothing."""
-    found.add(bind.classes_bind(loaded, spec.encoder, bindings))
+    """The binding rules. A rule is skipped only when what it reads failed (the configs need their classes, the
+    tiny-config and formula rules the built configs), never for an unrelated finding: a missing modality and
+    deepstack indexes past the tiny depth are both reported in one run."""
+    classes = list(bind.classes_bind(loaded, spec.encoder, bindings))
+    found.add(classes)
     found.add(bind.architectures_exist(loaded, spec, bindings))
-    if found.diagnostics:
-        return
     found.add(bind.vlm_modalities_covered(loaded, spec, bindings))
-    snapshots = found.take(bind.config_snapshots(loaded, spec, bindings))
-    if found.diagnostics:
+    if classes:
+        return
+    snapshots, problems = bind.config_snapshots(loaded, spec, bindings)
+    found.add(problems)
+    if problems:
         return
     found.add(bind.tiny_layers_present(loaded, snapshots))  # vacuous tiny configs: checks that skip the code
     found.add(bind.tiny_layer_indexes_in_depth(loaded, snapshots))

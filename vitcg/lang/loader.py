@@ -162,6 +162,29 @@ def _prefixes(path: Path_):
     return (path[:n] for n in range(len(path), -1, -1))
 
 
+_SEXAGESIMAL = re.compile(r"^([-+]?)([0-9][0-9_]*(?::[0-5]?[0-9])+)(\.[0-9_]*)?$")
+"""YAML 1.1's base-60 numbers (``1:30`` is 90, ``1:30.5`` is 90.5); YAML 1.2 reads them as strings."""
+
+
+def sexagesimal_hint(loaded: LoadedYaml, path: Path_, value: Any) -> str | None:
+    """A hint for a plain scalar at ``path`` that YAML 1.1 would have read as a base-60 number, else None.
+
+    Written unquoted, ``1:30`` was 90 under PyYAML's YAML 1.1; vitcg reads YAML 1.2's core schema, where it is the
+    string '1:30'. A quoted one was meant as a string, so it gets no hint."""
+    if not isinstance(value, str) or path not in loaded.styles or loaded.styles[path] is not None:
+        return None
+    found = _SEXAGESIMAL.match(value)
+    if found is None or (found.group(3) is None and found.group(2).startswith("0")):
+        return None  # YAML 1.1's sexagesimal integers start with 1-9
+    sign, digits, fraction = found.groups()
+    number = 0
+    for part in digits.replace("_", "").split(":"):
+        number = number * 60 + int(part)
+    meant = ("-" if sign == "-" else "") + str(number) + (fraction or "").replace("_", "").rstrip(".")
+    return (f"YAML 1.1 read {value} as a base-60 number ({meant}); vitcg reads YAML 1.2, where it is the string "
+            f"{value!r}: write {meant} if that is meant")
+
+
 def _too_big(size: int) -> str:
     return f"file is {size} bytes; specs are limited to 1 MiB ({MAX_FILE_BYTES} bytes)"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...errors import Diagnostic, FormulaError
 from ..formulas import Formula, parse
-from ..loader import LoadedYaml, Path_, Position
+from ..loader import LoadedYaml, Path_, Position, sexagesimal_hint
 
 
 def error(loaded: LoadedYaml, path: Path_, message: str, *, hint: str | None = None, code: str = "semantic",
@@ -33,7 +33,7 @@ def formula_diagnostic(loaded: LoadedYaml, path: Path_, exc: FormulaError, conte
     lead = len(source) - len(source.lstrip()) if isinstance(source, str) else 0
     col = pos.col + quoted + lead + exc.col if style in (None, "'", '"') else pos.col
     message = exc.message + (f" ({context})" if context else "")
-    hint = exc.hint
+    hint = exc.hint or sexagesimal_hint(loaded, path, source)
     if isinstance(path[-1], int) and ("never closed" in exc.message or "unmatched ')'" in exc.message):
         hint = "in a YAML [...] list a comma splits items: quote a formula that holds commas"
     return loaded.at(probe, Position(pos.line, col), path, message, hint, "formula")

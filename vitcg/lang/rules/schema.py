@@ -19,7 +19,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from ...errors import Diagnostic, shown, suggest
 from .. import catalogue as cat
 from ..formulas import MAX_SOURCE_CHARS
-from ..loader import LoadedYaml, Path_
+from ..loader import LoadedYaml, Path_, sexagesimal_hint
 
 
 @lru_cache(maxsize=1)
@@ -122,7 +122,16 @@ def min_properties(loaded: LoadedYaml, error: ValidationError) -> list[Diagnosti
     return [loaded.diagnostic(path, message(error))]
 
 
+def type_(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
+    """A value of the wrong type; a number YAML 1.1 wrote in base 60 (``1:30``), now a string, says so."""
+    path: Path_ = tuple(error.absolute_path)
+    wanted = [error.validator_value] if isinstance(error.validator_value, str) else error.validator_value
+    hint = sexagesimal_hint(loaded, path, error.instance) if {"integer", "number"} & set(wanted) else None
+    return [loaded.diagnostic(path, message(error), hint=hint)]
+
+
 EXPLAINERS: dict[str, Callable[[LoadedYaml, ValidationError], list[Diagnostic]]] = {
+    "type": type_,
     "additionalProperties": additional_properties,
     "required": required,
     "enum": enum,
