@@ -10,6 +10,8 @@ for ``vitcg/specs`` in the test suite itself, without running the end-to-end sta
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from spec_files import spec_text
 
@@ -129,3 +131,16 @@ def test_a_yaml_1_1_base_60_number_says_it_is_a_string_now(old, new, path):
 def test_a_quoted_colon_string_gets_no_base_60_hint():
     (problem,) = diagnostics("qwen3_vl", ("  num_video_frames: 16\n", "  num_video_frames: '1:30'\n"))
     assert problem.message == "'1:30' is not of type 'integer'" and problem.hint is None
+
+
+def test_a_family_draft_names_its_parent_from_the_working_folder(monkeypatch, tmp_path):
+    """`vitcg new vipllava` in a checkout names vitcg/specs/clip.yaml, as docs/writing-specs.md shows; it named the
+    absolute path. Outside the folder that holds the parent, the path stays absolute (nothing shorter opens it)."""
+    from vitcg.tools import scaffold
+
+    parent = scaffold.family_parent(scaffold.draft("vipllava")).file
+    root = Path(parent).resolve().parents[2]
+    for here, shown in ((root, "vitcg/specs/clip.yaml"), (tmp_path, str(Path(parent).resolve()))):
+        monkeypatch.chdir(here)
+        text, _ = scaffold.checked_draft("vipllava", None)
+        assert f"\nextends: clip   # GUESS: {shown} describes the same tower (CLIPVisionModel from " in text

@@ -411,8 +411,9 @@ def _render_extends(d: Draft, parent: Any, path: str, schema: str) -> _Lines:
     out.add(f"# Draft written by `vitcg new {d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
     out.add(f"# confirm it, then run `vitcg validate --resolved {path}` (the whole spec it means),")
     out.add(f"# `vitcg validate {path}` and `vitcg check {path}`.")
-    _identity(out, d, (parent.name, f"{parent.file} describes the same tower ({d.encoder.__name__} from "
-                                    f"{d.vision_config.__name__}); check its geometry, buffers and outputs hold here"))
+    tower = f"{d.encoder.__name__} from {d.vision_config.__name__}"
+    _identity(out, d, (parent.name, f"{_from_here(parent.file)} describes the same tower ({tower}); check its "
+                                    "geometry, buffers and outputs hold here"))
     if d.vlm_attribute and d.vlm_attribute != parent.encoder.vlm_attribute:
         out.add("encoder:")
         out.add(f"  vlm_attribute: {d.vlm_attribute}", f"where the VLM holds this encoder (read off "
@@ -428,6 +429,13 @@ def _render_extends(d: Draft, parent: Any, path: str, schema: str) -> _Lines:
     out.add("    config: {}", f"the text config and token ids {_architecture(d)} needs, where {parent.name}'s differ")
     _omits_line(out, _left_out(d, parent.modality_names))
     return out
+
+
+def _from_here(file: str) -> str:
+    """``file`` relative to the working folder when it lies under it (``vitcg/specs/clip.yaml`` in a checkout),
+    else as given: the path a user can open from where they ran ``vitcg new``."""
+    where, here = Path(file).resolve(), Path.cwd().resolve()
+    return where.relative_to(here).as_posix() if where.is_relative_to(here) else file
 
 
 def render(d: Draft, path: str | None = None, schema: str | None = None, *, family: bool = True) -> _Lines:
