@@ -10,6 +10,7 @@ for ``vitcg/specs`` in the test suite itself, without running the end-to-end sta
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,9 @@ def test_a_tower_captured_without_its_merger_names_the_output_the_vlm_reads():
     message = str(raised.value)
     assert message.startswith("Qwen2VLForConditionalGeneration's feature call on the graphs' outputs failed: "
                               "AttributeError: 'NoneType' object has no attribute 'split'")
+    # the place is the model's frame that read the field, not torch's split (which named functional.py before)
+    assert re.search(r"'split' at modeling_qwen2_vl\.py:\d+ in get_image_features \(raised at functional\.py:\d+ "
+                     r"in split\); check encoder\.outputs", message), message
     assert ("also sets pooler_output, which the spec's [last_hidden_state] leaves out (None under the graphs); "
             "capture each field the VLM reads") in message
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import os
+import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -255,14 +257,22 @@ def _groups(vlm_test: Any, rows: list[int], items: int, frames: list[int] | None
 
 
 def _where(exc: BaseException) -> str:
-    """`` at FILE:LINE in FUNCTION`` of the innermost frame that raised ``exc`` (empty without a traceback)."""
-    import traceback
+    """`` at FILE:LINE in FUNCTION`` of the innermost frame of the model's code (a file of ``transformers.models``)
+    that ``exc`` passed through, where the spec meets the model; the frame that raised it follows when it lies
+    elsewhere (torch, a helper). Empty without a traceback."""
+    import transformers.models
 
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""
-    last = frames[-1]
-    return f" at {last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name}"
+    models = os.path.dirname(os.path.abspath(transformers.models.__file__)) + os.sep
+    model = next((f for f in reversed(frames) if os.path.abspath(f.filename).startswith(models)), frames[-1])
+    text = f" at {_frame(model)}"
+    return text if model is frames[-1] else f"{text} (raised at {_frame(frames[-1])})"
+
+
+def _frame(frame: traceback.FrameSummary) -> str:
+    return f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
 @contextlib.contextmanager
