@@ -148,3 +148,17 @@ def test_a_family_draft_names_its_parent_from_the_working_folder(monkeypatch, tm
         monkeypatch.chdir(here)
         text, _ = scaffold.checked_draft("vipllava", None)
         assert f"\nextends: clip   # GUESS: {shown} describes the same tower (CLIPVisionModel from " in text
+
+
+def test_radio_says_why_the_vlm_that_embeds_it_proves_nothing_here():
+    """radio's skip said the Nemotron VLM that embeds the tower is not in transformers; transformers 5.23 has it
+    (its vision_config is a RadioConfig), so the reason names it and why its calls do not run this spec."""
+    import transformers
+
+    config = getattr(transformers, "NemotronH_Omni_Reasoning_V3_Config", None)
+    if config is None:
+        pytest.skip(f"transformers {transformers.__version__} has no Nemotron-H Omni")
+    assert config().vision_config.model_type == "radio"
+    skip = PACKAGED.get("radio").tests.vlm.skip
+    assert "not in transformers" not in skip
+    assert "NemotronH_Omni_Reasoning_V3, makes this dense call only in get_video_features" in skip
