@@ -1,8 +1,10 @@
 """Model types transformers has that no spec covers yet, each with what the spec language lacks for it.
 
 The one source of these reasons: ``vitcg generate`` renders them into registry/SUPPORTED_MODELS.md ("Not
-expressible yet"), docs/writing-specs.md points there, and tests/unit/test_gaps.py keeps them honest (no spec
-covers a listed model type; every listed model type exists in the newest supported transformers).
+expressible yet"); the README and docs/writing-specs.md name the model types and point there. Listed today: timm
+towers (Perception-LM, FastVLM) and LFM3-VL's per-item grids. tests/unit/test_gaps.py keeps the list honest: no spec
+covers a listed model type, every one exists in the newest transformers CI runs (.ci/setup's default), and the
+README and the guide name each.
 """
 
 from __future__ import annotations
