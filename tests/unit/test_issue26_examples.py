@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from spec_files import spec_text
+from spec_files import skip_unavailable, spec_text
 
 from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import load_registry, spec_from_text
@@ -162,3 +162,21 @@ def test_radio_says_why_the_vlm_that_embeds_it_proves_nothing_here():
     skip = PACKAGED.get("radio").tests.vlm.skip
     assert "not in transformers" not in skip
     assert "NemotronH_Omni_Reasoning_V3, makes this dense call only in get_video_features" in skip
+
+
+def test_a_failed_case_of_a_channels_first_output_says_so_not_out_hidden_size():
+    """`vitcg check`'s spec cases, not only the helper: GOT-OCR 2.0's tower captured at its neck, whose output is
+    (batch, channels, h, w), with out_hidden_size the neck's channels. The manager's own message sends the user to
+    out_hidden_size, the one field that is right; the failed case names the layout instead."""
+    from vitcg.tools.cases import check_spec
+
+    skip_unavailable("got_ocr2")
+    spec = edited("got_ocr2", ("outputs: [pooler_output]", "outputs: [last_hidden_state]"),
+                  ("  tokens_per_tile: ceil_div(ceil_div(grid, 2), 2) ** 2\n", "  tokens_per_tile: grid ** 2\n"),
+                  ("  out_hidden_size: config.text_config.hidden_size\n",
+                   "  out_hidden_size: config.vision_config.output_channels\n"))
+    report = check_spec(spec)
+    case = next(c for c in report.cases if c.name == "one small image")
+    assert case.error.startswith("encoder output 'last_hidden_state' has shape (1, 32, 8, 8): its features lie on "
+                                 "dim 1 (channels first; 32 is out_hidden_size)")
+    assert "check the spec's out_hidden_size" not in case.error
