@@ -432,5 +432,7 @@ def capture_compiled(manager: Any, spec: Spec) -> tuple[Any, CompileCacheUse]:
             report = manager.capture()
         use.refused = use.refused or (None if refused == "no file" else refused)
     if ahead.compiled and not ahead.disabled:
-        use.saved_bytes += _store_ahead(path, key, ahead)
+        stored = _store_ahead(path, key, ahead)
+        if stored:
+            use.saved_bytes, use.path = use.saved_bytes + stored, path  # the file a later start loads
     return report, use
