@@ -225,6 +225,32 @@ class _LoadFailure(Exception):
         self.diagnostic = diagnostic
 
 
+class _ComposeFailure(Exception):
+    def __init__(self, message: str, where: tuple[int, int] = (1, 1), hint: str | None = None):
+        self.message, self.where, self.hint = message, where, hint
+
+
+def _compose(text: str) -> yaml.Node | None:
+    """The YAML node tree of ``text``; raises _ComposeFailure saying what is malformed and where (1-based)."""
+    try:
+        return yaml.compose(text, Loader=_COMPOSER)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise _ComposeFailure(f"invalid YAML: {problem}",
+                              (1, 1) if mark is None else (mark.line + 1, mark.column + 1)) from None
+    except yaml.reader.ReaderError as exc:
+        # No mark, and str(exc) adds a second line naming PyYAML's buffer: locate it from the position.
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - text.rfind("\n", 0, exc.position)
+        raise _ComposeFailure(f"invalid YAML: unacceptable character #x{exc.character:04x}: {exc.reason}",
+                              (line, col), "remove it, or write it as an escape inside a double-quoted string") from None
+    except yaml.YAMLError as exc:
+        raise _ComposeFailure(f"invalid YAML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise _ComposeFailure("YAML is nested too deeply") from None
+
+
 def load_text(text: str, file: str) -> tuple[LoadedYaml | None, list[Diagnostic]]:
     """Parse ``text`` as one YAML document whose top level is a mapping.
 
@@ -244,23 +270,9 @@ def load_text(text: str, file: str) -> tuple[LoadedYaml | None, list[Diagnostic]
         return fail(f"YAML is nested deeper than {MAX_DEPTH} levels", *deep,
                     hint="a spec needs a few levels; look for unclosed [ or { brackets, or runaway indentation")
     try:
-        root = yaml.compose(text, Loader=_COMPOSER)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or exc.context or "invalid YAML"
-        if mark is None:
-            return fail(f"invalid YAML: {problem}")
-        return fail(f"invalid YAML: {problem}", mark.line + 1, mark.column + 1)
-    except yaml.reader.ReaderError as exc:
-        # No mark, and str(exc) adds a second line naming PyYAML's buffer: locate it from the position.
-        line = text.count("\n", 0, exc.position) + 1
-        col = exc.position - text.rfind("\n", 0, exc.position)
-        return fail(f"invalid YAML: unacceptable character #x{exc.character:04x}: {exc.reason}", line, col,
-                    hint="remove it, or write it as an escape inside a double-quoted string")
-    except yaml.YAMLError as exc:
-        return fail(f"invalid YAML: {str(exc).splitlines()[0]}")
-    except RecursionError:
-        return fail("YAML is nested too deeply")
+        root = _compose(text)
+    except _ComposeFailure as failure:
+        return fail(failure.message, *failure.where, hint=failure.hint)
     if root is None:
         return fail("file is empty; a spec is a YAML mapping",
                     hint="start from an existing file in vitcg/specs/ or from `vitcg new`")
