@@ -1,7 +1,8 @@
 """Where the host time of one ``manager.execute`` goes, on the real encoder (cProfile, top entries).
 
-Usage: python benchmarks/host_profile.py [--compile] [SPEC] [WORKLOAD...]   (CUDA if available, else CPU tiny)
-``--compile``: the graphs hold inductor-compiled blocks (fewer kernel nodes per graph to launch).
+Usage: python benchmarks/host_profile.py [--compile] [--graphs-only] [SPEC] [WORKLOAD...]   (CUDA if available, else
+CPU tiny). ``--compile``: the graphs hold inductor-compiled blocks (fewer kernel nodes per graph to launch).
+``--graphs-only``: routing off, so every item is replayed (the router may send a compute-bound call eagerly).
 """
 
 from __future__ import annotations
@@ -16,21 +17,22 @@ import torch
 from vitcg.lang import load_registry
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.compile_cache import capture_compiled
-from vitcg.runtime.manager import EncoderCudaGraphManager
+from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--compile"]
+    args = [a for a in sys.argv[1:] if a not in ("--compile", "--graphs-only")]
     compile_forward = "--compile" in sys.argv[1:]
+    options = ManagerOptions(route_eager="--graphs-only" not in sys.argv[1:])
     name = args[0] if args else "qwen2_vl"
     workloads = args[1:] or ["1x224", "8x224"]
     cuda = torch.cuda.is_available()
     device, dtype, size = ("cuda", torch.bfloat16, "real") if cuda else ("cpu", torch.float32, "tiny")
     spec = load_registry()[name]
     adapter = adapter_for(spec, build_encoder(spec, size, device=device, dtype=dtype), compile_forward=compile_forward)
-    manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
+    manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype, options=options)
     if compile_forward:
         capture_compiled(manager, spec)
     else:
