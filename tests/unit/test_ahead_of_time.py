@@ -5,8 +5,6 @@ can vouch for it. dynamo's eager backend keeps these fast; tests/gpu/test_region
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 from torch import nn
@@ -33,15 +31,6 @@ class Tower(nn.Module):
         for block in self.blocks:
             x = block(x, scale=scale, extra=extra)
         return x
-
-
-@pytest.fixture
-def eager_backend(monkeypatch):
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def _run(tower: Tower, ahead: regions.AheadOfTime, *inputs: torch.Tensor, **kwargs) -> list[torch.Tensor]:

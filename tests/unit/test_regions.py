@@ -2,7 +2,6 @@
 only while the graph path runs, and the graph path still matches eager. Dynamo runs with its ``eager`` backend
 here (the tracing and caching are what is tested; inductor's kernels are timed on the GPU)."""
 
-import functools
 
 import pytest
 import torch
@@ -39,16 +38,6 @@ class Tower(nn.Module):
         for block in self.blocks:
             x = block(x)
         return x
-
-
-@pytest.fixture
-def eager_backend(monkeypatch):
-    """torch.compile with dynamo's eager backend, dynamo's caches and counters fresh."""
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def test_repeated_blocks_are_the_same_class_stacks_outermost_first():
