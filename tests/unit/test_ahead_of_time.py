@@ -95,6 +95,12 @@ def test_signatures_tell_shapes_dtypes_values_and_block_classes_apart():
               regions.call_signature(Tower(), (x,), {"scale": 0.5})]
     assert len({base, *others}) == 1 + len(others)
     assert regions.call_signature(block, (x,), {"extra": object()}) is None
+    windowed = Block()
+    windowed.window = 4  # a plain attribute the traced graph may be specialized on
+    wider = Block()
+    wider.linear = nn.Linear(8, 8, bias=False)
+    evaluated = Block().eval()
+    assert len({base, *(regions.call_signature(b, (x,), {"scale": 0.5}) for b in (windowed, wider, evaluated))}) == 4
 
 
 def _stored(tmp_path, monkeypatch) -> tuple[regions.AheadOfTime, str, object]:

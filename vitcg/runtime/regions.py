@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import io
 import logging
 from collections.abc import Callable, Iterator, Mapping
@@ -89,9 +90,9 @@ def _lazily(make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
 
 
 def call_signature(block: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> str | None:
-    """What a compiled block function is specialized on: the block's class and mode, each tensor's shape,
-    strides, dtype and device, and every other argument's value. None when an argument is of a kind this cannot
-    describe (its compilation is then not stored)."""
+    """What a compiled block function is specialized on: the block's class and structure (see
+    :func:`_structure`), each tensor argument's shape, strides, dtype and device, and every other argument's
+    value. None when an argument is of a kind this cannot describe (its compilation is then not stored)."""
     def describe(value: Any) -> str:
         if isinstance(value, torch.Tensor):
             return (f"T{tuple(value.shape)}{value.stride()}{value.dtype}:{value.device.type}"
@@ -107,7 +108,22 @@ def call_signature(block: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> 
         parts = [describe(args), describe(dict(kwargs))]
     except TypeError:
         return None
-    return f"{type(block).__module__}.{type(block).__qualname__}:{block.training}:" + ";".join(parts)
+    return f"{type(block).__module__}.{type(block).__qualname__}:{_structure(block)}:" + ";".join(parts)
+
+
+def _structure(block: nn.Module) -> str:
+    """A digest of what else a block's traced graph may be specialized on: each submodule's class and plain
+    attribute values (mode, a window size, a layer type), each parameter's and buffer's shape, dtype and device.
+    Blocks of one class that differ there (a window block beside a full-attention one) get functions of their own;
+    the functions' guards would refuse the wrong one anyway, but not every guard survives serialization."""
+    parts = []
+    for name, module in block.named_modules():
+        plain = sorted((k, v) for k, v in vars(module).items()
+                       if not k.startswith("_") and (v is None or type(v) in (bool, int, float, str)))
+        parts.append(f"{name}={type(module).__module__}.{type(module).__qualname__}{plain}")
+    for name, tensor in (*block.named_parameters(), *block.named_buffers()):
+        parts.append(f"{name}:{tuple(tensor.shape)}{tensor.dtype}:{tensor.device.type}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 class AheadOfTime:
