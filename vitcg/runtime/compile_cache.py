@@ -247,14 +247,19 @@ def artifact_index(payload: bytes) -> list[tuple[str, str]]:
         if kind not in EXPECTED_KINDS:
             raise UntrustedCacheFile(f"the artifacts hold a kind torch.compile does not make: {kind[:60]!r}")
         for _ in range(number()):
-            key = text()
-            parts = PurePosixPath(key).parts
-            if (not key or len(key) > 512 or "\0" in key or "\\" in key or key.startswith("/")
-                    or ".." in parts or PureWindowsPath(key).drive):
-                raise UntrustedCacheFile(f"a {kind} artifact is keyed {key[:80]!r}: a path outside torch's cache")
+            key = _inside_cache(kind, text())
             chunk()
             index.append((kind, key))
     return index
+
+
+def _inside_cache(kind: str, key: str) -> str:
+    """``key`` if torch would keep it inside its cache folder (relative, no ``..``, drive, NUL or backslash);
+    raises :class:`UntrustedCacheFile` otherwise."""
+    if (not key or len(key) > 512 or "\0" in key or "\\" in key or key.startswith("/")
+            or ".." in PurePosixPath(key).parts or PureWindowsPath(key).drive):
+        raise UntrustedCacheFile(f"a {kind} artifact is keyed {key[:80]!r}: a path outside torch's cache")
+    return key
 
 
 def _trusted_payload(path: Path, key: str, check: Callable[[bytes], Any] = artifact_index) -> bytes | None:
