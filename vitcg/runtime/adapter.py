@@ -289,23 +289,7 @@ class _Adapter:
         encodes images first). Raises InputError for an index out of range or a repeated index."""
         indices = item_indices(indices)
         inputs = self._inputs(mm_kwargs)
-        starts, total = [], 0
-        for inp in inputs:
-            starts.append(total)
-            total += inp.counts_cpu.shape[0]
-        bad = [i for i in indices if not 0 <= i < total]
-        if bad:
-            raise InputError(f"{self.spec.name}: item index {bad[0]} out of range ({total} items)")
-        if len(set(indices)) != len(indices):
-            raise InputError(f"{self.spec.name}: item indices {indices} repeat an item")
-        owner = [bisect.bisect_right(starts, i) - 1 for i in indices]
-        if self.spec.separate_modalities and len(set(owner)) > 1:
-            raise InputError(f"{self.spec.name}: indices {indices} select {' and '.join(i.modality.name for i in inputs)} "
-                             "items together, but the spec keeps modalities separate (modalities.*.separate); "
-                             "select each modality's items apart")
-        if owner != sorted(owner):
-            raise InputError(f"{self.spec.name}: indices {indices} interleave modalities; with image and video "
-                             "in one call, list the image items first")
+        starts, owner = self._owners(inputs, indices)
         selected: dict[str, Any] = {}
         for k, inp in enumerate(inputs):
             local = [i - starts[k] for i, o in zip(indices, owner) if o == k]
@@ -333,6 +317,29 @@ class _Adapter:
                 # a tuple: vLLM's manager keys its graphs by (budget, axis keys), so they must be hashable
                 selected[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] = (inp.modality.name,)
         return selected
+
+    def _owners(self, inputs: Sequence[Any], indices: list[int]) -> tuple[list[int], list[int]]:
+        """Each modality's first canonical index, and the modality of each of ``indices``; raises InputError for an
+        index out of range, a repeated one, modalities the spec keeps apart selected together, or videos listed
+        before images."""
+        starts, total = [], 0
+        for inp in inputs:
+            starts.append(total)
+            total += inp.counts_cpu.shape[0]
+        bad = [i for i in indices if not 0 <= i < total]
+        if bad:
+            raise InputError(f"{self.spec.name}: item index {bad[0]} out of range ({total} items)")
+        if len(set(indices)) != len(indices):
+            raise InputError(f"{self.spec.name}: item indices {indices} repeat an item")
+        owner = [bisect.bisect_right(starts, i) - 1 for i in indices]
+        if self.spec.separate_modalities and len(set(owner)) > 1:
+            raise InputError(f"{self.spec.name}: indices {indices} select {' and '.join(i.modality.name for i in inputs)} "
+                             "items together, but the spec keeps modalities separate (modalities.*.separate); "
+                             "select each modality's items apart")
+        if owner != sorted(owner):
+            raise InputError(f"{self.spec.name}: indices {indices} interleave modalities; with image and video "
+                             "in one call, list the image items first")
+        return starts, owner
 
     def postprocess_encoder_output(
         self, outputs: Mapping[str, torch.Tensor], indices: Sequence[int], per_item_out_tokens: Sequence[int],
