@@ -235,24 +235,7 @@ class _Evaluator:
         if isinstance(node, ast.BinOp):
             return self._binop(node)
         if isinstance(node, ast.Call):
-            name = node.func.id
-            if name == "len":
-                value = self._read(node.args[0])
-                if not isinstance(value, (list, tuple)):
-                    raise FormulaError(f"len() needs a list, {_config_path(node.args[0])} is {value!r}", col=_col(node))
-                return len(value)
-            args = [self.eval(arg) for arg in node.args]
-            if name == "min":
-                return min(args)
-            if name == "max":
-                return max(args)
-            if name == "isqrt":
-                if args[0] < 0:
-                    raise FormulaError(f"isqrt of negative value {args[0]}", col=_col(node))
-                return math.isqrt(args[0])
-            if args[1] == 0:
-                raise FormulaError("ceil_div by zero", col=_col(node))
-            return -((-args[0]) // args[1])
+            return self._call(node)
         value = self._read(node)
         if isinstance(value, bool) or not isinstance(value, int):
             raise FormulaError(
@@ -261,6 +244,27 @@ class _Evaluator:
                 hint="index a list field ([0]) or take len(...)" if isinstance(value, (list, tuple)) else None,
             )
         return _check_range(value, _col(node))
+
+    def _call(self, node: ast.Call) -> int:
+        """One of the functions the parser lets through: len, min, max, isqrt, ceil_div."""
+        name = node.func.id
+        if name == "len":
+            value = self._read(node.args[0])
+            if not isinstance(value, (list, tuple)):
+                raise FormulaError(f"len() needs a list, {_config_path(node.args[0])} is {value!r}", col=_col(node))
+            return len(value)
+        args = [self.eval(arg) for arg in node.args]
+        if name == "min":
+            return min(args)
+        if name == "max":
+            return max(args)
+        if name == "isqrt":
+            if args[0] < 0:
+                raise FormulaError(f"isqrt of negative value {args[0]}", col=_col(node))
+            return math.isqrt(args[0])
+        if args[1] == 0:
+            raise FormulaError("ceil_div by zero", col=_col(node))
+        return -((-args[0]) // args[1])
 
     def _binop(self, node: ast.BinOp) -> int:
         left = self.eval(node.left)
