@@ -194,14 +194,12 @@ class _Adapter:
         self._boundary: Boundary = Scope(spec, module) if spec.graph_scope else \
             WholeCall(spec, module, self._combine, self.pixel_layout)
         """What the graphs capture: the whole encoder call or the scoped submodule call."""
-        self.ahead = AheadOfTime() if compile_forward else None
-        """The blocks' functions compiled ahead of time, which the persistent compile cache stores and loads."""
-        self._blocks = compile_blocks(repeated_blocks(self._boundary.target), ahead=self.ahead) \
-            if compile_forward else {}
+        ahead = AheadOfTime() if compile_forward else None
+        self._blocks = compile_blocks(repeated_blocks(self._boundary.target), ahead=ahead) if compile_forward else {}
         """The compiled forward of each repeated block, patched in while the graph path runs."""
+        self.ahead = ahead if self._blocks else None
+        """The blocks' functions compiled ahead of time, which the persistent compile cache stores and loads."""
         self._boundary.use_forwards(self._blocks)
-        if not self._blocks:
-            self.ahead = None
         self._compiled = compile_forward and not self._blocks
         """Whether the whole fixed-shape forward is compiled (an encoder without repeated blocks)."""
         if self._compiled:

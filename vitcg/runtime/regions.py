@@ -5,8 +5,8 @@ again and inductor generate (or, from a cache, reload) kernels for each; on qwen
 60-90 s at every process start. Here every block runs through one compiled function that takes the block as an
 input (its weights are graph inputs), so dynamo traces one block per budget and every block reuses that graph.
 Compiled ahead of time (:class:`AheadOfTime`) and stored, those functions load in a later process without a trace:
-on an H100, qwen2_vl's 8 budgets compile and capture in 19 s from nothing and in 4.1 s from the cache. Inside a CUDA graph
-the parts left eager (patch embedding, rotary tables, merger) cost no launch overhead; they lose only the
+on an H100, qwen2_vl's 8 budgets compile and capture in 19 s from nothing and in 4.1 s from the cache. Inside a
+CUDA graph the parts left eager (patch embedding, rotary tables, merger) cost no launch overhead; they lose only the
 fusion across their few ops.
 
 The compiled forwards are used only while the graph path runs (:func:`compiled_blocks` patches them in for the
@@ -254,12 +254,12 @@ def _without_capturing_hooks(forward: Callable[..., Any], block: nn.Module, *arg
     never asked of it; the block's own hooks, which collect its hidden states, run around this call and stay."""
     saved = []
     for module in block.modules():
-        if module is not block and any(getattr(hook, "__name__", None) == CAPTURING_HOOK
-                                       for hook in module._forward_hooks.values()):
+        capturing = [hook_id for hook_id, hook in module._forward_hooks.items()
+                     if getattr(hook, "__name__", None) == CAPTURING_HOOK]
+        if capturing and module is not block:
             saved.append((module, dict(module._forward_hooks)))
-            for hook_id, hook in saved[-1][1].items():
-                if getattr(hook, "__name__", None) == CAPTURING_HOOK:
-                    del module._forward_hooks[hook_id]
+            for hook_id in capturing:
+                del module._forward_hooks[hook_id]
     try:
         return forward(block, *args, **kwargs)
     finally:
