@@ -117,8 +117,9 @@ def _stored(tmp_path, monkeypatch) -> tuple[regions.AheadOfTime, str, object]:
 def test_a_stored_file_round_trips_and_a_changed_one_is_never_unpickled(eager_backend, tmp_path, monkeypatch):
     ahead, path, tower = _stored(tmp_path, monkeypatch)
     loaded = regions.AheadOfTime()
-    assert compile_cache._load_ahead(path, "k", loaded) is None and loaded.blobs == ahead.blobs
-    assert compile_cache._load_ahead(tmp_path / "compile" / "other.aot", "other", regions.AheadOfTime()) == "no file"
+    assert compile_cache._load_ahead(path, "k", loaded) == (True, None) and loaded.blobs == ahead.blobs
+    assert compile_cache._load_ahead(tmp_path / "compile" / "other.aot", "other", regions.AheadOfTime()) == \
+        (False, None)  # no file
 
     def refuse(*args, **kwargs):
         raise AssertionError("torch was handed a file vitcg cannot vouch for")
@@ -128,10 +129,11 @@ def test_a_stored_file_round_trips_and_a_changed_one_is_never_unpickled(eager_ba
     path.write_bytes(bytes(data))
     changed = regions.AheadOfTime()
     with pytest.warns(UserWarning, match="fails its integrity check"):
-        assert "integrity" in compile_cache._load_ahead(path, "k", changed)
+        loaded_changed, why = compile_cache._load_ahead(path, "k", changed)
+        assert not loaded_changed and "integrity" in why
     assert not changed.blobs
     with pytest.warns(UserWarning, match="fails its integrity check"):  # another key's tag does not fit either
-        assert compile_cache._load_ahead(path, "other-key", regions.AheadOfTime())
+        assert compile_cache._load_ahead(path, "other-key", regions.AheadOfTime())[1]
 
 
 @pytest.mark.parametrize("payload", [

@@ -289,10 +289,24 @@ def _warn(message: str) -> None:
 
 
 @contextlib.contextmanager
-def persistent_compile_cache(key: str, root: str | os.PathLike | None = None) -> Iterator[CompileCacheUse]:
+def _storing(what: str, path: Path) -> Iterator[None]:
+    """A store into the cache that cannot be done is one warning, never an error: a folder vitcg will not trust,
+    or a read-only one, costs the next start its compile time, nothing else."""
+    try:
+        yield
+    except UntrustedCacheFile as exc:
+        _warn(f"not storing {what} {path}: {exc}")
+    except OSError as exc:
+        _warn(f"could not store {what} {path}: {exc}")
+
+
+@contextlib.contextmanager
+def persistent_compile_cache(key: str, root: str | os.PathLike | None = None, *,
+                             needed: Callable[[], bool] = lambda: True) -> Iterator[CompileCacheUse]:
     """Load the artifacts stored under ``key`` on entry, if vitcg can vouch for them (see the module docstring);
-    on a clean exit, store what was compiled. A file that is refused or fails to load is reported
-    (``loaded`` False, ``refused`` the reason, one warning) and replaced by what this capture compiles."""
+    on a clean exit, store what was compiled, unless ``needed()`` says nothing will read it. A file that is
+    refused or fails to load is reported (``loaded`` False, ``refused`` the reason, one warning) and replaced by
+    what this capture compiles."""
     path = Path(root or cache_root()) / "compile" / f"{key}.bin"
     use = CompileCacheUse(path)
     try:
@@ -314,19 +328,15 @@ def persistent_compile_cache(key: str, root: str | os.PathLike | None = None) ->
     yield use
     if use.loaded:
         return
-    artifacts = torch.compiler.save_cache_artifacts()
+    artifacts = torch.compiler.save_cache_artifacts() if needed() else None
     blob = artifacts[0] if artifacts else b""
-    try:
+    with _storing("the compile cache", path):
         if blob:
             _store(path, key, blob)
             use.saved_bytes = len(blob)
         elif use.refused is not None:  # nothing new to store: drop the refused entry so it is not read again
             _check_folder(path.parent)
             os.unlink(path)
-    except UntrustedCacheFile as exc:
-        _warn(f"not storing the compile cache {path}: {exc}")
-    except OSError as exc:  # a read-only cache folder costs the next start its compile time, nothing else
-        _warn(f"could not store the compile cache {path}: {exc}")
 
 
 def _store(path: Path, key: str, payload: bytes, check: Callable[[bytes], Any] = artifact_index) -> None:
@@ -385,32 +395,28 @@ def _aot_blobs(payload: bytes) -> dict[str, bytes]:
     return blobs
 
 
-def _load_ahead(path: Path, key: str, ahead: Any) -> str | None:
-    """Hand the block functions stored under ``key`` to ``ahead``; None when loaded, else why not (no file, or a
-    file vitcg cannot vouch for: warned, and replaced after the capture)."""
+def _load_ahead(path: Path, key: str, ahead: Any) -> tuple[bool, str | None]:
+    """Hand the block functions stored under ``key`` to ``ahead``. Returns whether they were loaded, and why a
+    file that exists was not (vitcg cannot vouch for it: warned, and replaced after the capture)."""
     try:
         payload = _trusted_payload(path, key, aot_index)
     except UntrustedCacheFile as exc:
         _warn(f"not loading the compiled block functions: {exc}; compiling instead")
-        return str(exc)
+        return False, str(exc)
     if payload is None:
-        return "no file"
+        return False, None
     ahead.load(_aot_blobs(payload))
     log.info("compile cache: loaded %d bytes of block functions from %s", len(payload), path)
-    return None
+    return True, None
 
 
 def _store_ahead(path: Path, key: str, ahead: Any) -> int:
+    """Store ``ahead``'s functions under ``key``; the bytes written (0 when they could not be, with a warning)."""
     payload = _aot_payload(ahead.blobs)
-    try:
+    with _storing("the compiled block functions", path):
         _store(path, key, payload, aot_index)
-    except UntrustedCacheFile as exc:
-        _warn(f"not storing the compiled block functions {path}: {exc}")
-        return 0
-    except OSError as exc:
-        _warn(f"could not store the compiled block functions {path}: {exc}")
-        return 0
-    return len(payload)
+        return len(payload)
+    return 0
 
 
 def capture_compiled(manager: Any, spec: Spec) -> tuple[Any, CompileCacheUse]:
@@ -419,7 +425,8 @@ def capture_compiled(manager: Any, spec: Spec) -> tuple[Any, CompileCacheUse]:
 
     Blocks compiled ahead of time (the adapter's ``ahead``, :class:`vitcg.runtime.regions.AheadOfTime`) are kept
     in ``KEY.aot``: when that file loads, the capture needs neither dynamo nor inductor's artifacts, so
-    ``KEY.bin`` is not read; the artifacts serve the blocks that cannot be compiled ahead of time."""
+    ``KEY.bin`` is not read. The artifacts serve the block calls that cannot be compiled ahead of time, and are
+    stored only when there were such calls."""
     key = compile_key(spec, manager.device, manager.dtype, budgets=list(manager.budgets),
                       max_items=manager.plan.max_items, max_frames=manager.plan.max_frames)
     ahead = getattr(manager.model, "ahead", None)
@@ -428,14 +435,14 @@ def capture_compiled(manager: Any, spec: Spec) -> tuple[Any, CompileCacheUse]:
             report = manager.capture()
         return report, use
     path = Path(cache_root()) / "compile" / f"{key}.aot"
-    refused = _load_ahead(path, key, ahead)
-    if refused is None:
+    loaded, refused = _load_ahead(path, key, ahead)
+    if loaded:
         use = CompileCacheUse(path, loaded=True)
         report = manager.capture()
     else:
-        with persistent_compile_cache(key) as use:
+        with persistent_compile_cache(key, needed=lambda: bool(ahead.fallbacks)) as use:
             report = manager.capture()
-        use.refused = use.refused or (None if refused == "no file" else refused)
+        use.refused = use.refused or refused
     if ahead.compiled and not ahead.disabled:
         stored = _store_ahead(path, key, ahead)
         if stored:
