@@ -72,5 +72,6 @@ def test_block_functions_stored_then_loaded_without_compiling(monkeypatch, tmp_p
         _replays_equal_to_eager(adapter, manager, seed)
     (first, compiled_first, stored), (second, compiled_second, loaded) = uses
     assert not first.loaded and first.saved_bytes > 0 and compiled_first == stored > 0
+    assert first.path.suffix == ".aot" and not first.path.with_suffix(".bin").exists()  # nothing fell back
     assert second.loaded and second.path.suffix == ".aot" and compiled_second == 0 and loaded == stored
     assert adapter.ahead.fallbacks == 0  # the loaded functions served every block call
