@@ -49,8 +49,23 @@ def child(spec_name: str, device: str, size: str) -> dict:
     adapted = time.perf_counter()
     # routing off: the check below must replay graphs, not explore its first call eagerly
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype, options=ManagerOptions(route_eager=False))
+    profiler = None
+    if os.environ.get("VITCG_START_PROFILE"):
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     report, cache = capture_compiled(manager, spec)
     sync()
+    if profiler is not None:
+        import io
+        import pstats
+        profiler.disable()
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("cumulative").print_stats(70)
+        stats.sort_stats("tottime").print_stats(40)
+        with open(os.environ["VITCG_START_PROFILE"], "w") as f:
+            f.write(text.getvalue())
     ready = time.perf_counter()
     inputs = on_device(adapter, make_inputs(adapter, WORKLOADS["mixed"], torch.Generator().manual_seed(0)),
                        dtype)
@@ -63,6 +78,7 @@ def child(spec_name: str, device: str, size: str) -> dict:
             "cache_file": str(cache.path), "dynamo_unique_graphs": counters["stats"]["unique_graphs"],
             "ahead_of_time": None if adapter.ahead is None else {
                 "functions": len(adapter.ahead.blobs), "compiled_here": adapter.ahead.compiled,
+                "load_s": [round(t, 3) for t in adapter.ahead.load_seconds],
                 "disabled": adapter.ahead.disabled},
             "per_budget_s": {b: round(t, 2) for b, t in report.per_budget.items()},
             "replay_ms": {b: round(t, 3) for b, t in report.replay_ms.items()},
@@ -77,6 +93,10 @@ def main() -> None:
     parser.add_argument("--size", default="real", help="real (default) or tiny (a quick CPU smoke run)")
     parser.add_argument("--cache-dir", help="vitcg's cache folder for the runs (default: a fresh one); later "
                         "commands in the same folder then start warm")
+    parser.add_argument("--pycache", help="a bytecode cache folder for every run (PYTHONPYCACHEPREFIX): an install "
+                        "whose modules have bytecode, where the image's do not")
+    parser.add_argument("--profile", help="also run a fourth, warm process with its capture under cProfile, and "
+                        "write the profile's text here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -85,11 +105,18 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="vitcg-compile-start-")
     vitcg_cache = args.cache_dir or os.path.join(root, "vitcg")
     runs = [("cold", "a"), ("vitcg cache only", "b"), ("warm", "b")]
+    if args.profile:
+        runs.append(("warm, profiled", "b"))
     results = []
     for label, kernels in runs:
         env = {**os.environ, "VITCG_CACHE_DIR": vitcg_cache,
                "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, f"inductor-{kernels}"),
                "TRITON_CACHE_DIR": os.path.join(root, f"triton-{kernels}")}
+        if args.pycache:
+            env["PYTHONPYCACHEPREFIX"] = args.pycache
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+        if label == "warm, profiled":
+            env["VITCG_START_PROFILE"] = args.profile
         tic = time.perf_counter()
         done = subprocess.run([sys.executable, __file__, args.spec, "--child", "--device", args.device,
                                "--size", args.size], env=env, capture_output=True,

@@ -31,6 +31,22 @@ def timed(fn, iters=20, warmup=3):
     return sorted(times)[len(times) // 2]
 
 
+def kernels(fn, label, rows=25):
+    """Device time of one call by kernel, from torch.profiler: what the call's wall time is made of."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) * 1e3
+    events = prof.key_averages()
+    device = sum(e.self_device_time_total for e in events) / 1e3
+    print(f"{label}: wall {wall:.2f} ms under the profiler, kernels {device:.2f} ms")
+    print(events.table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=70))
+
+
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "qwen2_vl"
     workload = sys.argv[2] if len(sys.argv) > 2 else "1x224"
@@ -51,6 +67,7 @@ def main() -> None:
             model.generate(**inputs, max_new_tokens=1, do_sample=False)
 
     eager_feat, eager_gen = timed(features), timed(generate, 10)
+    kernels(features, "eager get_image_features", 12)
     handle = vitcg.accelerate(model, progress=False)
     features()
     graph_feat, graph_gen = timed(features), timed(generate, 10)
@@ -61,6 +78,7 @@ def main() -> None:
     print("replay costs", {b: round(c, 2) for b, c in handle.manager.costs.replay.items()})
     print("eager timings", handle.manager.costs.eager_samples)
     print("stats", handle.manager.stats.as_dict())
+    kernels(features, "routed get_image_features")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(5):

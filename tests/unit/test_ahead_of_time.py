@@ -59,7 +59,7 @@ def test_one_function_per_signature_serves_every_block_and_loads_without_tracing
     loaded.load(ahead.blobs)
     for got, want in zip(_run(tower, loaded, *inputs), expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    assert loaded.compiled == 0 and loaded.fallbacks == 0
+    assert loaded.compiled == 0 and loaded.fallbacks == 0 and len(loaded.load_seconds) == 2
     assert counters["stats"]["unique_graphs"] == traced  # nothing traced again
 
 

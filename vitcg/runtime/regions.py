@@ -20,6 +20,7 @@ import functools
 import hashlib
 import io
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -145,6 +146,8 @@ class AheadOfTime:
         self.fallbacks = 0
         """Calls the plain compilation served (no function of their signature, or its guards failed)."""
         self.disabled: str | None = None
+        self.load_seconds: list[float] = []
+        """Seconds each deserialization took, in order (the first holds the imports it triggers)."""
         self._functions: dict[str, Callable[..., Any]] = {}
         self._compiler: Any = None
 
@@ -181,6 +184,7 @@ class AheadOfTime:
         return function
 
     def _deserialize(self, signature: str) -> Callable[..., Any] | None:
+        start = time.perf_counter()
         try:
             function = torch.compiler.load_compiled_function(io.BytesIO(self.blobs[signature]),
                                                              f_globals=_run_block.__globals__)
@@ -190,6 +194,7 @@ class AheadOfTime:
             del self.blobs[signature]
             return None
         self._functions[signature] = function
+        self.load_seconds.append(time.perf_counter() - start)
         return function
 
     def _compile(self, signature: str, block: nn.Module, args: tuple,
