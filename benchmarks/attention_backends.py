@@ -1,11 +1,11 @@
 """Packed (varlen) attention on the GPU: which kernel serves vitcg's budget graphs fastest.
 
 Times one layer's attention (16 heads of 80, Qwen2-VL-7B's vision tower) over the packed rows of real workloads
-(the qwen2_vl mixed batch's eight images, 8x224, a 4-frame 448x448 video), each padded to its budget's rows as the
-adapter pads them. Every backend runs eagerly and, where it can, replayed in a CUDA graph after the boundaries
-in ``cu_seqlens`` were changed in place (a budget graph's boundaries are replay inputs); each output is compared
-with a float32 reference computed per segment. bf16 tolerance: relative Frobenius error <= 1e-2 (bf16 kernels
-measured 2.3e-3 to 2.5e-3 on 2026-11-25).
+(the qwen2_vl mixed batch's eight images, 8x224, a 4-frame 448x448 video, generate_ttft.py's mixed3), each padded
+to its budget's rows as the adapter pads them. Every backend runs eagerly and, where it can, replayed in a CUDA
+graph after the boundaries in ``cu_seqlens`` were changed in place (a budget graph's boundaries are replay inputs);
+each output is compared with a float32 reference computed per segment. bf16 tolerance: relative Frobenius error
+<= 1e-2 (bf16 kernels measured 2.3e-3 to 2.5e-3 on 2026-11-25).
 
 Backends:
 - ``flash_*``: torch's ``varlen_attn`` (FlashAttention-2) with ``max_seqlen`` at the budget's rows (what a graph
@@ -24,6 +24,7 @@ Backends:
   2026-11-25).
 
 Usage (GPU machine, repository root): python benchmarks/attention_backends.py [--json OUT] [--skip-flex]
+[--only PREFIX,...]
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ CASES = (
          17408),
     Case("8x224", (256,) * 8, (1024, 512, 256, 256), 2048),
     Case("video4x448", (1024, 1024), (512, 1536), 2048),
+    Case("mixed3", (1564, 576, 4144), (4144, 1564, 576), 8192),  # generate_ttft.py's mixed3 at budget 2048
 )
 
 
@@ -258,14 +260,15 @@ def measure(name: str, fn, new_bounds: bool, case: Case, q, k, v, scale, iters: 
 
 
 TRITON_CONFIGS = ((128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 3))
-"""(BLOCK_M, BLOCK_N, warps, stages) of ``vitcg.runtime.varlen_triton``'s kernel."""
+"""(BLOCK_M, BLOCK_N, warps, stages) of ``vitcg.runtime.varlen_triton``'s kernel; each is timed with whole key
+blocks unmasked inside one segment (the default) and with every key block masked (``_masked``)."""
 
 
-def triton_varlen(block_m: int, block_n: int, warps: int, stages: int):
+def triton_varlen(block_m: int, block_n: int, warps: int, stages: int, split: bool = True):
     from vitcg.runtime.varlen_triton import varlen_attention
 
     def run(q, k, v, cu, bounds, scale):
-        return varlen_attention(q, k, v, cu, scale, block_m, block_n, warps, stages)
+        return varlen_attention(q, k, v, cu, scale, block_m, block_n, warps, stages, split=split)
     return run
 
 
@@ -290,7 +293,8 @@ def backends(skip_flex: bool) -> list[tuple[str, Callable, bool]]:
         ("flash_segments", segments(SDPBackend.FLASH_ATTENTION), False),
         ("cudnn_buckets", segments(SDPBackend.CUDNN_ATTENTION, buckets=True), False),
     ]
-    found += [(f"triton_m{m}_n{n}_w{w}_s{s}", triton_varlen(m, n, w, s), True) for m, n, w, s in TRITON_CONFIGS]
+    found += [(f"triton_m{m}_n{n}_w{w}_s{s}{'' if split else '_masked'}", triton_varlen(m, n, w, s, split), True)
+              for m, n, w, s in TRITON_CONFIGS for split in (True, False)]
     if not skip_flex:
         found += [(name, flex(options, compile_mask=name != "flex_eager_mask"), True)
                   for name, options in FLEX_VARIANTS.items()]
@@ -302,6 +306,7 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--skip-flex", action="store_true")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--only", default="", help="comma-separated backend name prefixes to time (default: all)")
     args = parser.parse_args()
     dev = torch.device("cuda")
     torch._dynamo.config.recompile_limit = 64  # one compiled flex_attention per variant and shape
@@ -314,7 +319,10 @@ def main() -> None:
                    for _ in range(3))
         row = results["cases"][case.name] = {"rows": case.rows, "lengths": list(case.lengths),
                                              "replayed": list(case.other), "backends": {}}
+        prefixes = tuple(p for p in args.only.split(",") if p)
         for name, fn, new_bounds in backends(args.skip_flex):
+            if prefixes and not name.startswith(prefixes):
+                continue
             iters = 3 if name == "cudnn_ragged" else args.iters
             row["backends"][name] = measure(name, fn, new_bounds, case, q, k, v, scale, iters)
             print(case.name, name, row["backends"][name], flush=True)
