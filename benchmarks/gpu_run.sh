@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, tests-gpu, ttft, ttft-profile, ttft-profile-internvl, attention-triton, tests-attention, bench-three, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, tests-gpu, ttft, ttft-profile, ttft-profile-internvl, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -55,6 +55,8 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       --json "$OUT/bench_compile.json" ;;
     tests-plugin) run 300 gpu.log python3 -m pytest -q -p no:cacheprovider tests/engine/test_vllm_protocol_cuda.py -m gpu -rs ;;
     tests-regions) run 240 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu/test_regions_gpu.py -m gpu ;;
+    mixed-profile-qwen3) run 300 profile.log python3 benchmarks/mixed_profile.py qwen3_vl --static-only \
+      --json "$OUT/mixed_profile_qwen3.json" ;;
     mixed-profile) run 300 profile.log python3 benchmarks/mixed_profile.py qwen2_vl --json "$OUT/mixed_profile.json" ;;
     profile) run 200 profile.log python3 benchmarks/host_profile.py qwen2_vl 1x224 8x224 ;;
     profile-mixed) run 150 profile.log python3 benchmarks/host_profile.py qwen2_vl mixed image+video ;;

@@ -2,9 +2,11 @@
 by kind (GEMM, attention, Triton, copies, other) for each variant, from torch.profiler.
 
 Usage (GPU machine, repository root): python benchmarks/mixed_profile.py [SPEC] [--workload W] [--budget B] [--json OUT]
+[--static-only]
 
 Variants, all on SPEC's real encoder (random bf16 weights) and one budget B (default:
 the workload's output tokens rounded up to 64: one pack, the same padding for every graph variant):
+- ``eager``: the HF forward, called as the eager path calls it;
 - ``compile``: ``torch.compile(mode="reduce-overhead")`` of the HF forward, as ``vitcg bench`` runs it;
 - ``graph``: vitcg's plain budget graph;
 - ``inductor_dynamic``: the repeated blocks compiled once for every budget (what ``compile_forward`` does);
@@ -30,7 +32,7 @@ from vitcg.tools.bench import _eager_call
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
 
-KINDS = (("attention", ("flash", "fmha", "attention", "attn")), ("gemm", ("gemm", "cutlass", "nvjet", "sm90_xmma",
+KINDS = (("attention", ("flash", "fmha", "attention", "attn", "varlen")), ("gemm", ("gemm", "cutlass", "nvjet", "sm90_xmma",
          "cublas", "wgmma")), ("copy", ("memcpy", "memset", "copy")), ("triton", ("triton",)))
 
 
@@ -65,6 +67,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--json")
+    parser.add_argument("--static-only", action="store_true", help="leave out the inductor_dynamic variant")
     args = parser.parse_args()
     device, dtype = torch.device("cuda"), torch.bfloat16
     spec = load_registry()[args.spec]
@@ -89,6 +92,7 @@ def main() -> None:
         for key, total, count in top[:6]:
             print(f"    {total:8.3f} ms  x{count:<4} {key}")
 
+    report("eager", _eager_call(plain, inputs, getattr(module, spec.encoder.method)), 0.0, check=False)
     compiled = torch.compile(getattr(module, spec.encoder.method), mode="reduce-overhead")
     call = _eager_call(plain, inputs, compiled)
     tic = time.perf_counter()
@@ -96,7 +100,8 @@ def main() -> None:
     torch.cuda.synchronize(device)
     report("compile", call, time.perf_counter() - tic, check=False)
 
-    for name, blocks in (("graph", None), ("inductor_dynamic", True), ("inductor_static", False)):
+    variants = (("graph", None), ("inductor_dynamic", True), ("inductor_static", False))
+    for name, blocks in (v for v in variants if not args.static_only or v[1] is not True):
         torch._dynamo.reset()
         adapter = adapter_for(spec, module)
         if blocks is not None:  # what compile_forward=True sets up, with the dynamic flag chosen here
