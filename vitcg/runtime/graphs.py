@@ -6,6 +6,8 @@ CPU tests compare against eager, where host syncs raise as a capture would). Sha
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import logging
 import time
@@ -39,9 +41,25 @@ def capture_graph(fn: Callable[[], Any], device: torch.device, pool: Any = None)
         fn()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
+    with gc_paused(), torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
         output = fn()
     return graph, output
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No automatic garbage collection inside: a collection during a capture can destroy an unreachable earlier
+    graph, whose teardown the capturing stream forbids; that invalidates the capture and leaves the CUDA RNG in
+    capture state for the rest of the process. torch no longer collects before each capture
+    (``torch.compiler.config.force_cudagraph_gc`` is off by default; pytorch/pytorch PR 161037 shows the failure).
+    Unreachable graphs are collected after the capture instead."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass
