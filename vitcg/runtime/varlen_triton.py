@@ -14,9 +14,9 @@ one layer of 16 heads of 80, replayed in a CUDA graph on new boundaries: 1.09 ag
 mixed batch (17,408 rows), 0.054 against 0.073 ms at 8x224, 0.069 against 0.099 ms on a 4-frame video (2026-11-26,
 ``benchmarks/RESULTS.md``). Running whole key blocks unmasked took a further 18-24% off on an H100: 0.874 against
 1.087 ms on the mixed batch, 0.414 against 0.502 ms on generate_ttft.py's mixed3 (2026-11-26). The block
-configuration below is the fastest of the five timed there, with and without that. A head's columns start at
-``head * D`` with ``D`` a compile-time constant: with Qwen3-VL's head dim of 72 passed as a runtime stride, the
-compiler could not prove the loads aligned, and the kernel took 31.3 ms of a 27-layer mixed call against 16.5 ms now
+configuration below is the fastest of the five timed there, with and without that. Strides are compile-time
+constants (``HEADS * D`` and ``D``): with Qwen3-VL's head dim of 72 passed as a runtime stride, the compiler could
+not prove the loads aligned, and the kernel took 31.3 ms of a 27-layer mixed call against 16.5 ms now
 (``benchmarks/mixed_profile.py qwen3_vl``, H100).
 
 The launch is a ``torch.library`` custom op, so compiled blocks treat it as one opaque call and CUDA graphs
@@ -70,11 +70,12 @@ def _key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, hi, base, 
 
 
 @triton.jit
-def _varlen_fwd(Q, K, V, OUT, SEG, CU, rows, stride_row, qk_scale,
+def _varlen_fwd(Q, K, V, OUT, SEG, CU, rows, qk_scale, HEADS: tl.constexpr,
                 D: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 SPLIT: tl.constexpr):
-    # contiguous (rows, heads, dim) tensors: a head's columns start at a multiple of the compile-time D, which the
-    # compiler can prove aligned for wide loads (a runtime head stride of 72 it could not)
+    # contiguous (rows, heads, dim) tensors, strides known at compile time: a head's columns start at a multiple of
+    # D, which the compiler can then prove aligned for wide loads (a runtime stride of 72 it could not)
+    stride_row = HEADS * D
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -136,7 +137,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torc
     out = torch.empty_like(q)
     d0, d1 = head_split(dim)
     grid = (triton.cdiv(rows, block_m), heads)
-    _varlen_fwd[grid](q, k, v, out, seg, cu, rows, q.stride(0), scale * 1.4426950408889634,
+    _varlen_fwd[grid](q, k, v, out, seg, cu, rows, scale * 1.4426950408889634, HEADS=heads,
                       D=dim, D0=d0, D1=d1, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split, num_warps=num_warps,
                       num_stages=num_stages)
     return out
