@@ -38,7 +38,7 @@ from torch import nn
 from ..errors import InputError, SpecRuntimeError, UsageError
 from ..lang import Registry, load_registry, spec_folders
 from ..lang.bindings import import_object
-from ..lang.model import Spec
+from ..lang.model import Modality, Spec
 from .adapter import adapter_for, output_entry, per_item, pixels_to_rows
 from .attention import encoder_lock
 from .compile_cache import CompileCacheUse, capture_compiled
@@ -276,11 +276,15 @@ def call_inputs(spec: Spec, adapter: Any, signature: inspect.Signature, modality
     if modality is None:
         return None, f"the spec has no {modality_name} modality"
     roles = spec.encoder.args
-    mm = {}
-    for arg, role in roles.items():
-        if given.get(arg) is not None:
-            mm[modality.inputs[role]] = given[arg]
-    call_kwargs = spec.encoder.call_kwargs
+    mm = {modality.inputs[role]: given[arg] for arg, role in roles.items() if given.get(arg) is not None}
+    why = _uncaptured_argument(spec, adapter, given) or _rows_first(spec, adapter, mm, modality.pixels_key)
+    return (None, why) if why else _missing_inputs(spec, mm, modality)
+
+
+def _uncaptured_argument(spec: Spec, adapter: Any, given: Mapping[str, Any]) -> str | None:
+    """Why an argument of the call keeps it from the graphs (one the spec does not capture, or a ``call_kwargs``
+    value the spec differs from), or None."""
+    roles, call_kwargs = spec.encoder.args, spec.encoder.call_kwargs
     for arg, value in given.items():
         if arg in roles or arg in IGNORED_ARGS and value is not False:
             continue
@@ -288,28 +292,38 @@ def call_inputs(spec: Spec, adapter: Any, signature: inspect.Signature, modality
             # None asks the model for its config's value (older transformers pass their defaults as None)
             default = getattr(getattr(adapter.module, "config", None), arg, None) if value is None else value
             if default != call_kwargs[arg]:
-                return None, f"{arg}={value!r} differs from the spec's call_kwargs ({call_kwargs[arg]!r})"
+                return f"{arg}={value!r} differs from the spec's call_kwargs ({call_kwargs[arg]!r})"
         elif value is not None and value is not False:
-            return None, f"argument {arg}={_short(value)} is not captured by the spec"
-    pixels = mm.get(modality.pixels_key)
+            return f"argument {arg}={_short(value)} is not captured by the spec"
+    return None
+
+
+def _rows_first(spec: Spec, adapter: Any, mm: dict[str, Any], pixels_key: str) -> str | None:
+    """Puts the call's pixels in ``mm`` rows first (the graphs' layout), or says why they cannot be served: no pixel
+    tensor, a layout the spec does not describe, an empty batch."""
+    pixels = mm.get(pixels_key)
     if not isinstance(pixels, torch.Tensor):
-        return None, "no pixel tensor"
+        return "no pixel tensor"
     if spec.pixels_rows_dim:  # the call's own pixel layout: the graphs take rows first
         layout = adapter.pixel_layout
         rows = pixels_to_rows(layout, pixels)
         if rows is None:
-            return None, (f"pixels of shape {tuple(pixels.shape)}: the spec's pixel buffer expects rows on dim "
-                          f"{spec.pixels_rows_dim} (rows_dim), {layout.width} entries each, after "
-                          f"{layout.ones} dimensions of size 1 and {tuple(layout.lead) or 'none'} before them")
-        pixels = mm[modality.pixels_key] = rows
-    if pixels.shape[0] == 0:
-        return None, "empty batch"
+            return (f"pixels of shape {tuple(pixels.shape)}: the spec's pixel buffer expects rows on dim "
+                    f"{spec.pixels_rows_dim} (rows_dim), {layout.width} entries each, after "
+                    f"{layout.ones} dimensions of size 1 and {tuple(layout.lead) or 'none'} before them")
+        pixels = mm[pixels_key] = rows
+    return "empty batch" if pixels.shape[0] == 0 else None
+
+
+def _missing_inputs(spec: Spec, mm: dict[str, Any], modality: Modality) -> tuple[dict[str, Any] | None, str | None]:
+    """``mm`` with the inputs the call may leave out filled in (a tile count of one per tile, where the style
+    allows it), or None and the first input the call does not pass."""
     style = spec.attention_style
     for role, key in modality.inputs.items():
         if key in mm:
             continue
         if role == style.count_role and not style.count_required:
-            mm[key] = torch.ones(pixels.shape[0], dtype=torch.int64)  # the call batches tiles: each is an item
+            mm[key] = torch.ones(mm[modality.pixels_key].shape[0], dtype=torch.int64)  # the call batches tiles
         else:
             return None, f"the call does not pass the {role} input"
     return mm, None
