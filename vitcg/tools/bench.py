@@ -123,6 +123,26 @@ class SpecBench:
     skipped: list[str] = field(default_factory=list)
 
 
+def _inductor_manager(spec: Spec, module: torch.nn.Module, limits: Mapping[str, Any], device: str, dtype: torch.dtype,
+                      result: SpecBench, log: Callable[[str], None]) -> EncoderCudaGraphManager | None:
+    """The vitcg+inductor variant's manager, its budgets compiled and captured (from the persistent compile cache
+    when it holds them); None when compilation fails, which ``result`` records."""
+    tic = time.perf_counter()
+    try:
+        inductor = EncoderCudaGraphManager(adapter_for(spec, module, compile_forward=True), **limits,
+                                           device=device, dtype=dtype)
+        _, cache = capture_compiled(inductor, spec)
+    except Exception as exc:  # a compiler failure is a result to report, not a reason to stop
+        result.inductor_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        log(f"  inductor-compiled forward failed: {result.inductor_error}")
+        return None
+    result.inductor_capture_s = round(time.perf_counter() - tic, 1)
+    result.inductor_cache_hit = cache.loaded
+    log(f"  inductor-compiled forward: {len(inductor.budgets)} budgets compiled and captured in "
+        f"{result.inductor_capture_s:.0f} s ({'from' if cache.loaded else 'stored in'} {cache.path})")
+    return inductor
+
+
 def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: str = "real",
                dtype: torch.dtype = torch.bfloat16, iters: int = 20, warmup: int = 3,
                compile_eager: bool = True, max_num_batched_tokens: int = 8192, max_model_len: int = 32768,
@@ -149,19 +169,7 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
     compiled = inductor = None
     if compile_eager and cuda:
         compiled = torch.compile(getattr(module, spec.encoder.method), mode="reduce-overhead")
-        tic = time.perf_counter()
-        try:
-            inductor = EncoderCudaGraphManager(adapter_for(spec, module, compile_forward=True), **limits,
-                                               device=device, dtype=dtype)
-            _, cache = capture_compiled(inductor, spec)
-            result.inductor_capture_s = round(time.perf_counter() - tic, 1)
-            result.inductor_cache_hit = cache.loaded
-            log(f"  inductor-compiled forward: {len(inductor.budgets)} budgets compiled and captured in "
-                f"{result.inductor_capture_s:.0f} s ({'from' if cache.loaded else 'stored in'} {cache.path})")
-        except Exception as exc:  # a compiler failure is a result to report, not a reason to stop
-            inductor = None
-            result.inductor_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            log(f"  inductor-compiled forward failed: {result.inductor_error}")
+        inductor = _inductor_manager(spec, module, limits, device, dtype, result, log)
     generator = torch.Generator().manual_seed(0)
     for name in workloads:
         workload = WORKLOADS[name]
