@@ -44,3 +44,13 @@ def test_collection_is_restored_after_an_error_and_left_off_if_it_was_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_overlapping_pauses_turn_collection_back_on_only_when_the_last_ends():
+    first, second = gc_paused(), gc_paused()  # two threads' captures, the first ending before the second
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()  # the second capture is still running
+    second.__exit__(None, None, None)
+    assert gc.isenabled()

@@ -10,6 +10,7 @@ import contextlib
 import gc
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -46,20 +47,33 @@ def capture_graph(fn: Callable[[], Any], device: torch.device, pool: Any = None)
     return graph, output
 
 
+_GC_LOCK = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """No automatic garbage collection inside: a collection during a capture can destroy an unreachable earlier
     graph, whose teardown the capturing stream forbids; that invalidates the capture and leaves the CUDA RNG in
     capture state for the rest of the process. torch no longer collects before each capture
     (``torch.compiler.config.force_cudagraph_gc`` is off by default; pytorch/pytorch PR 161037 shows the failure).
-    Unreachable graphs are collected after the capture instead."""
-    enabled = gc.isenabled()
-    gc.disable()
+    Unreachable graphs are collected after the capture instead. The switch is the process's: pauses that overlap
+    (two threads capturing two encoders) turn collection back on only when the last one ends, and only if it was
+    on before the first."""
+    global _gc_pauses, _gc_was_enabled
+    with _GC_LOCK:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _GC_LOCK:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 @dataclass
