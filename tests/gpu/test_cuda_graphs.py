@@ -5,6 +5,7 @@ Tolerance: bf16 relative error ||graph - eager|| / ||eager|| per item <= 1e-2; f
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from vitcg.lang import load_registry
 from vitcg.runtime.adapter import adapter_for
+from vitcg.runtime.graphs import capture_graph
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.cases import check_spec
 from vitcg.tools.encoders import build_encoder
@@ -112,3 +114,34 @@ def test_a_poisoned_item_leaves_the_others_as_eager_float32(name, no_tf32):
             torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)  # the same eager call
         else:
             assert torch.isfinite(out).all() and relative_error(out, want) <= 1e-5
+
+
+def test_a_collection_during_capture_cannot_destroy_an_earlier_graph():
+    """torch no longer collects garbage before a capture: an earlier graph that only a reference cycle holds is
+    torn down by whichever collection comes first, and inside a capture that invalidates it
+    (:func:`vitcg.runtime.graphs.gc_paused`). The warm-up leaves such a graph in a fresh cycle; the captured call
+    allocates enough Python objects to trigger collections."""
+    earlier, _ = capture_graph(lambda: torch.zeros(4, device="cuda").add_(1), torch.device("cuda"))
+    orphan, calls = [earlier], []
+    del earlier
+
+    class Cycle:
+        def __init__(self, graph) -> None:
+            self.graph, self.me = graph, self
+
+    def fn():
+        out = torch.ones(8, device="cuda") * 2
+        if not calls:  # the warm-up: the earlier graph becomes unreachable, held only by a young cycle
+            Cycle(orphan.pop())
+        else:  # the capture: many more allocations than a collection needs
+            churn = [[] for _ in range(20 * gc.get_threshold()[0])]
+            del churn
+        calls.append(1)
+        return out
+
+    graph, output = capture_graph(fn, torch.device("cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(output, torch.full((8,), 2.0, device="cuda"))
+    gc.collect()  # the earlier graph goes now, outside any capture
+    torch.ones(1, device="cuda").bernoulli_(0.5)  # the CUDA RNG is out of capture state
