@@ -178,7 +178,9 @@ def ttft_quad(model, handle, inputs, iters, warmup=3):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=list(MODELS))
-    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=30,
+                        help="timed rounds per workload (default 30: 10 were too noisy on an H100 machine, "
+                             "benchmarks/RESULTS.md, 2026-11-26)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     results = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
