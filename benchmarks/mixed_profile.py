@@ -100,8 +100,9 @@ def main() -> None:
     torch.cuda.synchronize(device)
     report("compile", call, time.perf_counter() - tic, check=False)
 
-    variants = (("graph", None), ("inductor_dynamic", True), ("inductor_static", False))
-    for name, blocks in (v for v in variants if not args.static_only or v[1] is not True):
+    for name, blocks in (("graph", None), ("inductor_dynamic", True), ("inductor_static", False)):
+        if args.static_only and name == "inductor_dynamic":
+            continue
         torch._dynamo.reset()
         adapter = adapter_for(spec, module)
         if blocks is not None:  # what compile_forward=True sets up, with the dynamic flag chosen here

@@ -13,6 +13,7 @@ import torch
 
 sys.path[:0] = ["benchmarks", "."]
 import generate_ttft as g  # noqa: E402  (benchmarks/ on the path; run from the repository root)
+import mixed_profile  # noqa: E402
 
 import vitcg  # noqa: E402
 from vitcg.errors import InputError  # noqa: E402
@@ -32,20 +33,12 @@ def timed(fn, iters=20, warmup=3):
     return sorted(times)[len(times) // 2]
 
 
-def kernels(fn, label, rows=25):
-    """Device time of one call by kernel, from torch.profiler: what the call's wall time is made of."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) * 1e3
-    events = prof.key_averages()
-    device = sum(e.self_device_time_total for e in events) / 1e3
-    print(f"{label}: wall {wall:.2f} ms under the profiler, kernels {device:.2f} ms")
-    print(events.table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=70))
+def kernels(fn, label):
+    """Device time of one call by kernel kind and its top kernels (mixed_profile.py's torch.profiler summary)."""
+    by_kind, top = mixed_profile.kernel_ms(fn, torch.device("cuda"))
+    print(f"{label}: kernels {sum(by_kind.values()):.2f} ms {by_kind}")
+    for key, total, count in top:
+        print(f"    {total:8.3f} ms  x{count:<4} {key}")
 
 
 def main() -> None:
@@ -68,7 +61,7 @@ def main() -> None:
             model.generate(**inputs, max_new_tokens=1, do_sample=False)
 
     eager_feat, eager_gen = timed(features), timed(generate, 10)
-    kernels(features, "eager get_image_features", 12)
+    kernels(features, "eager get_image_features")
     handle = vitcg.accelerate(model, progress=False)
     features()
     graph_feat, graph_gen = timed(features), timed(generate, 10)
