@@ -28,6 +28,7 @@ import torch
 import transformers
 
 import vitcg
+from vitcg.tools.compile_config import parse_budgets
 
 WORKLOADS = {
     "1x224": [(224, 224)],
@@ -181,8 +182,14 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=30,
                         help="timed rounds per workload (default 30: 10 were too noisy on an H100 machine, "
                              "benchmarks/RESULTS.md, 2026-11-26)")
+    parser.add_argument("--budgets", type=parse_budgets, default=None,
+                        help="token budgets, comma-separated (e.g. the ladder `vitcg plan` prints for these "
+                             "workloads), for every model named, instead of the default ladder")
+    parser.add_argument("--workload", action="append", choices=list(WORKLOADS),
+                        help="time only this workload (repeatable; default: all)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    limits = {} if args.budgets is None else {"token_budgets": args.budgets}
     results = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
                "torch": torch.__version__, "transformers": transformers.__version__, "models": {}}
     for name in args.models:
@@ -192,9 +199,9 @@ def main() -> None:
             torch.manual_seed(0)
             with torch.device("cuda"):
                 model = entry["model"](config).to(torch.bfloat16).eval()
-            workloads = {w: inputs_for(entry, config, sizes) for w, sizes in WORKLOADS.items()}
+            workloads = {w: inputs_for(entry, config, WORKLOADS[w]) for w in args.workload or WORKLOADS}
             start = time.perf_counter()
-            handle = vitcg.accelerate(model, progress=False)
+            handle = vitcg.accelerate(model, progress=False, **limits)
             capture_s = time.perf_counter() - start
             rows = {}
             for w, inputs in workloads.items():

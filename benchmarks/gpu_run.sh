@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, tests-gpu, ttft, ttft-profile, ttft-profile-internvl, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, tests-gpu, ttft, ttft-planned, ttft-profile, ttft-profile-internvl, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -40,6 +40,10 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     attention-triton) run 300 attention.log python3 benchmarks/attention_backends.py --skip-flex \
       --only triton,flash_budget_max,cudnn_segments --json "$OUT/attention_triton.json" ;;
     tests-attention) run 200 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu/test_packed_attention_gpu.py -m gpu ;;
+    ttft-planned)  # qwen2_vl's TTFT on the default ladder, then on the one `vitcg plan` picks for these workloads
+      run 280 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl --json "$OUT/ttft_default.json"
+      run 280 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl --budgets 64,256,1024,1600 \
+        --json "$OUT/ttft_planned.json" ;;
     ttft-profile) run 200 profile.log python3 benchmarks/ttft_profile.py qwen2_vl mixed3 ;;
     ttft-profile-internvl) run 200 profile.log python3 benchmarks/ttft_profile.py internvl 4x448 ;;
     qwen3-final) run 150 ttft.log python3 benchmarks/generate_ttft.py qwen3_vl --iters 30 --json "$OUT/ttft_qwen3.json"
