@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, ttft-profile, ttft-profile-internvl, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -48,6 +48,9 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       run 270 bench.log python3 -m vitcg bench qwen3_vl --workload mixed --device cuda --json "$OUT/bench_qwen3_default.json"
       run 270 bench.log python3 -m vitcg bench qwen3_vl --workload mixed --device cuda --budgets 64,256,448,896,3392 \
         --json "$OUT/bench_qwen3_planned.json" ;;
+    bench-internvl-planned)  # internvl's two calls behind torch.compile, on the ladder `vitcg plan internvl` picks
+      run 200 bench.log python3 -m vitcg bench internvl --workload mixed --workload image+video --device cuda \
+        --budgets 256,512,1024,2048,2560,8192 --json "$OUT/bench_internvl_planned.json" ;;
     ttft-final) run 560 ttft.log python3 benchmarks/generate_ttft.py qwen3_vl internvl --json "$OUT/ttft_final.json" ;;
     ttft-profile) run 200 profile.log python3 benchmarks/ttft_profile.py qwen2_vl mixed3 ;;
     ttft-profile-internvl) run 200 profile.log python3 benchmarks/ttft_profile.py internvl 4x448 ;;
