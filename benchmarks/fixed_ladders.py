@@ -3,8 +3,8 @@ and graph memory for each ladder, on the bench workloads plus generate_ttft.py's
 
 Usage: python benchmarks/fixed_ladders.py [SPEC...]
 
-A ladder here doubles from the default's smallest budget up to a threshold and then grows by a fixed factor up to 8192 (rounded to
-multiples of 64). benchmarks/RESULTS.md quotes the output; it is why the default ladder stays vLLM's.
+A ladder here doubles from the default's smallest budget up to a threshold and then grows by a fixed factor
+up to 8192 (rounded to multiples of 64). benchmarks/RESULTS.md quotes the output; it is why the default ladder stays vLLM's.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def main() -> None:
         geometry = planning.spec_geometry(spec)
         target = planning.target_of(spec, geometry, 8192, 32768)
         sample = planning.default_requests(spec) + [planning.parse_request(t) for t in TTFT_CALLS]
-        grouped = planning.group(lambda r: planning.request_items(spec, geometry, r), sample)
+        grouped = planning.group(lambda r, spec=spec, geometry=geometry: planning.request_items(spec, geometry, r),
+                                 sample)
         planner = planning.Planner(target, grouped, planning.default_costs())
         default = planner.default_config()
         names = [request.name or ",".join(f"{h}x{w}" for h, w in request.images) for request, _, _ in grouped]
