@@ -1,6 +1,7 @@
 """Time to first token of a full transformers VLM, eager against ``vitcg.accelerate`` (GPU, random bf16 weights).
 
 Usage (GPU machine, repository root): python benchmarks/generate_ttft.py [MODEL...] [--json OUT] [--iters N]
+[--budgets B,B,...] [--workload W]...
 Models are small checkpoints' dimensions (their configs are written below); inputs come from each model's
 own image processor (PIL backend, defaults) on random images, and ``input_ids`` hold the placeholders the
 processor's tokenizer would expand. TTFT is the median wall time of ``generate(max_new_tokens=1)`` after
