@@ -86,4 +86,4 @@ def test_seed_vlm_through_the_plugin_under_cuda_graphs(name, no_tf32):
             got = consumer.execute(batch)
             assert consumer.hits - hits == len(want[modality]), f"{modality} ({attempt}): not every item replayed"
             assert_items_match(got, want[modality], what=f"{modality} ({attempt}): ")
-    assert model._vitcg.broken is None, model._vitcg.broken
+    assert model._vitcg.off is None, model._vitcg.off

@@ -50,3 +50,59 @@ def test_missing_counts_name_the_key_and_what_was_given():
     with pytest.raises(InputError, match="'num_image_patches': expected the backend's per-item row counts, got none "
                                          r"\(keys: pixel_values\)"):
         item_counts({"pixel_values": torch.zeros(2, 3)}, "image")
+
+
+def test_counts_with_an_empty_item_cut_the_rows_by_the_counts():
+    # three items over three rows: as many rows as items, but item 0 owns two rows and item 1 none
+    batch = {"pixel_values": torch.arange(3.0).reshape(3, 1), "num_image_patches": torch.tensor([2, 0, 1]),
+             "image_grid_thw": torch.tensor([[1, 1, 2], [1, 0, 0], [1, 1, 1]])}
+    picked = select_backend_items(batch, "image", [0])
+    assert picked["pixel_values"].flatten().tolist() == [0, 1]
+    assert picked["image_grid_thw"].tolist() == [[1, 1, 2]]  # one row per item, whatever the counts
+    assert select_backend_items(batch, "image", [2])["pixel_values"].flatten().tolist() == [2]
+
+
+def test_no_items_selects_no_rows():
+    batch = {"pixel_values": torch.arange(5.0).reshape(5, 1), "num_image_patches": torch.tensor([2, 3])}
+    assert select_backend_items(batch, "image", [])["pixel_values"].shape == (0, 1)
+
+
+BAD_BATCHES = {
+    "counts short of the rows": ({"num_image_patches": torch.tensor([3, 3])},
+                                 r"'pixel_values': expected 6 rows \(the sum of 'num_image_patches' \[3, 3\]\) on dim 0 "
+                                 r"or 1, got shape \(10, 4\)"),
+    "fractional counts": ({"num_image_patches": torch.tensor([2.5, 7.5])},
+                          "'num_image_patches': expected a tensor of integer row counts, got torch.float32 on cpu"),
+    "bool counts": ({"num_image_patches": torch.tensor([True, True])}, "integer row counts, got torch.bool"),
+    "NaN counts": ({"num_image_patches": torch.tensor([float("nan"), 10.0])}, "integer row counts, got torch.float32"),
+    "negative counts": ({"num_image_patches": torch.tensor([12, -2])},
+                        r"num_image_patches\[1\]: expected a non-negative integer row count, got -2"),
+    "counts on the meta device": ({"num_image_patches": torch.tensor([4, 6], device="meta")},
+                                  "integer row counts, got torch.int64 on meta"),
+    "a list of floats": ({"num_image_patches": [4.0, 6.0]},
+                         r"num_image_patches\[0\]: expected a non-negative integer row count, got 4.0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BATCHES))
+def test_counts_that_do_not_describe_the_rows_are_refused_before_any_row_is_taken(case):
+    change, message = BAD_BATCHES[case]
+    batch = {"pixel_values": torch.zeros(10, 4), **change}
+    with pytest.raises(InputError, match=message):
+        select_backend_items(batch, "image", [0])
+
+
+@pytest.mark.parametrize(("indices", "message"), [
+    ([2], r"indices: expected item indices in 0..1 \(the batch has 2 items\), got 2"),
+    ([-1], "got -1"),
+    ([0.5], r"indices\[0\]: expected an integer item index, got 0.5"),
+])
+def test_indices_outside_the_batch_are_refused(indices, message):
+    batch = {"pixel_values": torch.zeros(10, 4), "num_image_patches": torch.tensor([4, 6])}
+    with pytest.raises(InputError, match=message):
+        select_backend_items(batch, "image", indices)
+
+
+def test_an_unknown_modality_names_the_known_ones():
+    with pytest.raises(InputError, match=r"modality: expected one of \['image', 'video'\], got 'audio'"):
+        select_backend_items({"pixel_values": torch.zeros(2, 1)}, "audio", [0])

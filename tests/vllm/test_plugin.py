@@ -198,6 +198,6 @@ def check_modality(manager, model, modality, batch, want, stock_reason=None):
         assert manager.graph_hits - hits == items, f"{modality}, {attempt}: not every item replayed"
         assert_items_match(got, want, what=f"{modality} ({attempt}): ")
         if stock_reason is None:
-            assert model._vitcg.broken is None, f"{modality} ({attempt}): {model._vitcg.broken}"
+            assert model._vitcg.off is None, f"{modality} ({attempt}): {model._vitcg.off}"
         else:
-            assert stock_reason in (model._vitcg.broken or ""), f"{modality} ({attempt}): {model._vitcg.broken}"
+            assert stock_reason in (model._vitcg.off or ""), f"{modality} ({attempt}): {model._vitcg.off}"

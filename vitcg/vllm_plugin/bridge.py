@@ -7,6 +7,7 @@ cannot be installed, put them on a stand-in for the backend.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -21,12 +22,23 @@ from ..lang.model import Spec
 from ..runtime.accelerate import _Layout, call_inputs, encoder_of
 from ..runtime.adapter import SpecAdapter, adapter_for, pixels_to_rows
 from ..runtime.inputs import BACKEND_ROW_KEYS, item_indices
-from ..runtime.protocol import DEFAULT_PATH, ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
+from ..runtime.protocol import (
+    DEFAULT_PATH,
+    ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
+    EncoderCudaGraphCaptureInputs,
+    EncoderCudaGraphConfig,
+    EncoderCudaGraphReplayBuffers,
+    EncoderItemSpec,
+)
 
 logger = logging.getLogger(__name__)
 
 ALL_LAYERS = "output_hidden_states"
 """The tower argument asking for layer outputs: an index (the spec's ``call_kwargs``) or True for all."""
+
+OFF_BUFFER = "vitcg_off"
+"""The one capture input of a budget captured after the graphs were turned off: a placeholder graph that
+computes nothing and is never replayed for a real item."""
 
 BACKEND_PIXELS = {"image": "pixel_values", "video": "pixel_values_videos"}
 """The keys under which the backend hands over each modality's pixels (the HF processor's names)."""
@@ -66,35 +78,99 @@ def find_spec(hf_config: Any) -> Spec:
     return spec
 
 
+BATCHED_KEYS = frozenset({"image_grid_thw", "video_grid_thw", "second_per_grid_ts", *BACKEND_ROW_KEYS.values()})
+"""Backend fields that hold one row per item whatever their length (the backend registers them so)."""
+
+
 def item_counts(mm_kwargs: Mapping[str, Any], modality: str) -> list[int]:
     """The backend's rows per item of ``modality`` (``num_image_patches`` / ``num_video_patches``). Raises
-    InputError when the key is missing."""
-    counts = mm_kwargs.get(BACKEND_ROW_KEYS[modality])
+    InputError, naming the key, the expected and the actual value, for an unknown modality, missing counts, or
+    counts that are not non-negative integers (floats, bools, NaN, a meta tensor)."""
+    key = BACKEND_ROW_KEYS.get(modality)
+    if key is None:
+        raise InputError(f"modality: expected one of {sorted(BACKEND_ROW_KEYS)}, got {modality!r}")
+    counts = mm_kwargs.get(key)
     if counts is None:
-        raise InputError(f"{BACKEND_ROW_KEYS[modality]!r}: expected the backend's per-item row counts, got none "
+        raise InputError(f"{key!r}: expected the backend's per-item row counts, got none "
                          f"(keys: {', '.join(sorted(mm_kwargs))})")
-    return [int(c) for c in torch.as_tensor(counts).flatten().tolist()]
+    if isinstance(counts, torch.Tensor):
+        if counts.is_meta or counts.dtype == torch.bool or counts.is_floating_point() or counts.is_complex():
+            raise InputError(f"{key!r}: expected a tensor of integer row counts, got {counts.dtype} on "
+                             f"{counts.device.type}")
+        values = counts.flatten().tolist()
+    elif isinstance(counts, (list, tuple)):
+        values = list(counts)
+    else:
+        raise InputError(f"{key!r}: expected the backend's per-item row counts, got {type(counts).__name__}")
+    out = []
+    for position, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{key}[{position}]: expected a non-negative integer row count, got {value!r}")
+        out.append(value)
+    return out
+
+
+def _rows_dim(value: torch.Tensor, total: int) -> int | None:
+    """The dimension of ``value`` that holds a field's rows flattened over items (``total`` of them): 0, or 1
+    under a leading batch dimension; None when neither does."""
+    if value.dim() >= 1 and value.shape[0] == total:
+        return 0
+    if value.dim() >= 2 and value.shape[1] == total:
+        return 1
+    return None
+
+
+def _per_item(key: str, value: torch.Tensor, modality: str, total: int, n: int) -> bool:
+    """Whether a tensor field holds one row per item (indexed) rather than rows flattened over the items (cut by
+    the counts), as the backend registers its fields: grid and count keys per item; other image fields flattened;
+    a video field per item when it has one row per item."""
+    if key in BATCHED_KEYS:
+        return True
+    if modality == "video" and value.shape[0] == n:
+        return True
+    return _rows_dim(value, total) is None and value.shape[0] == n
+
+
+def backend_counts(mm_kwargs: Mapping[str, Any], modality: str) -> list[int]:
+    """:func:`item_counts`, checked against the modality's pixels: the counts must add up to their rows (on dim
+    0, or dim 1 under a leading batch dimension), or to a list's items. Raises InputError otherwise."""
+    counts = item_counts(mm_kwargs, modality)
+    total, n = sum(counts), len(counts)
+    pixels_key = BACKEND_PIXELS[modality]
+    pixels = mm_kwargs.get(pixels_key)
+    if isinstance(pixels, torch.Tensor) and _rows_dim(pixels, total) is None:
+        raise InputError(f"{pixels_key!r}: expected {total} rows (the sum of {BACKEND_ROW_KEYS[modality]!r} "
+                         f"{counts}) on dim 0 or 1, got shape {tuple(pixels.shape)}")
+    if isinstance(pixels, list) and len(pixels) != n:
+        raise InputError(f"{pixels_key!r}: expected {n} items (the length of {BACKEND_ROW_KEYS[modality]!r}), "
+                         f"got a list of {len(pixels)}")
+    return counts
 
 
 def select_backend_items(mm_kwargs: Mapping[str, Any], modality: str, indices: Sequence[int]) -> dict[str, Any]:
     """The backend's kwargs of the items at ``indices``, in that order, laid out as the backend lays them out:
     a field flattened over items (``pixel_values``: the rows of each item, on dim 0, or dim 1 under a leading
     batch dimension) is cut by the per-item counts, a field with one entry per item is indexed, anything else
-    is kept."""
-    counts = item_counts(mm_kwargs, modality)
+    is kept. Checked before any row is taken (:func:`backend_counts`; the indices must be integers naming items
+    of the batch): InputError otherwise."""
+    counts = backend_counts(mm_kwargs, modality)
     total, n = sum(counts), len(counts)
+    chosen = item_indices(indices)
+    outside = [i for i in chosen if not 0 <= i < n]
+    if outside:
+        raise InputError(f"indices: expected item indices in 0..{n - 1} (the batch has {n} items), got {outside[0]}")
     offsets = [0]
     for count in counts:
         offsets.append(offsets[-1] + count)
-    chosen = item_indices(indices)
     selected: dict[str, Any] = {}
     for key, value in mm_kwargs.items():
         if isinstance(value, torch.Tensor) and value.dim() >= 1:
-            dim = 1 if value.dim() >= 2 and value.shape[0] != total and value.shape[1] == total else 0
-            if value.shape[dim] == total and total != n:
-                selected[key] = torch.cat([value.narrow(dim, offsets[i], counts[i]) for i in chosen], dim=dim)
-            elif value.shape[0] == n:
+            dim = _rows_dim(value, total)
+            if _per_item(key, value, modality, total, n):
                 selected[key] = value[torch.tensor(chosen, dtype=torch.long, device=value.device)]
+            elif dim is not None:
+                selected[key] = torch.cat([value.narrow(dim, offsets[i], counts[i]) for i in chosen]
+                                          or [value.narrow(dim, 0, 0)], dim=dim)
             else:
                 selected[key] = value
         elif isinstance(value, list) and len(value) == n:
@@ -102,6 +178,26 @@ def select_backend_items(mm_kwargs: Mapping[str, Any], modality: str, indices: S
         else:
             selected[key] = value
     return selected
+
+
+class Pack(dict):
+    """What ``select_encoder_cudagraph_items`` returns: the backend's kwargs of some items of a batch, and which
+    items of which batch they are (:attr:`root`, :attr:`indices`), so that the stock path can answer for them
+    from the batch the engine gave."""
+
+    def __init__(self, kwargs: Mapping[str, Any], root: Mapping[str, Any], indices: Sequence[int]):
+        super().__init__(kwargs)
+        self.root = root
+        """The batch vLLM's runner handed to the manager."""
+        self.indices = tuple(indices)
+        """The items of :attr:`root` that this selection holds, in its order."""
+
+    @staticmethod
+    def of(mm_kwargs: Mapping[str, Any], kwargs: Mapping[str, Any], indices: Sequence[int]) -> Pack:
+        """The selection ``kwargs`` of ``indices`` of ``mm_kwargs`` (a batch, or a selection of one)."""
+        if isinstance(mm_kwargs, Pack):
+            return Pack(kwargs, mm_kwargs.root, [mm_kwargs.indices[i] for i in indices])
+        return Pack(kwargs, mm_kwargs, indices)
 
 
 class Bridge:
@@ -114,10 +210,40 @@ class Bridge:
         self.method = spec.encoder.method
         self._adapter: SpecAdapter | None = None
         self.layout: _Layout | None = None
-        self.broken: str | None = None
-        """Why the graphs stopped serving this model (a feature call the spec does not describe), or None."""
+        self.off: str | None = None
+        """Why the graphs stopped serving this model (:meth:`turn_off`), or None while they serve it."""
+        self.served: list[str] = []
+        """The modalities the graphs serve: the very list in every config handed to a manager, so that emptying
+        it (:meth:`turn_off`) sends each later batch to the stock path (vLLM's runner asks the manager's
+        ``supports_modality`` before every call)."""
+        self.capture_axes: tuple[tuple[Any, ...], ...] = ()
+        """The capture axes of the config handed out (the off path names a key of each in its selections)."""
+        self.config_given = False
+        """Whether a manager holds a config of this model: its class must then keep the protocol members."""
         self.probed = False
         """Whether a batch of the backend's was tried against the spec before the graphs were built."""
+        self.reruns = 0
+        """Packs whose tower ran eagerly after their replay, because the graph rows could not yet be shaped as
+        the tower's output (:class:`_Layout` still unknown); the first pack's is expected."""
+        self._stock: tuple[Mapping[str, Any], list[torch.Tensor]] | None = None
+        """The batch the stock path answered last, and its answer per item."""
+
+    def turn_off(self, why: str) -> None:
+        """From here on the stock path answers every batch of this model; one warning says why."""
+        if self.off is None:
+            self.off = why
+            logger.warning("vitcg: spec %s: %s; the model's encoder CUDA graphs are off, vLLM's stock path "
+                           "serves this batch and every later one", self.spec.name, why)
+        self.served.clear()
+
+    def stock_answer(self, mm_kwargs: Mapping[str, Any], embed: Callable[..., Sequence[torch.Tensor]]) -> list[torch.Tensor]:
+        """The stock path's items for the batch that ``mm_kwargs`` is (or was selected from: a :class:`Pack`),
+        encoded once per batch by ``embed`` (the backend's own ``embed_multimodal``) on the batch as the engine
+        gave it, so they are exactly what the stock backend returns."""
+        root = mm_kwargs.root if isinstance(mm_kwargs, Pack) else mm_kwargs
+        if self._stock is None or self._stock[0] is not root:
+            self._stock = (root, list(embed(**root)))
+        return self._stock[1]
 
     @property
     def adapter(self) -> SpecAdapter:
@@ -198,10 +324,20 @@ class Bridge:
                                        f"the pack's items have {combined.shape[0]}")
             if self.layout is None:  # learn how the tower's output is laid out from one real call
                 output = original(*args, **kwargs)
+                self.reruns += 1
                 try:
                     self.layout = _Layout.learn(self.spec, output, rows)
                 except VitcgError as exc:
                     raise BoundaryMismatch(str(exc)) from exc
+                if self.layout is None and rows > 1:
+                    raise BoundaryMismatch(f"the graph rows cannot be shaped as the output of "
+                                           f"{type(self.encoder).__name__} (the spec's encoder.outputs "
+                                           f"{list(self.spec.encoder.outputs)}), so every pack would run the tower "
+                                           "again after its replay")
+                if self.reruns == 2:
+                    logger.warning("vitcg: spec %s: a pack ran %s again after its replay (its output layout is "
+                                   "still unknown); counted in the bridge's reruns", self.spec.name,
+                                   type(self.encoder).__name__)
                 return output
             return self.layout.build(combined, parts)
 
@@ -216,27 +352,38 @@ class Bridge:
                  per_item_out_tokens: Sequence[int]) -> list[torch.Tensor]:
         """Each item of a pack (``indices`` order) as ``embed(**batch)`` gives it (the backend's
         ``embed_multimodal`` on the pack's kwargs), with the tower's call answered from the pack's rows in
-        ``outputs`` (a graph's output or the eager forward's). When the feature call does something the spec
-        does not describe, the rest of this model's life runs ``embed`` as it is (one warning says why), which
-        either serves the batch or raises what the stock backend raises. Raises InputError when ``embed`` gives
-        another number of items."""
-        features = None
-        if self.broken is None:
-            rows: dict[int, torch.Tensor] = {}
-            self.adapter.postprocess_encoder_output(outputs, indices, per_item_out_tokens, rows)
-            try:
-                with self.answering(self.modality_of(batch), [rows[i] for i in indices]):
-                    features = embed(**batch)
-            except (BoundaryMismatch, TypeError, IndexError, ValueError, RuntimeError) as exc:
-                # an answer the feature call did not take as the tower's output: the stock path decides
-                self.broken = str(exc) if isinstance(exc, BoundaryMismatch) else f"{type(exc).__name__}: {exc}"
-                logger.warning("vitcg: spec %s does not describe the feature call of %s (%s); its encoder CUDA "
-                               "graphs are off from now on", self.spec.name, type(self.encoder).__name__, self.broken)
-        if features is None:
+        ``outputs`` (a graph's output or the eager forward's). Raises BoundaryMismatch when the feature call
+        does something the spec does not describe, InputError when ``embed`` gives another number of items."""
+        rows: dict[int, torch.Tensor] = {}
+        self.adapter.postprocess_encoder_output(outputs, indices, per_item_out_tokens, rows)
+        with self.answering(self.modality_of(batch), [rows[i] for i in indices]):
             features = embed(**batch)
         if len(features) != len(indices):
             raise InputError(f"embed_multimodal: expected {len(indices)} items, got {len(features)}")
         return list(features)
+
+
+def _guarded(off: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A protocol member that never raises into vLLM: while the graphs serve the model it runs the member, and
+    any exception from it turns them off (:meth:`Bridge.turn_off`); once they are off, ``off`` (same arguments)
+    answers instead, with what keeps vLLM's manager consistent while the stock path encodes the batch."""
+    def wrap(member: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(member)
+        def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+            bridge = self._vitcg
+            if bridge.off is None:
+                try:
+                    return member(self, *args, **kwargs)
+                except Exception as exc:  # noqa: BLE001  (any failure of vitcg's path: the stock path answers)
+                    bridge.turn_off(f"{member.__name__} failed: {type(exc).__name__}: {exc}")
+            return off(self, *args, **kwargs)
+        return guarded
+    return wrap
+
+
+def _first_tensor(values: Any) -> torch.Tensor | None:
+    tensors = [v for v in (values.values() if isinstance(values, Mapping) else ()) if isinstance(v, torch.Tensor)]
+    return tensors[0] if tensors else None
 
 
 class EncoderGraphs:
@@ -244,7 +391,15 @@ class EncoderGraphs:
     Not a base class: :mod:`vitcg.vllm_plugin.backend` copies these members into a direct subclass of each
     backend class (:attr:`_stock`), so that a declined instance can become the stock class (same layout). Of
     the stock class it uses ``__init__(vllm_config=, prefix=)``, ``self.model`` (the Hugging Face model) and
-    ``embed_multimodal``."""
+    ``embed_multimodal``.
+
+    Fail-safe: no member raises into vLLM (:func:`_guarded`). Whatever fails on vitcg's path (the spec, a batch
+    it cannot read, capture, replay, the feature call) turns the graphs off for the model with one warning: the
+    config's modalities (:attr:`Bridge.served`) are emptied, so vLLM's runner sends every later batch to the
+    stock ``embed_multimodal``; the members then answer the batch in flight from the stock path (each item as
+    the stock backend encodes the whole batch) and capture placeholders that compute nothing. One limit: a
+    failure inside a CUDA stream capture, after the same call succeeded in the warm-up just before it, can leave
+    the stream unusable, which no guest can undo."""
 
     supports_encoder_cudagraph: ClassVar[Literal[True]] = True
     _stock: ClassVar[type]
@@ -262,13 +417,22 @@ class EncoderGraphs:
         except Declined as exc:
             self._decline(f"{name} runs without encoder CUDA graphs: {exc}")
             return
+        except Exception as exc:  # noqa: BLE001  (a failure of vitcg's own: the model loads as stock)
+            self._decline(f"{name} runs without encoder CUDA graphs: vitcg failed while choosing its spec: "
+                          f"{type(exc).__name__}: {exc}", logging.WARNING)
+            return
         self._vitcg = bridge
         logger.info("vitcg: %s gets encoder CUDA graphs from spec %s (%s)", name, spec.name,
                     type(bridge.encoder).__name__)
 
-    def _decline(self, why: str) -> None:
-        """From here on exactly the stock backend: vLLM's ``isinstance`` check finds no protocol."""
-        logger.info("vitcg: %s", why)
+    def _decline(self, why: str, level: int = logging.INFO) -> None:
+        """From here on exactly the stock backend: vLLM's ``isinstance`` check finds no protocol. Once a manager
+        holds the model's config the class stays, and the graphs are turned off instead."""
+        bridge = self.__dict__.get("_vitcg")
+        if bridge is not None and bridge.config_given:
+            bridge.turn_off(why)
+            return
+        logger.log(level, "vitcg: %s", why)
         self.__dict__.pop("_vitcg", None)
         self.__class__ = self._stock
 
@@ -280,40 +444,97 @@ class EncoderGraphs:
             bridge.probed = True
             try:
                 bridge.adapter.get_encoder_cudagraph_item_specs(bridge.graph_inputs(kwargs))
-            except (InputError, ValueError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001  (whatever it is, the spec cannot serve these batches)
                 self._decline(f"spec {bridge.spec.name} cannot read the backend's batches "
                               f"({', '.join(f'{k} {describe(v)}' for k, v in kwargs.items())}): {exc}; "
                               "the model runs without encoder CUDA graphs")
         return stock.embed_multimodal(self, **kwargs)
 
+    def _stock_items(self, mm_kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+        """The stock path's answer for the items of ``mm_kwargs`` (a batch or a :class:`Pack`), in its order."""
+        answer = self._vitcg.stock_answer(mm_kwargs, functools.partial(self._stock.embed_multimodal, self))
+        return [answer[i] for i in mm_kwargs.indices] if isinstance(mm_kwargs, Pack) else answer
+
+    # off-mode answers (the graphs are off; the stock path encodes the batch in flight)
+
+    def _off_config(self) -> Any:
+        self._vitcg.config_given = True
+        return EncoderCudaGraphConfig(modalities=self._vitcg.served, buffer_keys=[OFF_BUFFER], out_hidden_size=1)
+
+    def _off_items(self, mm_kwargs: Mapping[str, Any]) -> list[Any]:
+        # each item's real row count, so that anything vLLM sizes by it (data-parallel gathers) stays true
+        return [EncoderItemSpec(input_size=max(1, len(item)), output_tokens=max(1, len(item)))
+                for item in self._stock_items(mm_kwargs)]
+
+    def _off_select(self, mm_kwargs: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:
+        pack = Pack.of(mm_kwargs, {}, list(indices))
+        axes = self._vitcg.capture_axes
+        if axes:
+            pack[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] = tuple(axis[0] for axis in axes)
+        return pack
+
+    def _off_capture(self, token_budget: int, max_batch_size: int, max_frames_per_batch: int,
+                     device: torch.device, *rest: Any, **kwargs: Any) -> Any:
+        return EncoderCudaGraphCaptureInputs(values={OFF_BUFFER: torch.zeros(1, device=device)})
+
+    def _off_forward(self, inputs: Mapping[str, Any], *rest: Any, **kwargs: Any) -> torch.Tensor:
+        tensor = _first_tensor(inputs)
+        return torch.zeros(1, device=tensor.device if tensor is not None else None)
+
+    def _off_postprocess(self, outputs: Any, indices: Sequence[int], per_item_out_tokens: Any, dest: Any,
+                         clone: bool = False, batch_mm_kwargs: Mapping[str, Any] | None = None) -> None:
+        if batch_mm_kwargs is None:
+            raise InputError("postprocess_encoder_output: expected the pack's batch_mm_kwargs, got None")
+        for index, feature in zip(indices, self._stock_items(batch_mm_kwargs)):
+            dest[index] = feature
+
     # the protocol: everything but postprocess is the spec adapter's, on the spec's keys of the backend's batch
 
+    @_guarded(_off_config)
     def get_encoder_cudagraph_config(self) -> Any:
-        return self._vitcg.adapter.get_encoder_cudagraph_config()
+        bridge = self._vitcg
+        bridge.config_given = True
+        config = bridge.adapter.get_encoder_cudagraph_config()
+        bridge.capture_axes = tuple(tuple(axis) for axis in config.capture_axes)
+        bridge.served[:] = config.modalities
+        return dataclasses.replace(config, modalities=bridge.served)
 
+    @_guarded(lambda self, mm_kwargs: "video" if BACKEND_PIXELS["video"] in mm_kwargs else "image")
     def get_input_modality(self, mm_kwargs: Mapping[str, Any]) -> str:
         return self._vitcg.modality_of(mm_kwargs)
 
+    @_guarded(lambda self: 1)
     def get_max_frames_per_video(self) -> int:
         return self._vitcg.adapter.get_max_frames_per_video()
 
+    @_guarded(lambda self, vllm_config: (1, 1))
     def get_encoder_cudagraph_budget_range(self, vllm_config: Any) -> tuple[int, int]:
         return self._vitcg.adapter.get_encoder_cudagraph_budget_range(vllm_config)
 
+    @_guarded(_off_items)
     def get_encoder_cudagraph_item_specs(self, mm_kwargs: Mapping[str, Any]) -> list[Any]:
-        return self._vitcg.adapter.get_encoder_cudagraph_item_specs(self._vitcg.graph_inputs(mm_kwargs))
-
-    def select_encoder_cudagraph_items(self, mm_kwargs: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:
-        """The backend's kwargs of those items (what ``embed_multimodal`` needs in ``postprocess``), plus the
-        capture axis keys the adapter resolves."""
+        """The spec's items of the batch, after the backend's counts are checked against its pixel rows."""
         bridge = self._vitcg
         inputs = bridge.graph_inputs(mm_kwargs)
-        selected = select_backend_items(mm_kwargs, bridge.adapter.get_input_modality(inputs), indices)
+        modality = bridge.adapter.get_input_modality(inputs)
+        if modality in BACKEND_ROW_KEYS and BACKEND_ROW_KEYS[modality] in mm_kwargs:
+            backend_counts(mm_kwargs, modality)  # the counts describe the rows, or InputError
+        return bridge.adapter.get_encoder_cudagraph_item_specs(inputs)
+
+    @_guarded(_off_select)
+    def select_encoder_cudagraph_items(self, mm_kwargs: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:
+        """The backend's kwargs of those items (what ``embed_multimodal`` needs in ``postprocess``), plus the
+        capture axis keys the adapter resolves, as a :class:`Pack`."""
+        bridge = self._vitcg
+        inputs = bridge.graph_inputs(mm_kwargs)
+        selected = Pack.of(mm_kwargs, select_backend_items(mm_kwargs, bridge.adapter.get_input_modality(inputs),
+                                                           indices), indices)
         graph = bridge.adapter.select_encoder_cudagraph_items(inputs, indices)
         if ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG in graph:
             selected[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] = tuple(graph[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG])
         return selected
 
+    @_guarded(_off_capture)
     def prepare_encoder_cudagraph_capture_inputs(self, token_budget: int, max_batch_size: int,
                                                  max_frames_per_batch: int, device: torch.device,
                                                  dtype: torch.dtype, path: str = DEFAULT_PATH,
@@ -321,17 +542,21 @@ class EncoderGraphs:
         return self._vitcg.adapter.prepare_encoder_cudagraph_capture_inputs(
             token_budget, max_batch_size, max_frames_per_batch, device, dtype, path, axis_keys)
 
+    @_guarded(lambda self, *args, **kwargs: EncoderCudaGraphReplayBuffers(values={}))
     def prepare_encoder_cudagraph_replay_buffers(self, mm_kwargs: Mapping[str, Any], max_batch_size: int,
                                                  max_frames_per_batch: int, path: str = DEFAULT_PATH) -> Any:
         return self._vitcg.adapter.prepare_encoder_cudagraph_replay_buffers(
             self._vitcg.graph_inputs(mm_kwargs), max_batch_size, max_frames_per_batch, path)
 
+    @_guarded(_off_forward)
     def encoder_cudagraph_forward(self, inputs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:
         return self._vitcg.adapter.encoder_cudagraph_forward(inputs, path)
 
+    @_guarded(lambda self, *args, **kwargs: torch.zeros(0))
     def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:
         return self._vitcg.adapter.encoder_eager_forward(self._vitcg.graph_inputs(mm_kwargs), path)
 
+    @_guarded(_off_postprocess)
     def postprocess_encoder_output(self, outputs: Mapping[str, torch.Tensor], indices: Sequence[int],
                                    per_item_out_tokens: Sequence[int], dest: Any, clone: bool = False,
                                    batch_mm_kwargs: Mapping[str, Any] | None = None) -> None:
