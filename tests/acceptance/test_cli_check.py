@@ -145,6 +145,21 @@ def test_a_broken_spec_in_the_folder_blocks_nothing(tmp_path: Path):
     assert run.stdout.splitlines()[-1] == "2 specs checked: 1 passed (1 proven), 1 failed (broken)"
 
 
+def test_a_broken_file_in_the_environment_folder_blocks_nothing(tmp_path: Path, monkeypatch):
+    """DESIGN.md section 10: a clip.yaml in $VITCG_SPECS_DIR that does not parse leaves `vitcg check qwen2_vl`
+    as it was; `vitcg check clip` reports the broken file (the user's, not the packaged clip)."""
+    broken = tmp_path / "clip.yaml"
+    broken.write_text((REPO / "tests" / "specs" / "invalid" / "duplicate_key.yaml").read_text())
+    monkeypatch.setenv("VITCG_SPECS_DIR", str(tmp_path))
+    run = vitcg_inprocess("check", "qwen2_vl")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed (1 proven)"
+    run = vitcg_inprocess("check", "clip", "--json")
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    (report,) = json.loads(run.stdout)["specs"]
+    assert not report["ok"] and str(broken) in report["error"] and "duplicate key" in report["error"]
+
+
 @pytest.mark.parametrize("how", ["file", "name"])
 def test_check_of_a_broken_file_is_its_row(tmp_path: Path, how: str):
     folder = _specs_folder(tmp_path)
