@@ -37,7 +37,7 @@ def test_check_all_prints_one_line_per_spec_and_a_summary(tmp_path: Path, monkey
     folder = tmp_path / "specs"
     for name in ("qwen2_vl", "internvl"):
         copy_spec(name, folder)
-    monkeypatch.setattr(vitcg.lang, "spec_folders", lambda extra=(): [folder, *map(Path, extra)])
+    monkeypatch.setattr(vitcg.lang, "spec_folders", lambda extra=(), skip_missing=False: [folder, *map(Path, extra)])
     run = vitcg_inprocess("check", "--all")
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
