@@ -173,8 +173,8 @@ def load_registry(paths: Sequence[str | Path] | None = None, *, skip_invalid: bo
 
     ``skip_invalid=True`` is the host's registry (the vLLM plugin, :func:`vitcg.accelerate`), where a broken
     file makes only its own spec unusable (DESIGN.md section 10): each file that does not validate is logged
-    once at WARNING with its first diagnostic and kept in :attr:`Registry.invalid`, so asking for it by name
-    raises SpecError with its diagnostics; its name is the file's stem and replaces an earlier folder's spec of
+    at WARNING with its first diagnostic (once per process) and kept in :attr:`Registry.invalid`, so asking
+    for it by name raises SpecError with its diagnostics; its name is the file's stem and replaces an earlier folder's spec of
     that name as a valid file would, though :meth:`Registry.find` still answers with that earlier spec (it
     cannot know the broken file's model types) and the warning says so. With the default ``paths``, an entry
     of ``$VITCG_SPECS_DIR`` that is not a folder is skipped with a warning (:func:`spec_folders`'
@@ -200,9 +200,17 @@ def load_registry(paths: Sequence[str | Path] | None = None, *, skip_invalid: bo
     return Registry(specs, source, invalid, fallbacks.values())
 
 
+_WARNED: set[tuple[str, str]] = set()
+"""(file, first diagnostic) of the broken files already logged: a host loads its registry for each model it
+builds, and the same broken file is one warning per process (until its error changes)."""
+
+
 def _unusable(entry: InvalidSpec, fallback: Spec | None) -> None:
     """The one warning for a file that does not validate in a host's registry."""
     first, more = entry.diagnostics[0].format(), len(entry.diagnostics) - 1
+    if (entry.file, first) in _WARNED:
+        return
+    _WARNED.add((entry.file, first))
     log.warning("spec %r is unusable: %s does not validate%s: %s%s", entry.name, entry.file,
                 f" (lookups by model type use {fallback.file} instead)" if fallback is not None else "", first,
                 f"\n(and {more} more; vitcg validate {entry.file} lists them)" if more else "")
