@@ -37,7 +37,7 @@ def test_check_all_prints_one_line_per_spec_and_a_summary(tmp_path: Path, monkey
     folder = tmp_path / "specs"
     for name in ("qwen2_vl", "internvl"):
         copy_spec(name, folder)
-    monkeypatch.setattr(vitcg.lang, "spec_folders", lambda extra=(): [folder, *map(Path, extra)])
+    monkeypatch.setattr(vitcg.lang, "spec_folders", lambda extra=(), skip_missing=False: [folder, *map(Path, extra)])
     run = vitcg_inprocess("check", "--all")
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
@@ -143,6 +143,21 @@ def test_a_broken_spec_in_the_folder_blocks_nothing(tmp_path: Path):
     # its line (cut to 120 characters: the reason is in full below it, as asserted above)
     assert run.stdout.splitlines()[0].startswith(f"broken    FAILED: before any case: {str(folder)[:40]}")
     assert run.stdout.splitlines()[-1] == "2 specs checked: 1 passed (1 proven), 1 failed (broken)"
+
+
+def test_a_broken_file_in_the_environment_folder_blocks_nothing(tmp_path: Path, monkeypatch):
+    """DESIGN.md section 10: a clip.yaml in $VITCG_SPECS_DIR that does not parse leaves `vitcg check qwen2_vl`
+    as it was; `vitcg check clip` reports the broken file (the user's, not the packaged clip)."""
+    broken = tmp_path / "clip.yaml"
+    broken.write_text((REPO / "tests" / "specs" / "invalid" / "duplicate_key.yaml").read_text())
+    monkeypatch.setenv("VITCG_SPECS_DIR", str(tmp_path))
+    run = vitcg_inprocess("check", "qwen2_vl")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines()[-1] == "1 spec checked: 1 passed (1 proven)"
+    run = vitcg_inprocess("check", "clip", "--json")
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    (report,) = json.loads(run.stdout)["specs"]
+    assert not report["ok"] and str(broken) in report["error"] and "duplicate key" in report["error"]
 
 
 @pytest.mark.parametrize("how", ["file", "name"])

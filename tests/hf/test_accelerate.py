@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import vitcg
-from vitcg.errors import UsageError
+from vitcg.errors import SpecError, UsageError
 from vitcg.tools.workloads import relative_error
 
 transformers = pytest.importorskip("transformers")
@@ -135,6 +135,25 @@ def test_a_dtype_change_captures_again(model):
         assert handle.stats.recaptures == 1 and handle.manager.dtype == torch.float64
         for g, w in zip(got, want, strict=True):
             assert relative_error(g.float(), w) <= 1e-5
+
+
+def test_a_broken_user_spec_blocks_only_itself(model, tmp_path, monkeypatch):
+    """A clip.yaml in $VITCG_SPECS_DIR that does not parse (DESIGN.md section 10): Qwen2-VL is accelerated by name
+    and by its model type; only asking for clip reports the broken file, at its line."""
+    broken = tmp_path / "clip.yaml"
+    broken.write_text("name: clip\nmodel_types: [\n")
+    monkeypatch.setenv("VITCG_SPECS_DIR", str(tmp_path))
+    inputs = images((56, 84))
+    want = features(model, inputs)
+    for spec in ("qwen2_vl", None):
+        with vitcg.accelerate(model, spec=spec, max_num_batched_tokens=1024) as handle:
+            assert handle.spec.name == "qwen2_vl"
+            features(model, inputs)  # learns the layout
+            (got,) = features(model, inputs)
+            assert handle.stats.routed == 1 and relative_error(got, want[0]) <= 1e-5
+    with pytest.raises(SpecError, match=rf"{broken}:\d+:\d+: "):
+        vitcg.accelerate(model, spec="clip")
+    assert not hasattr(model, "_vitcg")
 
 
 def test_unknown_model_lists_supported_types():

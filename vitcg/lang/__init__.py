@@ -4,7 +4,9 @@ Pipeline per file: :mod:`.loader` (YAML with positions) -> :mod:`.resolve` (the 
 ``NAME.tests.yaml`` harness, the language's defaults) -> :mod:`.checks` (schema, formulas, semantics, bindings)
 -> :class:`.model.Spec`. Within one folder, names must be unique; across folders, a later folder's
 spec replaces an earlier one of the same name (:mod:`.folders` has the order: the packaged specs, then
-``$VITCG_SPECS_DIR``, then the caller's folders). The registry is sorted by name.
+``$VITCG_SPECS_DIR``, then the caller's folders). The registry is sorted by name. A host's registry
+(``load_registry(skip_invalid=True)``) keeps each file that does not validate as an :class:`InvalidSpec`
+beside the valid specs, so that it blocks only its own spec (DESIGN.md section 10).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .checks import check, schema
 from .folders import folder_label, packaged_specs_dir, spec_folders
 from .loader import LoadedYaml
 from .model import Spec
-from .registry import Registry
+from .registry import InvalidSpec, Registry
 from .resolve import Resolver, folder_finder, is_harness_file
 
 __all__ = ["Bindings", "InvalidSpec", "LoadResult", "Registry", "Spec", "discover", "load_layers", "load_registry",
@@ -34,13 +36,14 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 
 def discover(paths: Iterable[str | Path]) -> list[Path]:
     """Spec files named by ``paths`` (files, or folders searched recursively, where ``NAME.tests.yaml`` harness
-    files are not specs of their own), sorted, without repeats."""
+    files are not specs of their own), sorted, without repeats. A link named like a spec file whose target is
+    gone is found too: loading it reports the file it cannot read."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*")
-                                if p.suffix in SPEC_SUFFIXES and p.is_file() and not is_harness_file(p)))
+            found.extend(sorted(p for p in path.rglob("*") if p.suffix in SPEC_SUFFIXES and not is_harness_file(p)
+                                and (p.is_file() or p.is_symlink() and not p.exists())))
         elif path.is_file():
             found.append(path)
         else:
@@ -72,8 +75,9 @@ class LoadResult:
 
 def resolver(folders: Sequence[str | Path] | None = None) -> Resolver:
     """A :class:`Resolver` whose parents are found beside the spec, then in ``folders`` (default
-    :func:`spec_folders`), and must pass the checks that need no transformers."""
-    folders = spec_folders() if folders is None else folders
+    :func:`spec_folders`, where an entry of ``$VITCG_SPECS_DIR`` that is not a folder holds no parent: the
+    callers that list the folders report it), and must pass the checks that need no transformers."""
+    folders = spec_folders(skip_missing=True) if folders is None else folders
     return Resolver(folder_finder([Path(f) for f in folders]), _parent_problems)
 
 
@@ -160,38 +164,56 @@ def load_layers(folders: Sequence[str | Path], *, bindings: Bindings | None | bo
     return result
 
 
-def load_registry(paths: Sequence[str | Path] | None = None, **kwargs) -> Registry:
+def load_registry(paths: Sequence[str | Path] | None = None, *, skip_invalid: bool = False,
+                  bindings: Bindings | None | bool = True, use_cache: bool = True) -> Registry:
     """The specs of ``paths`` as a :class:`Registry`, each path a layer of :func:`load_layers` (later ones
     replace earlier specs by name). The default is :func:`spec_folders`: the packaged specs, then
-    ``$VITCG_SPECS_DIR``. ``kwargs`` go to :func:`load_layers`. Raises SpecError if any file is invalid,
-    UsageError for bad paths or when no spec is found."""
-    paths = spec_folders() if paths is None else list(paths)
-    result = load_layers(paths, **kwargs)
-    if not result.ok:
-        raise SpecError(result.diagnostics)
-    if not result.specs:
+    ``$VITCG_SPECS_DIR``. ``bindings`` and ``use_cache`` go to :func:`load_layers`. Raises SpecError if any file
+    is invalid, UsageError for bad paths or when no spec is found.
+
+    ``skip_invalid=True`` is the host's registry (the vLLM plugin, :func:`vitcg.accelerate`), where a broken
+    file makes only its own spec unusable (DESIGN.md section 10): each file that does not validate is logged
+    at WARNING with its first diagnostic (once per process) and kept in :attr:`Registry.invalid`, so asking
+    for it by name raises SpecError with its diagnostics; its name is the file's stem and replaces an earlier folder's spec of
+    that name as a valid file would, though :meth:`Registry.find` still answers with that earlier spec (it
+    cannot know the broken file's model types) and the warning says so. With the default ``paths``, an entry
+    of ``$VITCG_SPECS_DIR`` that is not a folder is skipped with a warning (:func:`spec_folders`'
+    ``skip_missing``). Then only a bad path the caller names, or no valid spec at all, raises (UsageError)."""
+    paths = spec_folders(skip_missing=skip_invalid) if paths is None else list(paths)
+    source = ", ".join(map(folder_label, paths))
+    invalid: list[InvalidSpec] = []
+    fallbacks: dict[str, Spec] = {}
+    if skip_invalid:
+        by_name, fallbacks = _layered_entries(paths, _bindings(bindings, use_cache))
+        entries = [entry for name in sorted(by_name) for entry in by_name[name]]
+        specs = [entry for entry in entries if isinstance(entry, Spec)]
+        invalid = [entry for entry in entries if isinstance(entry, InvalidSpec)]
+        for entry in invalid:
+            _unusable(entry, fallbacks.get(entry.name))
+    else:
+        result = load_layers(paths, bindings=bindings, use_cache=use_cache)
+        if not result.ok:
+            raise SpecError(result.diagnostics)
+        specs = result.specs
+    if not specs:
         raise UsageError(f"no spec files under {', '.join(map(str, paths))}")
-    return Registry(result.specs, ", ".join(map(folder_label, paths)))
+    return Registry(specs, source, invalid, fallbacks.values())
 
 
-@dataclass(frozen=True)
-class InvalidSpec:
-    """A spec file that does not validate, selected by name or path: a command that works file by file
-    reports it as a failure of its own instead of stopping the others."""
+_WARNED: set[tuple[str, str]] = set()
+"""(file, first diagnostic) of the broken files already logged: a host loads its registry for each model it
+builds, and the same broken file is one warning per process (until its error changes)."""
 
-    file: str
-    diagnostics: tuple[Diagnostic, ...]
 
-    @property
-    def name(self) -> str:
-        """The file's stem: a file that does not validate may not have a usable ``name``."""
-        return Path(self.file).stem
-
-    def reason(self) -> str:
-        """The diagnostics, one block each, after one line saying the file does not validate."""
-        count = len(self.diagnostics)
-        return (f"{self.file} does not validate ({count} error{'s' if count != 1 else ''}; "
-                f"vitcg validate {self.file} lists them):\n" + "\n".join(d.format() for d in self.diagnostics))
+def _unusable(entry: InvalidSpec, fallback: Spec | None) -> None:
+    """The one warning for a file that does not validate in a host's registry."""
+    first, more = entry.diagnostics[0].format(), len(entry.diagnostics) - 1
+    if (entry.file, first) in _WARNED:
+        return
+    _WARNED.add((entry.file, first))
+    log.warning("spec %r is unusable: %s does not validate%s: %s%s", entry.name, entry.file,
+                f" (lookups by model type use {fallback.file} instead)" if fallback is not None else "", first,
+                f"\n(and {more} more; vitcg validate {entry.file} lists them)" if more else "")
 
 
 def _split(result: LoadResult) -> list[Spec | InvalidSpec]:
@@ -200,20 +222,27 @@ def _split(result: LoadResult) -> list[Spec | InvalidSpec]:
     return sorted([*result.specs, *invalid], key=lambda entry: entry.name)
 
 
-def _layered_entries(folders: Sequence[str | Path]) -> dict[str, list[Spec | InvalidSpec]]:
+def _layered_entries(folders: Sequence[str | Path], bindings: Bindings | None | bool = True
+                     ) -> tuple[dict[str, list[Spec | InvalidSpec]], dict[str, Spec]]:
     """The specs and invalid files of ``folders`` by name (an invalid file's name is its stem), a later folder's
-    replacing an earlier one's as in :func:`load_layers`."""
-    bindings = Bindings()
+    replacing an earlier one's as in :func:`load_layers`; and, by name, each valid spec that a later folder's
+    invalid files replaced (the latest one, while no valid spec of that name comes after them)."""
+    bindings = _bindings(bindings, use_cache=True)
     by_name: dict[str, list[Spec | InvalidSpec]] = {}
+    replaced: dict[str, Spec] = {}
     for folder in folders:
         layer: dict[str, list[Spec | InvalidSpec]] = {}
         for entry in _split(load_specs([folder], bindings=bindings)):
             layer.setdefault(entry.name, []).append(entry)
         for name, entries in layer.items():
+            if any(isinstance(entry, Spec) for entry in entries):
+                replaced.pop(name, None)
+            elif name in by_name:
+                replaced.update((name, e) for e in by_name[name] if isinstance(e, Spec))
             if name in by_name:
                 _replaced(name, entries[0].file, by_name[name][0].file)
         by_name.update(layer)
-    return by_name
+    return by_name, replaced
 
 
 def _replaced(name: str, new: str, old: str) -> None:
@@ -236,7 +265,7 @@ def select_specs(names: Sequence[str] | None, all_specs: bool = False,
     folders = spec_folders() if folders is None else list(folders)
     where = ", ".join(map(folder_label, folders))
     if all_specs:
-        entries = _layered_entries(folders)
+        entries, _ = _layered_entries(folders)
         if not entries:
             raise UsageError(f"no spec files (*.yaml) under {where}")
         return [entry for name in sorted(entries) for entry in entries[name]]
@@ -247,7 +276,7 @@ def select_specs(names: Sequence[str] | None, all_specs: bool = False,
             entries = _split(load_specs([Path(name)]))
         else:
             if by_name is None:
-                by_name = _layered_entries(folders)
+                by_name, _ = _layered_entries(folders)
             if name not in by_name:
                 hint = suggest(name, by_name)
                 raise UsageError(f"no spec named {name!r} in {where}" + (f"; {hint}" if hint else ""))

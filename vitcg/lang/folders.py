@@ -11,11 +11,16 @@ inside one folder stay an error naming both files.
 from __future__ import annotations
 
 import importlib.resources
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import UsageError
+
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()
+"""Entries of ``$VITCG_SPECS_DIR`` already logged as skipped."""
 
 ENV_VAR = "VITCG_SPECS_DIR"
 """Environment variable naming user spec folders, ``os.pathsep``-separated; they come after the packaged specs."""
@@ -38,24 +43,32 @@ def packaged_specs_dir() -> Path:
     return packaged_folder("specs")
 
 
-def environment_folders() -> list[Path]:
+def environment_folders(*, skip_missing: bool = False) -> list[Path]:
     """The entries of ``$VITCG_SPECS_DIR`` in order, empty entries skipped. Raises UsageError for an entry that is
-    not a folder: a typo there would otherwise silently drop the user's specs."""
+    not a folder: a typo there would otherwise silently drop the user's specs. With ``skip_missing`` (a host
+    loading specs, where the user's folder must not stop the model), such an entry is skipped instead, logged at
+    WARNING once per process (a host loads specs for each model it builds)."""
     folders = []
     for entry in os.environ.get(ENV_VAR, "").split(os.pathsep):
         if not entry:
             continue
         if not Path(entry).is_dir():
-            raise UsageError(f"${ENV_VAR} names {entry!r}, which is not a folder")
+            message = f"${ENV_VAR} names {entry!r}, which is not a folder"
+            if not skip_missing:
+                raise UsageError(message)
+            if entry not in _WARNED:
+                _WARNED.add(entry)
+                log.warning("%s: its specs are skipped", message)
+            continue
         folders.append(Path(entry))
     return folders
 
 
-def spec_folders(extra: Iterable[str | Path] = ()) -> list[Path]:
-    """The registry's folders in override order: :func:`packaged_specs_dir`, then :func:`environment_folders`,
-    then ``extra`` (the caller's folders). A folder named twice keeps its later place, where it wins.
-    Raises UsageError as those two functions do."""
-    folders = [packaged_specs_dir(), *environment_folders(), *map(Path, extra)]
+def spec_folders(extra: Iterable[str | Path] = (), *, skip_missing: bool = False) -> list[Path]:
+    """The registry's folders in override order: :func:`packaged_specs_dir`, then :func:`environment_folders`
+    (``skip_missing`` goes to it), then ``extra`` (the caller's folders). A folder named twice keeps its later
+    place, where it wins. Raises UsageError as those two functions do."""
+    folders = [packaged_specs_dir(), *environment_folders(skip_missing=skip_missing), *map(Path, extra)]
     keys = [_key(f) for f in folders]
     return [f for i, f in enumerate(folders) if _key(f) not in keys[i + 1:]]
 

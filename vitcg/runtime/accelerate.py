@@ -59,11 +59,14 @@ SpecFolders = str | Path | Sequence[str | Path]
 def registry_for(specs: Registry | SpecFolders | None = None) -> Registry:
     """``specs`` if it is a Registry; else the packaged specs, then ``$VITCG_SPECS_DIR``, then the folder or folders
     ``specs`` names, a later folder's spec replacing an earlier one of the same name
-    (:mod:`vitcg.lang.folders`). Raises SpecError for an invalid spec file, UsageError for a missing folder."""
+    (:mod:`vitcg.lang.folders`). This is the host's registry (``load_registry(skip_invalid=True)``): a spec file
+    that does not validate, or a ``$VITCG_SPECS_DIR`` entry that is not a folder, is logged at WARNING and makes
+    only its own spec unusable (asking the registry for that name raises SpecError). Raises UsageError for a
+    folder of ``specs`` that does not exist."""
     if isinstance(specs, Registry):
         return specs
     extra = [] if specs is None else [specs] if isinstance(specs, (str, Path)) else list(specs)
-    return load_registry(spec_folders(extra), bindings=False)
+    return load_registry(spec_folders(extra, skip_missing=True), skip_invalid=True, bindings=False)
 
 
 @dataclass
@@ -253,8 +256,9 @@ def _spec_for(model: nn.Module, spec: Spec | str | None, specs: Registry | SpecF
     found = registry.find(model_type, [type(model).__name__, *(getattr(config, "architectures", None) or ())])
     if found is None:
         known = sorted({t for s in registry for t in s.model_types})
+        broken = "".join(f"; {entry.file} does not validate (spec={entry.name!r} says why)" for entry in registry.invalid)
         raise UsageError(f"no spec for {type(model).__name__} (model_type {model_type!r}); supported model types: "
-                         f"{', '.join(known)}")
+                         f"{', '.join(known)}{broken}")
     return found
 
 
@@ -576,8 +580,11 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Regis
 
     Build it after moving the model to its device and dtype; if the encoder moves later, the next call
     captures again. Calling it again on the same model restores the first routing and starts over.
+    A spec file that does not validate makes only its own spec unusable (logged once at WARNING): every
+    other spec, and the lookup by model type, work as without it.
     Raises UsageError when no spec matches (listing the supported model types) or the spec's encoder is
-    not where the spec says."""
+    not where the spec says; SpecError, with its diagnostics, when ``spec`` names a spec whose file does not
+    validate."""
     previous = getattr(model, "_vitcg", None)
     if isinstance(previous, Accelerated):
         previous.restore()
