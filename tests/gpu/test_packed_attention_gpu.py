@@ -37,10 +37,10 @@ def error(got, want):
 @needs_cuda
 def test_sm90_selects_the_triton_kernel():
     query = torch.zeros(1, 2, 8, 80, device="cuda", dtype=torch.bfloat16)
-    assert not attention._use_triton(query[..., :16], same_boundaries=True)  # tiny heads keep FlashAttention-2
+    assert attention._triton_config(query[..., :16], same_boundaries=True) is None  # tiny heads: FlashAttention-2
     hopper = torch.cuda.get_device_capability()[0] == 9
-    assert attention._use_triton(query, same_boundaries=True) == hopper
-    assert not attention._use_triton(query, same_boundaries=False)
+    assert (attention._triton_config(query, same_boundaries=True) is not None) == hopper
+    assert attention._triton_config(query, same_boundaries=False) is None
 
 
 @needs_cuda
