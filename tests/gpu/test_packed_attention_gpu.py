@@ -37,10 +37,10 @@ def error(got, want):
 @needs_cuda
 def test_sm90_selects_the_triton_kernel():
     query = torch.zeros(1, 2, 8, 80, device="cuda", dtype=torch.bfloat16)
-    assert not attention._use_triton(query[..., :16], same_boundaries=True)  # tiny heads keep FlashAttention-2
+    assert attention._triton_config(query[..., :16], same_boundaries=True) is None  # tiny heads: FlashAttention-2
     hopper = torch.cuda.get_device_capability()[0] == 9
-    assert attention._use_triton(query, same_boundaries=True) == hopper
-    assert not attention._use_triton(query, same_boundaries=False)
+    assert (attention._triton_config(query, same_boundaries=True) is not None) == hopper
+    assert attention._triton_config(query, same_boundaries=False) is None
 
 
 @needs_cuda
@@ -69,3 +69,58 @@ def test_packed_attention_equals_reference_and_follows_new_boundaries_in_a_graph
     q.copy_(torch.randn_like(q))
     graph.replay()
     assert error(out, reference(q, k, v, cu, scale)) <= 1e-2
+
+
+def real_head_dims() -> list[int]:
+    """Every head dim of every packaged spec's encoder at real size: each encoder built from its ``real_config`` on
+    the meta device (no memory), reading its modules' ``head_dim`` (pix2struct names none: its 768 / 12 = 64 is
+    covered by the others)."""
+    from vitcg.lang import load_registry
+    from vitcg.lang.bindings import import_object
+    from vitcg.tools.encoders import build_config
+
+    dims = set()
+    for spec in load_registry(["vitcg/specs"]):
+        if spec.unavailable:
+            continue
+        with torch.device("meta"):
+            module = import_object(spec.encoder.class_path)(build_config(spec, "real"))
+        dims.update(m.head_dim for m in module.modules() if isinstance(getattr(m, "head_dim", None), int))
+    return sorted(dims)
+
+
+@needs_cuda
+def test_every_packaged_specs_real_head_dim_equals_reference():
+    """Through the attention's own choice (Triton in the configuration the device holds, else varlen_attn), bf16,
+    three packed segments. On 2026-11-28 exaone4_5's 224 failed with Triton's OutOfResources on an H100."""
+    dims = real_head_dims()
+    assert 224 in dims and 80 in dims, dims
+    failures = {}
+    for dim in dims:
+        torch.manual_seed(dim)
+        rows, heads, scale = 300, 4, dim ** -0.5
+        q, k, v = (torch.randn(1, heads, rows, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        cu = torch.tensor([0, 100, 213, 300], dtype=torch.int32, device="cuda")
+        out = attention.graph_safe_attention(nn.Module(), q, k, v, scaling=scale, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                                             max_length_q=113, max_length_k=113)[0]
+        err = error(out, reference(q, k, v, cu, scale))
+        if not err <= 1e-2:
+            failures[dim] = err
+    assert not failures, failures
+
+
+@needs_cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Triton kernel serves sm90 only")
+def test_head_dim_224_runs_the_smaller_triton_configuration_on_hopper():
+    """The shared-memory estimate, not the OutOfResources backstop, keeps 224 on Triton: no refusal recorded."""
+    from vitcg.runtime import ops
+    from vitcg.runtime.packed_configs import CONFIGS
+
+    q = torch.randn(1, 2, 256, 224, device="cuda", dtype=torch.bfloat16)
+    assert attention._triton_config(q, same_boundaries=True) == CONFIGS[1]
+    cu = torch.tensor([0, 64, 256], dtype=torch.int32, device="cuda")
+    out = attention.graph_safe_attention(nn.Module(), q, q, q, scaling=224 ** -0.5, cu_seq_lens_q=cu,
+                                         cu_seq_lens_k=cu, max_length_q=192, max_length_k=192)[0]
+    assert error(out, reference(q, q, q, cu, 224 ** -0.5)) <= 1e-2
+    assert (torch.cuda.current_device(), 224) not in ops.REFUSED, ops.REFUSED

@@ -5,6 +5,7 @@ modules stand alone.
 - ``vitcg.runtime`` (what an engine imports) never imports the tools;
 - the manager knows the protocol (and vitcg's declared extension), nothing more;
 - ``vitcg.cli`` only wires: importing it loads no room at all (commands import what they run);
+- vitcg's custom ops (``vitcg.runtime.ops``) load without Triton, and the kernel's configuration choice is pure;
 - ``vitcg.vllm_plugin`` (vLLM's plugin) sits on the runtime, never the tools, and its entry point module, which
   vLLM imports in every process, loads neither torch nor vLLM.
 """
@@ -117,3 +118,16 @@ def test_the_plugins_entry_point_loads_neither_torch_nor_vllm():
     code = "import sys, vitcg.vllm_plugin; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_custom_ops_load_without_triton_and_the_kernel_choice_is_pure():
+    """Stored compiled code calls the ops in any process (issue 36): defining them must not need Triton."""
+    code = ("import sys, torch\n"  # whatever torch itself loads is torch's business
+            "before = set(sys.modules)\n"
+            "import vitcg.runtime.ops\n"
+            "print(sorted(m for m in set(sys.modules) - before\n"
+            "             if m.split('.')[0] == 'triton' or m == 'vitcg.runtime.varlen_triton'))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+    loaded = imported_by("vitcg.runtime.packed_configs")
+    assert loaded <= SHARED | {"vitcg.runtime", "vitcg.runtime.packed_configs"}, sorted(loaded)

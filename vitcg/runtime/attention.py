@@ -2,11 +2,18 @@
 
 Vision encoders that see a "flash" implementation pass packed boundaries (``cu_seq_lens_q/k``,
 ``max_length_q/k``) instead of splitting sequences with ``.tolist()``, a host sync that cannot be
-captured. On CUDA (fp16/bf16) this calls vitcg's Triton packed kernel on sm90 GPUs (H100, H200), where it measured
-faster than FlashAttention-2 (:mod:`vitcg.runtime.varlen_triton`), and ``torch.nn.attention.varlen.varlen_attn``
-on other GPUs or where Triton is missing; elsewhere it runs
-SDPA with a block-diagonal mask built from ``cu_seqlens`` on the device, so the padded, static-shape
-path is the same on CPU. A static mask function is registered under the same name: without one,
+captured. On CUDA (fp16/bf16) the backend is chosen per call shape by what the device holds:
+
+1. vitcg's Triton packed kernel (:mod:`vitcg.runtime.varlen_triton`, through the op of :mod:`vitcg.runtime.ops`)
+   on sm90 GPUs (H100, H200), where it measured faster than FlashAttention-2, for one set of boundaries and head
+   dims of 32 to 256, in the first block configuration whose shared memory the device holds
+   (:mod:`vitcg.runtime.packed_configs`: head dim 224 takes a smaller one than 80), unless Triton refused that
+   head dim on this device before (:data:`vitcg.runtime.ops.REFUSED`);
+2. else ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2: head dims that are multiples of 8, up to 256);
+3. else, and on the CPU, SDPA with a block-diagonal mask built from ``cu_seqlens`` on the device, so the padded,
+   static-shape path is the same on CPU.
+
+A static mask function is registered under the same name: without one,
 transformers' mask creation returns None for an unknown implementation and padding masks of tile
 encoders would be silently ignored.
 
@@ -19,6 +26,7 @@ of the same encoder out of the window.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import threading
 import weakref
@@ -28,6 +36,9 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .ops import REFUSED, packed_attention
+from .packed_configs import PackedConfig, choose_config
 
 ATTENTION_NAME = "vitcg_flash_varlen"
 """Must contain "flash": that is how transformers vision encoders decide to pass packed boundaries."""
@@ -50,32 +61,39 @@ TRITON_CAPABILITIES = frozenset({9})
 ``benchmarks/attention_backends.py`` on an H200, 2026-11-26). Other GPUs keep FlashAttention-2 until measured."""
 
 
-def _find_triton():
-    """vitcg's Triton packed attention op, or None when Triton is not installed."""
-    try:
-        from vitcg.runtime.varlen_triton import packed_attention
-    except ImportError:
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+"""Whether Triton is installed (found, not imported: the op imports it at its first run)."""
+
+ELEMENT_BYTES = 2
+"""Bytes per element of the kernel's inputs: fp16 and bf16 are the dtypes that reach it (:func:`_use_varlen`)."""
+
+_TRITON_DEVICES: dict[int, int] = {}
+"""CUDA device index -> shared memory one Triton program may use there (bytes, the device's opt-in limit), or 0
+where the Triton kernel does not serve the device (a capability outside :data:`TRITON_CAPABILITIES`, no Triton).
+Read once per device; a plain dict, so torch.compile traces the read."""
+
+
+def _device_limit(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    if not _HAS_TRITON or props.major not in TRITON_CAPABILITIES:
+        return 0
+    return getattr(props, "shared_memory_per_block_optin", 0)
+
+
+def _triton_config(query: torch.Tensor, same_boundaries: bool) -> PackedConfig | None:
+    """The Triton kernel's block configuration for this call, or None when it does not serve it: more than one
+    set of boundaries, a GPU outside the measured capabilities or without Triton, a head dim the kernel does not
+    take or no configuration of it fits the device's shared memory (:func:`choose_config`), or Triton refused
+    this head dim on this device at an earlier call (:data:`REFUSED`)."""
+    if not same_boundaries:
         return None
-    return packed_attention
-
-
-_TRITON = None
-_TRITON_DEVICES: dict[int, bool] = {}
-"""CUDA device index -> whether the Triton kernel serves it (capability read once per device)."""
-
-
-def _use_triton(query: torch.Tensor, same_boundaries: bool) -> bool:
-    """Whether the Triton kernel serves this call: one set of boundaries, a head dim of at least 32 (its two
-    matrix parts need 16 columns each), a GPU of a measured capability, and Triton installed."""
-    global _TRITON
-    if not same_boundaries or query.shape[-1] < 32:
-        return False
     index = query.device.index if query.device.index is not None else torch.cuda.current_device()
     if index not in _TRITON_DEVICES:
-        _TRITON = _TRITON or _find_triton()
-        major = torch.cuda.get_device_capability(index)[0]
-        _TRITON_DEVICES[index] = _TRITON is not None and major in TRITON_CAPABILITIES
-    return _TRITON_DEVICES[index]
+        _TRITON_DEVICES[index] = _device_limit(index)
+    limit = _TRITON_DEVICES[index]
+    if not limit or (index, query.shape[-1]) in REFUSED:
+        return None
+    return choose_config(query.shape[-1], ELEMENT_BYTES, limit)
 
 
 def _segment_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
@@ -114,11 +132,15 @@ def graph_safe_attention(
     through nested modules' ``**kwargs``.
     """
     groups = query.shape[1] // key.shape[1]
-    if cu_seq_lens_q is not None and _use_varlen(query) and _use_triton(
-            query, cu_seq_lens_k is None or cu_seq_lens_k is cu_seq_lens_q):
+    config = None
+    if cu_seq_lens_q is not None and _use_varlen(query):
+        config = _triton_config(query, cu_seq_lens_k is None or cu_seq_lens_k is cu_seq_lens_q)
+    if config is not None:
         q, k, v = (t[0].transpose(0, 1) for t in (query, _repeat_kv(key, groups), _repeat_kv(value, groups)))
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        return _TRITON(q, k, v, cu_seq_lens_q, float(scale)).unsqueeze(0), None
+        out = packed_attention(q, k, v, cu_seq_lens_q, float(scale), config.block_m, config.block_n,
+                               config.num_warps, config.num_stages)
+        return out.unsqueeze(0), None
     if cu_seq_lens_q is not None and _use_varlen(query):
         varlen_attn, params = _VARLEN
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (seq, heads, dim)

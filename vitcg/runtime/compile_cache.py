@@ -8,7 +8,9 @@ capture in 22 s on an H100 from nothing and in 10 s from this cache. Blocks comp
 beside it, in ``KEY.aot`` (:func:`capture_compiled`), which loads without a dynamo trace (4.1 s). The key
 covers what the kernels depend on: the spec's file, the budgets and capture limits, dtype, device model, the
 torch, transformers and triton versions, and how the forward is compiled (:data:`COMPILE_FORMAT`). The file
-lives under ``compile/`` in vitcg's cache folder (``VITCG_CACHE_DIR``).
+lives under ``compile/`` in vitcg's cache folder (``VITCG_CACHE_DIR``). What is stored must load whatever command
+wrote it: importing this module registers vitcg's custom ops (:mod:`vitcg.runtime.ops`), which stored code calls
+by name, so they exist before any artifact is handed to torch.
 
 Loading an artifact runs code: torch unpickles parts of it, and writes each entry to a path built from the entry's
 key. The key is computable from public facts, so anyone who can put a file at ``compile/KEY.bin`` chooses what runs
@@ -53,11 +55,13 @@ import torch
 
 from ..lang.bindings import NotRegularFile, OversizedFile, cache_root, read_regular, transformers_version, write_cache_file
 from ..lang.model import Spec
+from . import ops  # noqa: F401  (registers vitcg's custom ops, which stored artifacts call, before any loads)
 
 log = logging.getLogger(__name__)
 
-COMPILE_FORMAT = "blocks-static-1"
-"""What is compiled (the repeated blocks, per budget): artifacts of another strategy are not reused."""
+COMPILE_FORMAT = "blocks-static-2"
+"""What is compiled (the repeated blocks, per budget), and how vitcg's custom ops are called from it: artifacts
+of another strategy are not reused. 2: ``vitcg::packed_attention`` takes its block configuration as arguments."""
 
 MAGIC = b"vitcgcc1"
 """The first bytes of every file vitcg writes; the number changes when the layout below does.

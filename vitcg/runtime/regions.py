@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import ops  # noqa: F401  (the custom ops stored block functions call, registered before one is loaded)
+
 log = logging.getLogger(__name__)
 
 

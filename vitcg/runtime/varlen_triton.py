@@ -19,8 +19,11 @@ constants (``HEADS * D`` and ``D``): with Qwen3-VL's head dim of 72 passed as a 
 not prove the loads aligned, and the kernel took 31.3 ms of a 27-layer mixed call against 16.5 ms now
 (``benchmarks/mixed_profile.py qwen3_vl``, H100).
 
-The launch is a ``torch.library`` custom op, so compiled blocks treat it as one opaque call and CUDA graphs
-capture it like any kernel. This module imports Triton: import it only where Triton is installed.
+The launch is wrapped in the ``torch.library`` custom op ``vitcg::packed_attention``
+(:mod:`vitcg.runtime.ops`, which defines it without Triton so that stored compiled blocks that call it load in
+any process), so compiled blocks treat it as one opaque call and CUDA graphs capture it like any kernel. The block
+configuration comes from :mod:`vitcg.runtime.packed_configs`, chosen per head dim by the shared memory the device
+holds. This module imports Triton: import it only where Triton is installed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from .packed_configs import head_split
+
+__all__ = ["OutOfResources", "head_split", "varlen_attention"]
 
 
 @triton.jit
@@ -113,14 +121,6 @@ def _varlen_fwd(Q, K, V, OUT, SEG, CU, rows, qk_scale, HEADS: tl.constexpr,
              mask=valid_m[:, None] & (d1[None, :] < D))
 
 
-def head_split(dim: int) -> tuple[int, int]:
-    """(power-of-two part, padded remainder) of a head dim; the remainder is at least 16 (``tl.dot``'s least K)."""
-    d0 = 1 << (dim.bit_length() - 1)
-    if d0 == dim:
-        d0 //= 2
-    return d0, max(16, triton.next_power_of_2(dim - d0))
-
-
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float,
                      block_m: int = 128, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
                      split: bool = True) -> torch.Tensor:
@@ -141,14 +141,3 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torc
                       D=dim, D0=d0, D1=d1, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split, num_warps=num_warps,
                       num_stages=num_stages)
     return out
-
-
-@torch.library.custom_op("vitcg::packed_attention", mutates_args=())
-def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float) -> torch.Tensor:
-    """:func:`varlen_attention` with its measured default configuration, as one opaque op."""
-    return varlen_attention(q, k, v, cu, scale)
-
-
-@packed_attention.register_fake
-def _(q, k, v, cu, scale):
-    return torch.empty_like(q, memory_format=torch.contiguous_format)

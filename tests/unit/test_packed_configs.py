@@ -1,0 +1,53 @@
+"""The Triton packed kernel's block configuration, chosen by the shared memory a device holds (torch-free).
+
+The numbers are Triton's own: on an H100 (232,448 bytes per program) the measured configuration at head dim 224
+asked for 262,656 bytes and was refused (``vitcg check exaone4_5 --device cuda --size real``, 2026-11-28)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vitcg.runtime.packed_configs import CONFIGS, MARGIN_BYTES, choose_config, head_split, shared_memory_bytes
+
+H100 = 232448
+MEASURED = CONFIGS[0]
+
+
+def reference_split(dim):
+    """The split as the kernel computed it with Triton's helpers (``bit_length``, ``next_power_of_2``)."""
+    d0 = 1 << (dim.bit_length() - 1)
+    if d0 == dim:
+        d0 //= 2
+    rest = dim - d0
+    return d0, max(16, 1 << (rest - 1).bit_length())
+
+
+@pytest.mark.parametrize("dim", range(32, 257))
+def test_head_split_is_the_kernels(dim):
+    assert head_split(dim) == reference_split(dim)
+
+
+def test_the_estimate_is_tritons_figure_for_the_refused_launch():
+    assert MEASURED == (128, 64, 4, 3)
+    assert shared_memory_bytes(MEASURED, sum(head_split(224)), 2) == 262656
+
+
+def test_head_dim_224_on_an_h100_takes_a_smaller_configuration():
+    config = choose_config(224, 2, H100)
+    assert config is not None and config != MEASURED
+    assert shared_memory_bytes(config, 256, 2) + MARGIN_BYTES <= H100
+
+
+@pytest.mark.parametrize("dim", [64, 72, 80, 88, 96, 104, 128])
+def test_the_measured_configuration_serves_the_usual_head_dims(dim):
+    assert choose_config(dim, 2, H100) == MEASURED
+
+
+@pytest.mark.parametrize("dim", [16, 31, 257, 320])
+def test_head_dims_outside_the_kernel_get_none(dim):
+    assert choose_config(dim, 2, H100) is None
+
+
+def test_a_device_that_holds_no_configuration_gets_none():
+    assert choose_config(224, 2, 100_000) is None
+    assert choose_config(80, 2, 0) is None

@@ -1,0 +1,84 @@
+"""Which block configuration of the Triton packed attention kernel a device can hold, per head dim (torch-free).
+
+The kernel (:mod:`vitcg.runtime.varlen_triton`) keeps a block of query rows in shared memory for its whole run,
+and pipelines ``num_stages`` blocks of keys and values through it. Its measured configuration (128 query rows,
+64 keys, 3 stages) needs 82,432 bytes at Qwen2-VL's head dim of 80, but at EXAONE 4.5's 224 (split 128 + 128)
+it needs 262,656 bytes, over the 232,448 an H100 gives one program: Triton refused it with ``OutOfResources``
+and ``vitcg check exaone4_5 --device cuda --size real`` failed before any case (2026-11-28). So a configuration
+is chosen per call shape: the first of :data:`CONFIGS` whose estimate (:func:`shared_memory_bytes`), plus
+:data:`MARGIN_BYTES`, fits the device's limit; None when none does, and the caller runs its next backend.
+
+These functions run inside the attention that ``torch.compile`` traces: plain integer arithmetic and tuples, no
+``int.bit_length`` or library calls, so dynamo folds them into constants.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class PackedConfig(NamedTuple):
+    """One launch configuration of the packed kernel (the arguments of ``varlen_attention`` of the same names)."""
+
+    block_m: int
+    """Query rows per program."""
+    block_n: int
+    """Keys per step of a program's loop."""
+    num_warps: int
+    num_stages: int
+    """Key and value blocks in flight (software pipelining): each stage holds one of each in shared memory."""
+
+
+CONFIGS = (PackedConfig(block_m=128, block_n=64, num_warps=4, num_stages=3),
+           PackedConfig(block_m=64, block_n=64, num_warps=4, num_stages=2))
+"""Tried in order. The first is the fastest of the five ``benchmarks/attention_backends.py`` timed on an H100 and
+an H200 at head dim 80 (2026-11-26); the second halves the query block and drops a stage, 164,352 bytes at a
+head dim of 224 or 256, and keeps a block's fp32 accumulators (64 x 256) within a warp group's registers."""
+
+MIN_HEAD_DIM = 32
+"""The kernel's least head dim: its two matrix parts need 16 columns each (``tl.dot``'s least K)."""
+MAX_HEAD_DIM = 256
+"""The kernel's largest head dim (a split of 128 + 128)."""
+
+BOOKKEEPING_BYTES = 512
+"""What Triton adds to the tiles (barriers of the pipeline): its figure for 224, 262,656 bytes, is the tiles'
+262,144 plus this."""
+MARGIN_BYTES = 16384
+"""Room left below the device's limit: the estimate matched Triton's figure to the byte for one configuration,
+and another may lay its tiles out with padding the estimate does not count."""
+
+
+def head_split(dim: int) -> tuple[int, int]:
+    """(power-of-two part, padded remainder) of a head dim, as the kernel computes it: the largest power of two
+    below ``dim``, and the rest padded to a power of two of at least 16 (``tl.dot``'s least K). 80 -> (64, 16),
+    224 -> (128, 128), 128 -> (64, 64)."""
+    d0 = 1
+    while d0 * 2 <= dim:
+        d0 *= 2
+    if d0 == dim:
+        d0 //= 2
+    d1 = 16
+    while d1 < dim - d0:
+        d1 *= 2
+    return d0, d1
+
+
+def shared_memory_bytes(config: PackedConfig, columns: int, element_bytes: int) -> int:
+    """Shared memory one program of ``config`` needs for heads of ``columns`` (the split's padded width, d0 + d1)
+    in elements of ``element_bytes``: its block of queries, and a key and a value block per stage."""
+    queries = config.block_m * columns * element_bytes
+    keys_and_values = 2 * config.num_stages * config.block_n * columns * element_bytes
+    return queries + keys_and_values + BOOKKEEPING_BYTES
+
+
+def choose_config(head_dim: int, element_bytes: int, limit: int) -> PackedConfig | None:
+    """The first of :data:`CONFIGS` that fits ``limit`` bytes of shared memory per program with
+    :data:`MARGIN_BYTES` to spare at ``head_dim``; None when none does or the kernel does not take this head dim
+    (the caller then runs its next backend)."""
+    if head_dim < MIN_HEAD_DIM or head_dim > MAX_HEAD_DIM:
+        return None
+    d0, d1 = head_split(head_dim)
+    for config in CONFIGS:
+        if shared_memory_bytes(config, d0 + d1, element_bytes) + MARGIN_BYTES <= limit:
+            return config
+    return None
