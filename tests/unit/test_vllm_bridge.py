@@ -106,3 +106,13 @@ def test_indices_outside_the_batch_are_refused(indices, message):
 def test_an_unknown_modality_names_the_known_ones():
     with pytest.raises(InputError, match=r"modality: expected one of \['image', 'video'\], got 'audio'"):
         select_backend_items({"pixel_values": torch.zeros(2, 1)}, "audio", [0])
+
+
+def test_a_broken_or_missing_user_spec_folder_blocks_no_other_model(tmp_path, monkeypatch, caplog):
+    (tmp_path / "clip.yaml").write_text("name: [\n")
+    monkeypatch.setenv("VITCG_SPECS_DIR", f"{tmp_path}:{tmp_path / 'missing'}")
+    with caplog.at_level("WARNING"):
+        with pytest.raises(Declined, match="no vitcg spec for model_type 'llama'"):
+            find_spec(LlamaConfig(architectures=["LlamaForCausalLM"]))
+        assert find_spec(Qwen2VLConfig()).name == "qwen2_vl"
+    assert "clip.yaml" in caplog.text and "missing" in caplog.text

@@ -201,3 +201,97 @@ def check_modality(manager, model, modality, batch, want, stock_reason=None):
             assert model._vitcg.off is None, f"{modality} ({attempt}): {model._vitcg.off}"
         else:
             assert stock_reason in (model._vitcg.off or ""), f"{modality} ({attempt}): {model._vitcg.off}"
+
+
+FAULTS = {
+    "get_encoder_cudagraph_config": "building the manager",
+    "prepare_encoder_cudagraph_capture_inputs": "capture",
+    "encoder_cudagraph_forward": "capture's warm-up",
+    "get_encoder_cudagraph_item_specs": "reading the batch",
+    "prepare_encoder_cudagraph_replay_buffers": "refilling the buffers",
+    "postprocess_encoder_output": "the feature call",
+}
+"""The adapter members that the plugin calls, by the stage of vLLM's that a fault in each one hits."""
+
+
+def serve(manager, model, modality, batch):
+    """One call as vLLM's GPU runner makes it: the manager when it supports the modality, else the model's own
+    ``embed_multimodal``."""
+    with torch.inference_mode():
+        if manager.supports_modality(modality):
+            return manager.execute(batch)
+        return model.embed_multimodal(**batch)
+
+
+def stock_items(model, batch):
+    with torch.inference_mode():
+        return model._stock.embed_multimodal(model, **batch)
+
+
+def vitcg_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("vitcg") and r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("member", sorted(FAULTS))
+def test_a_fault_on_vitcgs_path_is_served_by_the_stock_path_with_one_warning(member, prepared, loader, caplog,
+                                                                              monkeypatch):
+    """A fault injected in one adapter member, at the stage of vLLM's that calls it, without a profiling run
+    (``--skip-mm-profiling``): every batch, the one in flight included, gets exactly the stock backend's items,
+    no exception reaches vLLM, one warning names the member, and the manager no longer takes the modality."""
+    from vllm.config import set_current_vllm_config
+
+    spec, ready = REGISTRY["qwen2_vl"], prepared["qwen2_vl"]
+    if ready.skip:
+        pytest.skip(ready.skip)
+    modality, batch = next(iter(ready.batches.items()))
+    model, config = loader(spec, ready, list(spec.tests.budgets), 8)
+    adapter = model._vitcg.adapter
+
+    def fault(*args, **kwargs):
+        raise RuntimeError(f"injected into {member}")
+
+    monkeypatch.setattr(adapter, member, fault)
+    try:
+        with caplog.at_level(logging.INFO, logger="vitcg"), set_current_vllm_config(config):
+            want = stock_items(model, batch)
+            manager = CpuCaptureManager(config, torch.device("cpu"), torch.float32, model)
+            manager.capture(graph_pool=None)
+            for attempt in ("first batch", "second batch"):
+                got = serve(manager, model, modality, batch)
+                assert len(got) == len(want)
+                for index, (g, w) in enumerate(zip(got, want)):
+                    assert torch.equal(g, w), f"{attempt}, item {index} differs from the stock backend's"
+            assert not manager.supports_modality(modality)
+        warned = vitcg_warnings(caplog)
+        assert len(warned) == 1 and f"{member} failed: RuntimeError: injected into {member}" in warned[0], warned
+        assert "vLLM's stock path serves this batch and every later one" in warned[0]
+    finally:
+        model = manager = None
+        gc.collect()
+
+
+@pytest.mark.parametrize("name", sorted(n for n in DECLINED if "batches" in DECLINED[n]))
+def test_a_batch_the_spec_cannot_read_without_a_profiling_run_is_served_by_the_stock_path(name, prepared, loader,
+                                                                                          caplog):
+    """LLaVA-NeXT's tiles come padded per image: without the profiling run that declines it
+    (``--skip-mm-profiling``) the manager captures, and the first real batch must still get the stock items."""
+    from vllm.config import set_current_vllm_config
+
+    spec, ready = REGISTRY[name], prepared[name]
+    if ready.skip:
+        pytest.skip(ready.skip)
+    assert ready.error is None, ready.error
+    model, config = loader(spec, ready, list(spec.tests.budgets), 8)
+    try:
+        with caplog.at_level(logging.INFO, logger="vitcg"), set_current_vllm_config(config):
+            manager = CpuCaptureManager(config, torch.device("cpu"), torch.float32, model)
+            manager.capture(graph_pool=None)
+            for modality, batch in ready.batches.items():
+                want = stock_items(model, batch)
+                got = serve(manager, model, modality, batch)
+                assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
+        warned = vitcg_warnings(caplog)
+        assert len(warned) == 1 and "get_encoder_cudagraph_item_specs failed: InputError" in warned[0], warned
+    finally:
+        model = manager = None
+        gc.collect()

@@ -64,7 +64,7 @@ def describe(value: Any) -> str:
 def find_spec(hf_config: Any) -> Spec:
     """The spec for a Hugging Face config (its ``model_type`` and ``architectures``), from the packaged specs
     and ``$VITCG_SPECS_DIR``. Raises Declined saying why none can be used."""
-    registry = load_registry(bindings=False)
+    registry = load_registry(bindings=False, skip_invalid=True)
     model_type = getattr(hf_config, "model_type", None)
     architectures = list(getattr(hf_config, "architectures", None) or ())
     spec = registry.find(model_type, architectures)
