@@ -72,6 +72,25 @@ def test_features_and_generate_match_the_original_per_item(model):
     assert "forward" not in vars(model.model.visual) and not hasattr(model, "_vitcg")
 
 
+def test_a_failure_on_the_graph_path_falls_back_to_the_original_with_one_warning(model, monkeypatch):
+    inputs = images((56, 84), (112, 56))
+    want = features(model, inputs)
+    with vitcg.accelerate(model, max_num_batched_tokens=1024) as handle:
+        features(model, inputs)  # learns the output layout
+
+        def fault(*args, **kwargs):
+            raise RuntimeError("a kernel the device cannot hold")
+
+        monkeypatch.setattr(handle.manager, "execute", fault)
+        with pytest.warns(RuntimeWarning, match="the graph path failed: RuntimeError: a kernel the device cannot "
+                                                "hold; the encoder runs without graphs from now on") as caught:
+            for _ in range(2):
+                got = features(model, inputs)
+                assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        assert len([w for w in caught if "graph path failed" in str(w.message)]) == 1
+        assert handle.stats.reasons[handle._broken] == 2
+
+
 def test_autograd_and_uncaptured_arguments_run_the_original(model):
     inputs = images((56, 56))
     with vitcg.accelerate(model, max_num_batched_tokens=1024) as handle:

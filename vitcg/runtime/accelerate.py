@@ -506,12 +506,41 @@ class Accelerated:
             return self._serve(args, kwargs)
 
     def _serve(self, args: tuple, kwargs: dict) -> Any:
+        """The call through the graphs, or the original call where they cannot serve it. A failure on the graph
+        path (capture again, read the inputs, replay, rebuild the output) turns routing off for good with one
+        warning, and the original call answers; what the original call raises is the caller's to see."""
         self.stats.calls += 1
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.encoder.parameters()):
             return self._fallback("autograd is on (graphs serve inference: use torch.no_grad())", args, kwargs)
+        if self._broken is None:
+            try:
+                routed = self._through_graphs(args, kwargs)
+            except Exception as exc:  # noqa: BLE001  (vitcg's own path failed: the original call answers)
+                self._broken = f"the graph path failed: {type(exc).__name__}: {exc}"
+                warnings.warn(f"vitcg.accelerate: {self._broken}; the encoder runs without graphs from now on",
+                              RuntimeWarning, stacklevel=4)
+                routed = self._broken
+        else:
+            routed = self._broken
+        if not isinstance(routed, (str, _Learn)):
+            return routed.value
+        output = self._fallback(routed.reason if isinstance(routed, _Learn) else routed, args, kwargs)
+        if isinstance(routed, _Learn):
+            try:
+                self._layout = _Layout.learn(self.spec, output, routed.rows)
+            except SpecRuntimeError as exc:
+                # the spec does not describe this model's output: every later call runs the original, saying why
+                self._broken = f"the spec does not fit this model: {exc}"
+                warnings.warn(f"vitcg.accelerate: {self._broken}; the encoder runs without graphs", RuntimeWarning,
+                              stacklevel=4)
+        return output
+
+    def _through_graphs(self, args: tuple, kwargs: dict) -> _Routed | _Learn | str:
+        """The call's output from the graphs, or why the original call must answer it (with :class:`_Learn`: to
+        learn the output layout from it)."""
         mm, reason = self._mm_kwargs(args, kwargs)
         if mm is None:
-            return self._fallback(reason, args, kwargs)
+            return reason
         parameter = next(self.encoder.parameters())
         if (parameter.device, parameter.dtype) != (self.manager.device, self.manager.dtype):
             self.stats.recaptures += 1
@@ -520,23 +549,28 @@ class Accelerated:
         try:
             rows = sum(i.output_tokens for i in self.adapter.get_encoder_cudagraph_item_specs(mm))
         except InputError as exc:
-            return self._fallback(f"inputs the spec does not describe: {exc}", args, kwargs)
-        if self._broken is not None:
-            return self._fallback(self._broken, args, kwargs)
+            return f"inputs the spec does not describe: {exc}"
         if self._layout is None:
-            output = self._fallback("first call: learning the output layout", args, kwargs)
-            try:
-                self._layout = _Layout.learn(self.spec, output, rows)
-            except SpecRuntimeError as exc:
-                # the spec does not describe this model's output: every later call runs the original, saying why
-                self._broken = f"the spec does not fit this model: {exc}"
-                warnings.warn(f"vitcg.accelerate: {self._broken}; the encoder runs without graphs", RuntimeWarning,
-                              stacklevel=3)
-            return output
+            return _Learn(rows)
         self.stats.routed += 1
         parts = self.manager.execute(mm)
         combined = torch.cat(parts) if parts else torch.zeros(0, self.adapter.geometry["out_hidden_size"])
-        return self._layout.build(combined, parts)
+        return _Routed(self._layout.build(combined, parts))
+
+
+@dataclass(frozen=True)
+class _Routed:
+    """A call the graphs answered."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class _Learn:
+    """A call the original answers, its output teaching the layout of the graphs' answers."""
+
+    rows: int
+    reason: str = "first call: learning the output layout"
 
 
 def _short(value: Any) -> str:
