@@ -41,11 +41,20 @@ def vllm_release() -> tuple[str, str] | None:
     return None
 
 
+def tracked(release: tuple[str, str] | None) -> bool:
+    """Whether ``(distribution, version)`` is a release in :data:`TRACKED_VLLM`; a local version label
+    (``0.33.0+cu128``, a build of the same release for another CUDA) counts as its release."""
+    if release is None:
+        return False
+    name, version = release
+    return version.split("+", 1)[0] in TRACKED_VLLM.get(name, ())
+
+
 def register() -> bool:
     """Register vitcg's backend classes under vLLM's names (the ``vllm.general_plugins`` entry point).
     Returns whether it did: False, with one warning, under a vLLM release not in :data:`TRACKED_VLLM`."""
     release = vllm_release()
-    if release is None or release[1] not in TRACKED_VLLM.get(release[0], ()):
+    if not tracked(release):
         found = "no vLLM distribution" if release is None else f"{release[0]} {release[1]}"
         tracked = ", ".join(f"{name} {v}" for name, versions in TRACKED_VLLM.items() for v in versions)
         logger.warning("vitcg: %s is not a release the plugin tracks (%s); vLLM runs without vitcg's encoder "
