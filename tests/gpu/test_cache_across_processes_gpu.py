@@ -74,7 +74,8 @@ def test_blocks_bench_stored_load_and_run_in_a_fresh_accelerate_process(tmp_path
     folder = tmp_path / "specs"
     folder.mkdir()
     (folder / "qwen2_vl_wide.yaml").write_text(SPEC)
-    env = {**os.environ, "VITCG_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])  # the device's carried wheels follow
+    env = {**os.environ, "VITCG_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": path,
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
     bench = run(["-m", "vitcg", "bench", str(folder / "qwen2_vl_wide.yaml"), "--device", "cuda", "--size", "tiny",
                  "--workload", "1x224", "--iters", "1", "--warmup", "0",
