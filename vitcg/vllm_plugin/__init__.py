@@ -56,9 +56,9 @@ def register() -> bool:
     release = vllm_release()
     if not tracked(release):
         found = "no vLLM distribution" if release is None else f"{release[0]} {release[1]}"
-        tracked = ", ".join(f"{name} {v}" for name, versions in TRACKED_VLLM.items() for v in versions)
+        known = ", ".join(f"{name} {v}" for name, versions in TRACKED_VLLM.items() for v in versions)
         logger.warning("vitcg: %s is not a release the plugin tracks (%s); vLLM runs without vitcg's encoder "
-                       "CUDA graphs", found, tracked)
+                       "CUDA graphs", found, known)
         return False
     from vllm import ModelRegistry  # the plugin is only ever called by vLLM itself
 
