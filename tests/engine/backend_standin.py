@@ -32,23 +32,26 @@ class BackendStandIn:
             if key not in batch:
                 continue
             kwargs = {k: v for k, v in batch.items() if k not in (*PIXELS.values(), *(f"num_{m}_patches" for m in PIXELS))}
-            out.extend(self._process(modality, batch[key], batch[f"num_{modality}_patches"], **kwargs))
+            out.extend(self._process_vision_input(modality, batch[key], batch[f"num_{modality}_patches"], **kwargs))
         return out
 
-    def _process(self, modality: str, pixel_values: torch.Tensor, num_patches: torch.Tensor,
-                 **kwargs: Any) -> list[torch.Tensor]:
-        # the backend's own parameter names: a processor output named num_patches collides with the counts
-        # here as it does in vLLM (TypeError: multiple values)
+    def _process_vision_input(self, modality: str, pixel_values: torch.Tensor, num_patches: torch.Tensor,
+                              **kwargs: Any) -> list[torch.Tensor]:
+        # the backend's own method and parameter names: a processor output named num_patches collides with the
+        # counts here as it does in vLLM (TypeError: multiple values), unless the plugin's override takes it
         sizes = [int(n) for n in num_patches.flatten().tolist()]
-        kwargs = {k: v.to(pixel_values.device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        method = getattr(self.model, f"get_{modality}_features")
-        features = method(pixel_values, return_dict=True, **kwargs).pooler_output
+        features = self._get_features(modality, pixel_values, **kwargs)
         if not isinstance(features, torch.Tensor) and len(features) == len(sizes):
             return list(features)
         rows = features if isinstance(features, torch.Tensor) else torch.cat(list(features))
         rows = rows.reshape(-1, rows.shape[-1])
         scale = rows.shape[0] // sum(sizes)
         return list(torch.split(rows, [n * scale for n in sizes]))
+
+    def _get_features(self, modality: str, pixel_values: torch.Tensor, **kwargs: Any) -> Any:
+        kwargs = {k: v.to(pixel_values.device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        method = getattr(self.model, f"get_{modality}_features")
+        return method(pixel_values, return_dict=True, **kwargs).pooler_output
 
 
 def plugged(vlm: torch.nn.Module) -> Any:

@@ -450,6 +450,36 @@ class EncoderGraphs:
                               "the model runs without encoder CUDA graphs")
         return stock.embed_multimodal(self, **kwargs)
 
+    def _process_vision_input(self, modality: str, pixel_values: Any, counts: Any, /, **kwargs: Any) -> Any:
+        """The stock backend's, except for a processor output named like one of that method's own parameters
+        (InternVL's, Aya Vision's and GOT-OCR2's ``num_patches``: tiles per image), where the stock backend raises
+        ``TypeError: got multiple values for argument 'num_patches'``: it reaches the model's feature call
+        (:meth:`_get_features`) where that call names it as a parameter, and is left out where it does not (the
+        call's typed ``**kwargs`` take no such key: those three models' do not). Items handed over as a list
+        (encoded one at a time) keep the stock behaviour."""
+        stock = self._stock._process_vision_input
+        own = {name for name, p in inspect.signature(stock).parameters.items() if p.kind is not p.VAR_KEYWORD}
+        clash = {key: kwargs.pop(key) for key in own & set(kwargs)}
+        if clash and not isinstance(pixel_values, torch.Tensor):
+            kwargs.update(clash)  # as the stock backend (which raises its TypeError)
+            clash = {}
+        feature_call = inspect.signature(getattr(self.model, f"get_{modality}_features")).parameters
+        taken = {key: value for key, value in clash.items()
+                 if key in feature_call and feature_call[key].kind not in (inspect.Parameter.VAR_POSITIONAL,
+                                                                            inspect.Parameter.VAR_KEYWORD)}
+        if not taken:
+            return stock(self, modality, pixel_values, counts, **kwargs)
+        self.__dict__["_vitcg_feature_kwargs"] = taken
+        try:
+            return stock(self, modality, pixel_values, counts, **kwargs)
+        finally:
+            del self.__dict__["_vitcg_feature_kwargs"]
+
+    def _get_features(self, modality: str, pixel_values: Any, **kwargs: Any) -> Any:
+        """The stock backend's, with the processor outputs :meth:`_process_vision_input` set aside."""
+        return self._stock._get_features(self, modality, pixel_values, **kwargs,
+                                         **self.__dict__.get("_vitcg_feature_kwargs", {}))
+
     def _stock_items(self, mm_kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         """The stock path's answer for the items of ``mm_kwargs`` (a batch or a :class:`Pack`), in its order."""
         answer = self._vitcg.stock_answer(mm_kwargs, functools.partial(self._stock.embed_multimodal, self))
