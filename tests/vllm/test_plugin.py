@@ -295,3 +295,33 @@ def test_a_batch_the_spec_cannot_read_without_a_profiling_run_is_served_by_the_s
     finally:
         model = manager = None
         gc.collect()
+
+
+def test_outputs_the_graph_rows_cannot_build_turn_the_graphs_off_instead_of_rerunning_the_tower(prepared, loader,
+                                                                                                  caplog):
+    """A spec whose ``encoder.outputs`` the graph rows cannot be shaped into (Qwen2-VL's unmerged
+    ``last_hidden_state``): every pack would replay and then run the tower again. The first pack says so once,
+    the stock path serves it and every later batch, and the items equal the stock backend's."""
+    from vllm.config import set_current_vllm_config
+
+    spec, ready = REGISTRY["qwen2_vl"], prepared["qwen2_vl"]
+    if ready.skip:
+        pytest.skip(ready.skip)
+    modality, batch = next(iter(ready.batches.items()))
+    model, config = loader(spec, ready, list(spec.tests.budgets), 8)
+    bridge = model._vitcg
+    bridge.spec = dataclasses.replace(spec, encoder=dataclasses.replace(spec.encoder, outputs=("last_hidden_state",)))
+    try:
+        with caplog.at_level(logging.INFO, logger="vitcg"), set_current_vllm_config(config):
+            want = stock_items(model, batch)
+            manager = CpuCaptureManager(config, torch.device("cpu"), torch.float32, model)
+            manager.capture(graph_pool=None)
+            for _ in range(2):
+                got = serve(manager, model, modality, batch)
+                assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        warned = vitcg_warnings(caplog)
+        assert len(warned) == 1 and "every pack would run the tower again after its replay" in warned[0], warned
+        assert bridge.reruns == 1 and not manager.supports_modality(modality)
+    finally:
+        model = manager = bridge = None
+        gc.collect()
