@@ -14,16 +14,20 @@ named by ``encoder.class`` / ``encoder.method`` at ``encoder.vlm_attribute``), s
   backend would return for it.
 
 The first pack also runs the tower once eagerly, to learn how its output is structured (see
-:class:`~vitcg.runtime.accelerate._Layout`). A feature call that the spec does not describe (an argument it
-does not capture, another row count, a second tower call) turns the graphs off for that model: one warning,
-and every later batch is encoded by the stock path.
+:class:`~vitcg.runtime.accelerate._Layout`).
 
 A model whose spec cannot be used becomes an instance of the stock class, so vLLM sees no
 ``SupportsEncoderCudaGraph`` and captures nothing; one INFO line on the ``vitcg`` logger says why. That is
 decided right after construction (no spec matches, the installed transformers lacks the spec's code, the spec
-is graph-scoped, its encoder is not where the spec says), or at the first batch ``embed_multimodal`` sees,
-which in vLLM is the profiling run before graphs are captured (the spec cannot read the backend's batch: a
-pixel layout it does not describe).
+is graph-scoped, its encoder is not where the spec says), or at the first batch ``embed_multimodal`` sees
+before any manager holds the model's config, which in vLLM is the profiling run (the spec cannot read the
+backend's batch: a pixel layout it does not describe).
+
+After that, the plugin is fail-safe (:class:`~vitcg.vllm_plugin.bridge.EncoderGraphs`): whatever fails on
+vitcg's path (a batch the spec cannot read, as without a profiling run; capture; replay; a feature call the
+spec does not describe: an argument it does not capture, another row count, a second tower call, an output the
+graph rows cannot build) turns the graphs off for that model with one warning; the batch in flight gets the
+stock backend's items and every later batch goes to the stock path.
 """
 
 from __future__ import annotations
