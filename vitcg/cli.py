@@ -407,13 +407,12 @@ def new(
     """Draft a spec from a transformers model type. The draft validates; every line that is a guess ends in
     `# GUESS: what to verify` (encoder class and boundary, vlm_attribute, args, outputs, attention style,
     geometry read from other fields, buffers, budgets, test prompts). Confirm them, then run `vitcg check`."""
-    from .tools.files import make_folder, write_text_atomic
+    from .tools.files import check_output, make_folder, write_text_atomic
     from .tools.scaffold import checked_draft, spec_name
 
     path = None if output == "-" else Path(output or f"{spec_name(model_type)}.yaml")
     if path is not None:
-        if path.is_dir():
-            raise UsageError(f"cannot write {path}: it is a folder")
+        check_output(path)  # a folder, FIFO or device: refused before the draft, and before any open
         if (path.exists() or path.is_symlink()) and not force:
             raise UsageError(f"{path} exists; pass --force to overwrite it")
         # Drafting imports transformers (seconds): a path that cannot be a file fails before it.

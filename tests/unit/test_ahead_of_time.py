@@ -130,7 +130,7 @@ def test_a_stored_file_round_trips_and_a_changed_one_is_never_unpickled(eager_ba
     changed = regions.AheadOfTime()
     with pytest.warns(UserWarning, match="fails its integrity check"):
         loaded_changed, why = compile_cache._load_ahead(path, "k", changed)
-        assert not loaded_changed and "integrity" in why
+        assert not loaded_changed and "integrity" in str(why) and why.replace
     assert not changed.blobs
     with pytest.warns(UserWarning, match="fails its integrity check"):  # another key's tag does not fit either
         assert compile_cache._load_ahead(path, "other-key", regions.AheadOfTime())[1]

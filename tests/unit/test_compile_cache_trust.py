@@ -1,5 +1,7 @@
 """What the compile cache refuses to hand to torch (issue 27, item 1): a planted file never runs, a file vitcg cannot
-vouch for is reported as not loaded, warned about once and replaced; a file vitcg wrote itself loads.
+vouch for is reported as not loaded, warned about once and replaced; a file vitcg wrote itself loads. What it never
+writes (issue 37, item 1): nothing through a link it did not make, and no entry that is not a regular file or is over
+its cap (vitcg never wrote it): such an entry is left alone and the cache is not used for that key.
 
 Most tests use ``PicklingCompiler``, a test double of the load/save boundary only (``torch.compiler.load_cache_artifacts``
 and ``save_cache_artifacts``): its load unpickles every artifact as torch does with inductor artifacts on CUDA
@@ -16,6 +18,7 @@ import threading
 import tracemalloc
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -189,7 +192,7 @@ def test_a_file_over_the_cap_is_refused_unread(compiler, tmp_path):
         tracemalloc.stop()
     assert peak < 16 << 20, f"{peak} bytes allocated to refuse a file over the cap"
     assert not use.loaded and "over the" in use.refused and compiler.loaded == [] and len(messages) == 1
-    assert path.read_bytes().endswith(compiler.saved)
+    assert path.stat().st_size == compile_cache.MAX_ARTIFACT_BYTES + 1 and use.saved_bytes == 0  # left alone
 
 
 def test_a_file_that_fits_the_cap_only_while_checked_is_refused(compiler, tmp_path, monkeypatch):
@@ -210,7 +213,7 @@ def test_a_file_that_fits_the_cap_only_while_checked_is_refused(compiler, tmp_pa
     assert not use.loaded and "more than the" in use.refused and compiler.loaded == []
 
 
-def test_a_symlink_is_refused_and_replaced_not_written_through(compiler, tmp_path):
+def test_a_symlink_is_refused_and_left_alone_not_written_through(compiler, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     target = written_by_vitcg(elsewhere, compiler)  # a file vitcg wrote, for the same key, in another folder
     before = target.read_bytes()
@@ -218,8 +221,10 @@ def test_a_symlink_is_refused_and_replaced_not_written_through(compiler, tmp_pat
     link = tmp_path / "compile" / f"{KEY}.bin"
     link.unlink()
     link.symlink_to(target)
-    assert_refused_then_replaced(tmp_path, compiler, "symbolic link")
-    assert target.read_bytes() == before and not link.is_symlink()
+    use, messages = cached(tmp_path)
+    assert not use.loaded and compiler.loaded == [] and "symbolic link" in use.refused and use.saved_bytes == 0
+    assert len(messages) == 1 and str(link) in messages[0]
+    assert target.read_bytes() == before and link.is_symlink()
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
@@ -238,7 +243,7 @@ def test_a_fifo_is_refused_without_hanging(compiler, tmp_path):
     threading.Thread(target=run, daemon=True).start()
     assert done.wait(20), "reading a FIFO hung"
     assert not result["use"].loaded and "not a regular file" in result["use"].refused
-    assert stat.S_ISREG(os.lstat(path).st_mode)
+    assert len(result["messages"]) == 1 and stat.S_ISFIFO(os.lstat(path).st_mode)  # left alone
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="no POSIX modes")
@@ -264,6 +269,57 @@ def test_a_folder_others_may_write_is_neither_read_nor_written(compiler, tmp_pat
     assert not use.loaded and compiler.loaded == [] and use.saved_bytes == 0
     assert "chmod go-w" in use.refused and all("group or others may write it" in m for m in messages)
     assert path.read_bytes() == before
+
+
+# issue 37, item 1: a compile/ folder that is a link, and entries vitcg did not write
+
+def files_in(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A private folder of this user outside the cache, holding a file named ``key`` over the key's cap."""
+    folder = tmp_path / "victim"
+    folder.mkdir(mode=0o700)
+    (folder / "key").write_bytes(b"precious\n" * 100)
+    (folder / "key").chmod(0o600)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["bin", "aot", "bin-present"])
+def test_a_compile_folder_that_is_a_link_is_neither_read_nor_written_through(compiler, tmp_path, victim, kind):
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "compile").symlink_to(victim)
+    if kind == "bin-present":
+        (victim / f"{KEY}.bin").write_bytes(b"mine")
+    before = files_in(victim)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if kind == "aot":
+            saved = compile_cache._store_ahead(root / "compile" / f"{KEY}.aot", KEY,
+                                               SimpleNamespace(blobs={"f": b"functions"}))
+        else:
+            with persistent_compile_cache(KEY, root) as use:
+                pass
+            assert not use.loaded and compiler.loaded == []
+            saved = use.saved_bytes
+    messages = [str(w.message) for w in caught]
+    assert files_in(victim) == before and saved == 0
+    assert len(messages) == 1 and f"{root / 'compile'} is a symbolic link" in messages[0], messages
+
+
+def test_a_key_over_its_cap_is_left_alone_and_the_cache_not_used(compiler, tmp_path):
+    folder = tmp_path / "compile"
+    folder.mkdir(mode=0o700)
+    key = folder / "key"
+    key.write_bytes(b"not vitcg's\n" * 100)
+    key.chmod(0o600)
+    use, messages = cached(tmp_path)
+    assert not use.loaded and use.saved_bytes == 0 and not (folder / f"{KEY}.bin").exists()
+    assert key.read_bytes() == b"not vitcg's\n" * 100
+    assert len(messages) == 1 and str(key) in messages[0] and "over the" in messages[0], messages
 
 
 @pytest.mark.parametrize("kind, key", [("autotune", "/tmp/vitcg-planted.pth"), ("autotune", "../../x.pth"),

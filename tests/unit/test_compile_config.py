@@ -117,6 +117,25 @@ def test_serve_command_quotes_the_config_for_a_shell():
         serve_command("  ", config)
 
 
+@pytest.mark.parametrize("model", ["--trust-remote-code", "-h", "-", "--host=0.0.0.0"])
+def test_a_model_name_that_vllm_would_read_as_an_option_is_refused(model: str):
+    """issue 37, item 8: ``vllm serve --trust-remote-code --model-impl ...`` turned the model name into an option."""
+    with pytest.raises(UsageError) as caught:
+        serve_command(model, compile_config("image"))
+    message = str(caught.value)
+    assert f"--serve {shlex.quote(model)}" in message and "starts with '-'" in message and "./" in message
+
+
+def test_the_cli_refuses_a_model_name_starting_with_a_dash():
+    run = subprocess.run([sys.executable, "-m", "vitcg", "compile-config", "--modality", "image",
+                          "--serve=--trust-remote-code"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stdout == "", (run.returncode, run.stdout, run.stderr)
+    assert run.stderr.startswith("error: --serve --trust-remote-code: ") and "Traceback" not in run.stderr
+    ok = subprocess.run([sys.executable, "-m", "vitcg", "compile-config", "--modality", "image",
+                         "--serve=./--trust-remote-code"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and shlex.split(ok.stdout)[:3] == ["vllm", "serve", "./--trust-remote-code"]
+
+
 def test_a_base_nested_too_deeply_is_a_usage_error():
     """Was RecursionError from json.loads on about 60k nested brackets."""
     from vitcg.errors import UsageError

@@ -124,3 +124,59 @@ def test_a_cache_that_is_a_folder_is_ignored(tmp_path: Path):
 def test_a_missing_cache_is_no_warning(tmp_path: Path, recwarn):
     assert Bindings(cache_dir=tmp_path).check_class(CLASS) == ANSWER
     assert not [w for w in recwarn if "bindings cache" in str(w.message)]
+
+
+# issue 37, item 1: the cache is never written through a link, nor over a file vitcg did not write
+
+@pytest.mark.parametrize("kind", ["link", "dangling-link", "fifo", "oversized"])
+def test_a_cache_entry_vitcg_did_not_write_is_left_alone(tmp_path: Path, monkeypatch, kind: str):
+    import os
+    import warnings
+
+    from vitcg.lang import bindings as module
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    precious = outside / "precious.json"
+    bindings = Bindings(cache_dir=tmp_path / "cache")
+    bindings.path.parent.mkdir()
+    if kind == "link":
+        precious.write_text("{}")
+        bindings.path.symlink_to(precious)
+    elif kind == "dangling-link":
+        bindings.path.symlink_to(precious)
+    elif kind == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("no FIFOs")
+        os.mkfifo(bindings.path)
+    else:
+        monkeypatch.setattr(module, "MAX_CACHE_BYTES", 1000)
+        bindings.path.write_text(json.dumps({"pad": "x" * 1000}))
+    before = os.lstat(bindings.path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert bindings.check_class(CLASS) == ANSWER
+        bindings.save()
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and str(bindings.path) in messages[0] and "left alone" in messages[0], messages
+    after = os.lstat(bindings.path)
+    assert (after.st_ino, after.st_mode, after.st_size) == (before.st_ino, before.st_mode, before.st_size)
+    assert (precious.read_text() == "{}") if kind == "link" else not precious.exists()
+
+
+def test_a_cache_entry_made_meanwhile_is_not_replaced(tmp_path: Path):
+    """A FIFO put in place after the read (nothing there then) is refused on save, with one warning."""
+    import os
+    import warnings
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs")
+    bindings = Bindings(cache_dir=tmp_path)
+    assert bindings.check_class(CLASS) == ANSWER
+    os.mkfifo(bindings.path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bindings.save()
+    assert [str(w.message) for w in caught] == [f"vitcg: not writing the bindings cache: {bindings.path} is a FIFO, "
+                                                f"not a file vitcg wrote: left alone"]
+    assert not bindings.path.is_file()

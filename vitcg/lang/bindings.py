@@ -15,6 +15,7 @@ import importlib.metadata
 import itertools
 import json
 import os
+import secrets
 import stat
 import tempfile
 import warnings
@@ -186,19 +187,121 @@ def cache_root() -> Path:
                 Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitcg")
 
 
-def write_cache_file(path: Path, data: bytes) -> None:
-    """``data`` into the cache file ``path`` (its folder made if needed) through a temporary file beside it and
-    ``os.replace``: readers see the old file or the new one, never half of one. Raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+class UnsafeCachePath(OSError):
+    """A cache file vitcg will not write, the message naming the path and why: a folder on the way from the cache
+    root is a symbolic link or not a folder, or the entry there is not a regular file (a link included) or holds more
+    than its cap. vitcg never made such a thing, so it neither writes through it nor replaces it."""
+
+
+_DIR_FDS = os.open in os.supports_dir_fd and os.rename in os.supports_dir_fd and os.mkdir in os.supports_dir_fd
+"""Whether folders can be opened and written relative to a descriptor (POSIX): then a folder checked is the folder
+written, even if its name is swapped for a link meanwhile."""
+
+_DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _entry_kind(st: os.stat_result) -> str:
+    return "a symbolic link" if stat.S_ISLNK(st.st_mode) else file_kind(st.st_mode)
+
+
+def _check_replaceable(path: Path, st: os.stat_result | None, limit: int) -> None:
+    """Raise :class:`UnsafeCachePath` unless the entry ``st`` (by ``lstat``; None: there is none) is one vitcg may
+    have written: a regular file of at most ``limit`` bytes."""
+    if st is None:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeCachePath(f"{path} is {_entry_kind(st)}, not a file vitcg wrote: left alone")
+    if st.st_size > limit:
+        raise UnsafeCachePath(f"{path} holds {st.st_size} bytes, over the {limit}-byte cap of what vitcg writes "
+                              f"there: left alone")
+
+
+def _lstat(name: str | Path, dir_fd: int | None = None) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def write_cache_file(root: Path, relative: str, data: bytes, *, limit: int, exclusive: bool = False,
+                     folder_mode: int = 0o700) -> None:
+    """``data`` into the cache file ``root / relative`` (a ``/``-separated path) through a temporary file beside it
+    and ``os.replace``: readers see the old file or the new one, never half of one. ``exclusive``: never replace an
+    existing entry (FileExistsError), even one made a moment ago.
+
+    ``root`` is the folder the user chose (it may be a link, and is made if missing). Below it nothing is reached
+    through a link: every folder on the way is checked with ``lstat`` (made with ``folder_mode`` when missing) and,
+    where the system allows, opened without following links, the next step taken relative to its descriptor. An
+    existing entry that is not a regular file or holds over ``limit`` bytes is not one vitcg wrote, and is left
+    alone. Raises :class:`UnsafeCachePath` for a link or non-folder on the way or such an entry, or OSError."""
+    root = Path(root)
+    *folders, name = relative.split("/")
+    root.mkdir(parents=True, exist_ok=True)
+    if not _DIR_FDS:
+        _write_by_path(root, folders, name, data, limit=limit, exclusive=exclusive, folder_mode=folder_mode)
+        return
+    fd = os.open(root, _DIRECTORY_FLAGS)
+    try:
+        where = root
+        for folder in folders:
+            where = where / folder
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, folder_mode, dir_fd=fd)
+            st = _lstat(folder, fd)
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                raise UnsafeCachePath(f"{where} is {'missing' if st is None else _entry_kind(st)}, not a folder: "
+                                      f"vitcg writes nothing through it")
+            inner = os.open(folder, _DIRECTORY_FLAGS | getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        _check_replaceable(where / name, _lstat(name, fd), limit)
+        temporary = f".{name}.{secrets.token_hex(8)}"
+        out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                      | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=fd)
+        try:
+            with os.fdopen(out, "wb") as handle:
+                handle.write(data)
+            if exclusive:
+                os.link(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
+            else:
+                os.replace(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
+                temporary = None
+        finally:
+            if temporary is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _write_by_path(root: Path, folders: list[str], name: str, data: bytes, *, limit: int, exclusive: bool,
+                   folder_mode: int) -> None:
+    """:func:`write_cache_file` where folders cannot be opened relative to a descriptor (Windows): each folder is
+    checked with ``lstat`` just before use."""
+    where = root
+    for folder in folders:
+        where = where / folder
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(where, folder_mode)
+        st = _lstat(where)
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            raise UnsafeCachePath(f"{where} is {'missing' if st is None else _entry_kind(st)}, not a folder: "
+                                  f"vitcg writes nothing through it")
+    path = where / name
+    _check_replaceable(path, _lstat(path), limit)
+    fd, temporary = tempfile.mkstemp(dir=where, prefix=f".{name}.")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+        if exclusive:
+            os.link(temporary, path)
+        else:
+            os.replace(temporary, path)
+            temporary = None
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
 
 class NotRegularFile(Exception):
@@ -282,7 +385,13 @@ a file nested 100,000 levels deep once made ``vitcg validate`` fail with Recursi
 
 
 class UnusableCache(Exception):
-    """A bindings cache file that is not read (the message says why): its answers are recomputed."""
+    """A bindings cache file that is not read (the message says why): its answers are recomputed. ``replace``:
+    whether the file may be one vitcg wrote (a regular file within the cap), so that fresh answers replace it; a
+    link, FIFO, folder or device, or a file over the cap, is left alone."""
+
+    def __init__(self, message: str, *, replace: bool = True):
+        super().__init__(message)
+        self.replace = replace
 
 
 def _depth(document: Any, limit: int) -> int:
@@ -298,18 +407,21 @@ def _depth(document: Any, limit: int) -> int:
 
 def read_cache(path: Path) -> dict[str, Any]:
     """The entries of the bindings cache ``path`` ({} when there is none). Raises :class:`UnusableCache` for a file
-    that is not a regular file (a FIFO would block the read forever), is over :data:`MAX_CACHE_BYTES`, is not JSON,
-    nests deeper than :data:`MAX_CACHE_DEPTH` or is not a JSON object. Entries are checked one by one on lookup."""
+    that is not a regular file (a FIFO would block the read forever; a symbolic link is not followed), is over
+    :data:`MAX_CACHE_BYTES`, is not JSON, nests deeper than :data:`MAX_CACHE_DEPTH` or is not a JSON object. Entries
+    are checked one by one on lookup."""
     try:
-        data = read_regular(path, MAX_CACHE_BYTES)
+        data = read_regular(path, MAX_CACHE_BYTES, follow_links=False)
     except FileNotFoundError:
         return {}
     except NotRegularFile:
-        raise UnusableCache("it is not a regular file") from None
+        raise UnusableCache("it is not a regular file", replace=False) from None
     except OversizedFile as exc:
         raise UnusableCache(f"it holds {exc.size} bytes, over the limit of {MAX_CACHE_BYTES}" if exc.size is not None
-                            else f"it holds more than {MAX_CACHE_BYTES} bytes") from None
-    except OSError as exc:
+                            else f"it holds more than {MAX_CACHE_BYTES} bytes", replace=False) from None
+    except OSError as exc:  # ELOOP: a symbolic link, which O_NOFOLLOW refuses to open
+        if os.path.islink(path):
+            raise UnusableCache("it is a symbolic link", replace=False) from None
         raise UnusableCache(f"cannot read it: {exc.strerror}") from None
     too_deep = UnusableCache(f"it nests deeper than {MAX_CACHE_DEPTH} levels")
     try:
@@ -335,6 +447,7 @@ class Bindings:
         self.path = Path(cache_dir or cache_root()) / f"bindings-transformers-{self.version}.json"
         self._entries: dict[str, Any] | None = None
         self._dirty = False
+        self._left_alone = False
 
     def _load(self) -> dict[str, Any]:
         if self._entries is None:
@@ -344,9 +457,14 @@ class Bindings:
                     self._entries = read_cache(self.path)
                 except UnusableCache as exc:
                     # The answers are recomputed as if there were no file, so the file changes no result.
-                    warnings.warn(f"vitcg: ignoring the bindings cache {self.path}: {exc}; it will be rewritten",
-                                  stacklevel=5)
-                    self._dirty = True
+                    if exc.replace:
+                        warnings.warn(f"vitcg: ignoring the bindings cache {self.path}: {exc}; it will be rewritten",
+                                      stacklevel=5)
+                        self._dirty = True
+                    else:  # not a file vitcg wrote: never replaced, so nothing is stored this time
+                        warnings.warn(f"vitcg: ignoring the bindings cache {self.path}: {exc}; it is left alone "
+                                      f"and nothing is cached", stacklevel=5)
+                        self._left_alone = True
         return self._entries
 
     def _lookup(self, key: str, compute) -> dict[str, Any]:
@@ -371,11 +489,15 @@ class Bindings:
         return self._lookup(key, lambda: _check_config(path, dict(overrides)))
 
     def save(self) -> None:
-        """Write new answers to disk (atomically); failures to write are not errors."""
-        if not (self.use_cache and self._dirty and self._entries is not None):
+        """Write new answers to disk (atomically, never through a link or over a file vitcg did not write:
+        :func:`write_cache_file`); failures to write are not errors, a path vitcg will not write one warning."""
+        if not (self.use_cache and self._dirty and self._entries is not None) or self._left_alone:
             return
         try:
-            write_cache_file(self.path, json.dumps(self._entries, sort_keys=True).encode())
+            write_cache_file(self.path.parent, self.path.name, json.dumps(self._entries, sort_keys=True).encode(),
+                             limit=MAX_CACHE_BYTES, folder_mode=0o777)
             self._dirty = False
+        except UnsafeCachePath as exc:
+            warnings.warn(f"vitcg: not writing the bindings cache: {exc}", stacklevel=2)
         except OSError:
             pass

@@ -25,10 +25,13 @@ unpickled, on the very file descriptor that is read:
 - its payload is torch's artifact container holding only the artifact kinds a ``torch.compile`` produces
   (:data:`EXPECTED_KINDS`), each keyed by a relative path without ``..``: checked with a plain byte reader, no pickle.
 
-Anything else is not loaded (``CompileCacheUse.loaded`` stays False), one warning says why, the kernels are compiled
-as if the file were absent, and the file is replaced (through a temporary file and ``os.replace``, which replaces a
-link rather than writing through it). On systems without ``os.getuid`` (Windows) the ownership and mode checks are
-skipped; the tag still holds.
+Anything else is not loaded (``CompileCacheUse.loaded`` stays False), one warning says why, and the kernels are
+compiled as if the file were absent. A regular file within the cap is then replaced (through a temporary file and
+``os.replace``). What vitcg never wrote is left alone and nothing is stored under that key: a ``compile/`` folder
+that is a symbolic link (its target may be any folder of the user's: nothing is read from or written into it), an
+entry or key that is a link, FIFO, folder or device, or one over its cap (:func:`vitcg.lang.bindings.write_cache_file`
+checks each folder below the cache root with ``lstat`` and writes relative to its descriptor). On systems without
+``os.getuid`` (Windows) the ownership and mode checks are skipped; the tag still holds.
 """
 
 from __future__ import annotations
@@ -43,7 +46,6 @@ import logging
 import os
 import secrets
 import stat
-import tempfile
 import warnings
 import zlib
 from collections.abc import Callable, Iterator
@@ -53,7 +55,8 @@ from typing import Any
 
 import torch
 
-from ..lang.bindings import NotRegularFile, OversizedFile, cache_root, read_regular, transformers_version, write_cache_file
+from ..lang.bindings import (NotRegularFile, OversizedFile, UnsafeCachePath, cache_root, read_regular,
+                             transformers_version, write_cache_file)
 from ..lang.model import Spec
 from . import ops  # noqa: F401  (registers vitcg's custom ops, which stored artifacts call, before any loads)
 
@@ -90,7 +93,13 @@ _OWNERSHIP = hasattr(os, "getuid")
 
 
 class UntrustedCacheFile(Exception):
-    """A compile-cache file (or its folder or key) that vitcg will not hand to torch; the message says why."""
+    """A compile-cache file (or its folder or key) that vitcg will not hand to torch; the message says why.
+    ``replace``: whether vitcg may replace it with what it compiles (a regular file within the cap, in a folder it
+    trusts); False for what vitcg never wrote, which is left alone and stores nothing under that key."""
+
+    def __init__(self, message: str, *, replace: bool = True):
+        super().__init__(message)
+        self.replace = replace
 
 
 def compile_key(spec: Spec, device: torch.device, dtype: torch.dtype, **shapes: Any) -> str:
@@ -140,42 +149,54 @@ def _check_owner(st: os.stat_result, what: str, path: Path, *, private: bool = F
 
 
 def _check_folder(folder: Path) -> None:
-    """Raise :class:`UntrustedCacheFile` unless ``folder`` is a directory of the current user that only they may
-    write: anyone else who may write it could swap files between the checks and the read."""
+    """Raise :class:`UntrustedCacheFile` unless ``folder`` is a directory (not a link to one: its target may be
+    any folder of the user's) of the current user that only they may write: anyone else who may write it could
+    swap files between the checks and the read."""
     try:
-        st = os.stat(folder)
+        st = os.lstat(folder)
     except OSError as exc:
-        raise UntrustedCacheFile(f"cannot inspect the folder {folder}: {exc.strerror}") from None
+        raise UntrustedCacheFile(f"cannot inspect the folder {folder}: {exc.strerror}", replace=False) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UntrustedCacheFile(f"{folder} is a symbolic link: vitcg reads and writes nothing through it",
+                                 replace=False)
     if not stat.S_ISDIR(st.st_mode):
-        raise UntrustedCacheFile(f"{folder} is not a folder")
-    _check_owner(st, "the folder", folder)
+        raise UntrustedCacheFile(f"{folder} is not a folder", replace=False)
+    try:
+        _check_owner(st, "the folder", folder)
+    except UntrustedCacheFile as exc:
+        raise UntrustedCacheFile(str(exc), replace=False) from None
 
 
 def _read_trusted(path: Path, limit: int, *, what: str, private: bool = False) -> bytes | None:
     """The bytes of ``path`` (None when there is no such entry), read through one file descriptor whose owner, mode,
     kind and size are checked first, at most ``limit + 1`` bytes of it (:func:`vitcg.lang.bindings.read_regular`,
     links not followed). Raises :class:`UntrustedCacheFile`."""
+    link = UntrustedCacheFile(f"{what} {path} is a symbolic link, left alone", replace=False)
     if not hasattr(os, "O_NOFOLLOW") and os.path.islink(path):
-        raise UntrustedCacheFile(f"{what} {path} is a symbolic link")
+        raise link
     try:
         return read_regular(path, limit, follow_links=False,
                             check=lambda st: _check_owner(st, what, path, private=private))
     except FileNotFoundError:
         if os.path.islink(path):
-            raise UntrustedCacheFile(f"{what} {path} is a symbolic link") from None
+            raise link from None
         return None
     except NotRegularFile:
-        raise UntrustedCacheFile(f"{what} {path} is not a regular file") from None
+        raise UntrustedCacheFile(f"{what} {path} is not a regular file, left alone", replace=False) from None
     except OversizedFile as exc:
-        raise UntrustedCacheFile(f"{what} {path} holds {exc.size} bytes, over the {limit}-byte cap" if exc.size
-                                 is not None else f"{what} {path} holds more than the {limit}-byte cap") from None
+        raise UntrustedCacheFile(f"{what} {path} holds {exc.size} bytes, over the {limit}-byte cap, left alone"
+                                 if exc.size is not None else
+                                 f"{what} {path} holds more than the {limit}-byte cap, left alone",
+                                 replace=False) from None
     except OSError as exc:  # ELOOP: the entry is a link, which O_NOFOLLOW refuses to open
-        reason = "is a symbolic link" if os.path.islink(path) else f"cannot be read: {exc.strerror}"
-        raise UntrustedCacheFile(f"{what} {path} {reason}") from None
+        if os.path.islink(path):
+            raise link from None
+        raise UntrustedCacheFile(f"{what} {path} cannot be read: {exc.strerror}") from None
 
 
 def _secret(folder: Path, *, create: bool) -> bytes:
-    """This user's key for ``folder``: read (and checked), or, with ``create``, made when missing or unusable.
+    """This user's key for ``folder``: read (and checked), or, with ``create``, made when missing or unusable (a
+    key that is a link, not a regular file or over its cap is not vitcg's: it is left alone, and raised).
     Raises :class:`UntrustedCacheFile` (without ``create``: when there is no usable key)."""
     path = folder / KEY_FILE
     try:
@@ -184,24 +205,23 @@ def _secret(folder: Path, *, create: bool) -> bytes:
             return secret
         problem = None if secret is None else f"the key {path} holds {len(secret)} bytes, not {KEY_BYTES}"
     except UntrustedCacheFile as exc:
+        if not exc.replace:
+            raise
         problem = str(exc)
     if not create:
         raise UntrustedCacheFile(problem or f"there is no key {path} to check it with (vitcg did not write it)")
     secret = secrets.token_bytes(KEY_BYTES)
-    if problem is not None:  # a key anyone else may have read or written vouches for nothing: a new one
-        warnings.warn(f"vitcg: replacing the compile cache key: {problem}", stacklevel=5)
-        write_cache_file(path, secret)
-        return secret
-    fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{KEY_FILE}.")  # mode 0600
+    where = f"{folder.name}/{KEY_FILE}"
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(secret)
-        os.link(temporary, path)  # never replaces a key another process made meanwhile: keep theirs
+        if problem is not None:  # a key anyone else may have read or written vouches for nothing: a new one
+            warnings.warn(f"vitcg: replacing the compile cache key: {problem}", stacklevel=5)
+            write_cache_file(folder.parent, where, secret, limit=KEY_BYTES)
+        else:  # never replaces a key another process made meanwhile: keep theirs
+            write_cache_file(folder.parent, where, secret, limit=KEY_BYTES, exclusive=True)
     except FileExistsError:
         return _secret(folder, create=False)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+    except UnsafeCachePath as exc:
+        raise UntrustedCacheFile(str(exc), replace=False) from None
     return secret
 
 
@@ -270,9 +290,11 @@ def _trusted_payload(path: Path, key: str, check: Callable[[bytes], Any] = artif
     """The artifacts in ``path`` if vitcg can vouch for them (see the module docstring), None when there is no file.
     ``check`` reads the payload's layout without unpickling (torch's container, or :func:`aot_index`).
     Raises :class:`UntrustedCacheFile` saying why not."""
+    if not os.path.lexists(path.parent):
+        return None
+    _check_folder(path.parent)  # before any look inside: a folder that is a link is not read through
     if not os.path.lexists(path):
         return None
-    _check_folder(path.parent)
     data = _read_trusted(path, MAX_ARTIFACT_BYTES, what="the file")
     if data is None:  # removed since the lexists
         return None
@@ -298,7 +320,7 @@ def _storing(what: str, path: Path) -> Iterator[None]:
     or a read-only one, costs the next start its compile time, nothing else."""
     try:
         yield
-    except UntrustedCacheFile as exc:
+    except (UntrustedCacheFile, UnsafeCachePath) as exc:
         _warn(f"not storing {what} {path}: {exc}")
     except OSError as exc:
         _warn(f"could not store {what} {path}: {exc}")
@@ -313,10 +335,11 @@ def persistent_compile_cache(key: str, root: str | os.PathLike | None = None, *,
     what this capture compiles."""
     path = Path(root or cache_root()) / "compile" / f"{key}.bin"
     use = CompileCacheUse(path)
+    replaceable = True
     try:
         payload = _trusted_payload(path, key)
     except UntrustedCacheFile as exc:
-        payload, use.refused = None, str(exc)
+        payload, use.refused, replaceable = None, str(exc), exc.replace
         _warn(f"not loading the compile cache: {exc}; compiling instead")
     if payload is not None:
         try:
@@ -330,7 +353,7 @@ def persistent_compile_cache(key: str, root: str | os.PathLike | None = None, *,
         else:
             _warn(f"ignoring the compile cache {path}: {use.refused}; compiling instead")
     yield use
-    if use.loaded:
+    if use.loaded or not replaceable:  # what vitcg never wrote is left alone (warned about above)
         return
     artifacts = torch.compiler.save_cache_artifacts() if needed() else None
     blob = artifacts[0] if artifacts else b""
@@ -352,10 +375,11 @@ def _store(path: Path, key: str, payload: bytes, check: Callable[[bytes], Any] =
     folder = path.parent
     folder.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
-        os.mkdir(folder, 0o700)
+        os.mkdir(folder, 0o700)  # never follows a link of that name: it exists, and the check below refuses it
     _check_folder(folder)
     secret = _secret(folder, create=True)
-    write_cache_file(path, MAGIC + _tag(secret, key, payload) + payload)
+    write_cache_file(folder.parent, f"{folder.name}/{path.name}", MAGIC + _tag(secret, key, payload) + payload,
+                     limit=MAX_ARTIFACT_BYTES)
     log.info("compile cache: stored %d bytes of artifacts in %s", len(payload), path)
 
 
@@ -399,14 +423,14 @@ def _aot_blobs(payload: bytes) -> dict[str, bytes]:
     return blobs
 
 
-def _load_ahead(path: Path, key: str, ahead: Any) -> tuple[bool, str | None]:
+def _load_ahead(path: Path, key: str, ahead: Any) -> tuple[bool, UntrustedCacheFile | None]:
     """Hand the block functions stored under ``key`` to ``ahead``. Returns whether they were loaded, and why a
-    file that exists was not (vitcg cannot vouch for it: warned, and replaced after the capture)."""
+    file that exists was not (vitcg cannot vouch for it: warned, and replaced after the capture if ``replace``)."""
     try:
         payload = _trusted_payload(path, key, aot_index)
     except UntrustedCacheFile as exc:
         _warn(f"not loading the compiled block functions: {exc}; compiling instead")
-        return False, str(exc)
+        return False, exc
     if payload is None:
         return False, None
     ahead.load(_aot_blobs(payload))
@@ -446,8 +470,8 @@ def capture_compiled(manager: Any, spec: Spec) -> tuple[Any, CompileCacheUse]:
     else:
         with persistent_compile_cache(key, needed=lambda: bool(ahead.fallbacks)) as use:
             report = manager.capture()
-        use.refused = use.refused or refused
-    if ahead.compiled and not ahead.disabled:
+        use.refused = use.refused or (str(refused) if refused is not None else None)
+    if ahead.compiled and not ahead.disabled and (refused is None or refused.replace):
         stored = _store_ahead(path, key, ahead)
         if stored:
             use.saved_bytes, use.path = use.saved_bytes + stored, path  # the file a later start loads

@@ -117,8 +117,13 @@ def compile_config(modality: str, base: Mapping[str, Any] | None = None, *, budg
 def serve_command(model: str, config: Mapping[str, Any]) -> str:
     """The ``vllm serve`` command line that serves ``model`` through vLLM's Transformers backend (where vitcg's
     plugin gives its encoder CUDA graphs) with the compilation config ``config``, quoted for a POSIX shell.
-    Raises UsageError for an empty model name."""
+    Raises UsageError for an empty model name, or one starting with ``-``: quoting keeps it one word, but
+    ``vllm serve`` would still read that word as one of its options (``--trust-remote-code``), not as the model."""
     if not model.strip():
         raise UsageError("--serve needs a model name or folder, got an empty one")
+    if model.startswith("-"):
+        raise UsageError(f"--serve {shlex.quote(model)}: the model name starts with '-', so `vllm serve` would read "
+                         f"it as one of its options, not as a model; for a folder of that name, pass "
+                         f"{shlex.quote('./' + model)}")
     return shlex.join(["vllm", "serve", model, "--model-impl", "transformers", "--compilation-config",
                        json.dumps(config, allow_nan=False, separators=(",", ":"))])

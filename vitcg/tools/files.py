@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import UsageError
-from ..lang.bindings import NotRegularFile, OversizedFile, read_regular
+from ..lang.bindings import NotRegularFile, OversizedFile, file_kind, read_regular
 
 
 def _reason(exc: OSError) -> str:
@@ -19,9 +19,27 @@ def _reason(exc: OSError) -> str:
 def _target(path: Path) -> Path:
     """The file a write to ``path`` replaces: ``path`` itself, a symlink included. A write never lands in a
     symlink's target, which may be a file outside the folder the user named (``vitcg new -o LINK --force``
-    once overwrote it): the link is replaced by the new file and its target is left as it was. A link to a
-    device or FIFO (``/dev/stdout``) is written through, like the device itself."""
+    once overwrote it): the link is replaced by the new file and its target is left as it was."""
     return path
+
+
+def check_output(path: str | os.PathLike) -> None:
+    """Raise UsageError unless ``path`` names no entry yet or a regular file (or a link to one, or to nothing,
+    which a write replaces): vitcg writes only regular files, whole. Anything else is refused before it is opened:
+    a FIFO without a reader would block the open forever (``vitcg schema -o FIFO`` once hung), a device or socket
+    is not a file to replace, and a folder cannot be one (a link to any of these is refused the same way)."""
+    path = Path(path)
+    try:
+        st = os.stat(path)  # through a link: what it points at decides
+    except OSError:
+        return  # nothing there, or a dangling link (replaced); an unreadable folder fails at the write
+    if not stat.S_ISREG(st.st_mode):
+        kind = file_kind(st.st_mode)
+        if kind == "a folder":
+            raise UsageError(f"cannot write {path}: it is a folder")
+        link = " (through a symbolic link)" if path.is_symlink() else ""
+        raise UsageError(f"cannot write {path}: it is {kind}, not a regular file{link}; vitcg writes only regular "
+                         f"files (to print instead, leave the option out or pass '-' where the command takes it)")
 
 
 def _new_file_mode() -> int:
@@ -38,12 +56,7 @@ def check_writable(path: str | os.PathLike) -> None:
     fails at once instead of after the work.
     """
     path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"cannot write {path}: it is a folder")
-    if path.exists() and not path.is_file():
-        if not os.access(path, os.W_OK):
-            raise UsageError(f"cannot write {path}: permission denied")
-        return
+    check_output(path)
     folder = _target(path).parent
     if not folder.is_dir():
         raise UsageError(f"cannot write {path}: no such folder {folder}")
@@ -58,24 +71,17 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     ``overwrite=False`` never replaces an existing file, even one created meanwhile by someone else: the
     temporary file is hard-linked into place (which fails if the name is taken) instead of renamed.
 
-    The folder must exist. An existing file that is not a regular file (``/dev/null``, ``/dev/full``, a
-    FIFO, ``/dev/stdout``) cannot be replaced by a rename, and replacing a device would be wrong anyway:
-    it is written directly, and its errors (``/dev/full``: no space left on device) are UsageErrors too.
-    A symlink to a regular file (or to nothing) is replaced by the new file; its target is not touched.
+    The folder must exist. An existing entry that is not a regular file (a FIFO, ``/dev/null``, a socket, a
+    folder, or a link to one) is refused before anything is opened (:func:`check_output`): a FIFO nobody reads
+    would block forever. A symlink to a regular file (or to nothing) is replaced by the new file; its target is not
+    touched. No existing path is ever opened for writing: the data goes into a new temporary file (``O_EXCL``,
+    which no link can redirect) that is renamed or linked into place.
     """
     path = Path(path)
     target = _target(path)
-    if target.is_dir():
-        raise UsageError(f"cannot write {path}: it is a folder")
+    check_output(target)
     if not overwrite and (target.exists() or path.is_symlink()):
         raise UsageError(f"{path} exists and is not overwritten")
-    if target.exists() and not target.is_file():
-        try:
-            with open(target, "wb") as handle:
-                handle.write(data)
-        except OSError as exc:
-            raise UsageError(f"cannot write {path}: {_reason(exc)}") from None
-        return
     folder = target.parent
     if not folder.is_dir():
         raise UsageError(f"cannot write {path}: no such folder {folder}")
