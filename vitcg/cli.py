@@ -412,7 +412,7 @@ def new(
 
     path = None if output == "-" else Path(output or f"{spec_name(model_type)}.yaml")
     if path is not None:
-        check_output(path)  # a folder, FIFO or device: refused before the draft, and before any open
+        check_output(path)  # a folder, socket or block device: refused before the draft
         if (path.exists() or path.is_symlink()) and not force:
             raise UsageError(f"{path} exists; pass --force to overwrite it")
         # Drafting imports transformers (seconds): a path that cannot be a file fails before it.

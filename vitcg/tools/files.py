@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -23,23 +24,47 @@ def _target(path: Path) -> Path:
     return path
 
 
-def check_output(path: str | os.PathLike) -> None:
-    """Raise UsageError unless ``path`` names no entry yet or a regular file (or a link to one, or to nothing,
-    which a write replaces): vitcg writes only regular files, whole. Anything else is refused before it is opened:
-    a FIFO without a reader would block the open forever (``vitcg schema -o FIFO`` once hung), a device or socket
-    is not a file to replace, and a folder cannot be one (a link to any of these is refused the same way)."""
+def check_output(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is written through (True: a character device such as ``/dev/null`` or ``/dev/stdout``, or
+    a FIFO, or a link to one) rather than replaced by a new regular file (False: nothing there, a regular file, or
+    a link to one or to nothing). Raises UsageError for anything else, before anything is opened: a folder, a
+    socket or a block device is not a file to write or replace."""
     path = Path(path)
     try:
         st = os.stat(path)  # through a link: what it points at decides
     except OSError:
-        return  # nothing there, or a dangling link (replaced); an unreadable folder fails at the write
-    if not stat.S_ISREG(st.st_mode):
-        kind = file_kind(st.st_mode)
-        if kind == "a folder":
-            raise UsageError(f"cannot write {path}: it is a folder")
-        link = " (through a symbolic link)" if path.is_symlink() else ""
-        raise UsageError(f"cannot write {path}: it is {kind}, not a regular file{link}; vitcg writes only regular "
-                         f"files (to print instead, leave the option out or pass '-' where the command takes it)")
+        return False  # nothing there, or a dangling link (replaced); an unreadable folder fails at the write
+    if stat.S_ISREG(st.st_mode):
+        return False
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+        return True
+    kind = file_kind(st.st_mode)
+    if kind == "a folder":
+        raise UsageError(f"cannot write {path}: it is a folder")
+    link = " (through a symbolic link)" if path.is_symlink() else ""
+    raise UsageError(f"cannot write {path}: it is {kind}, not a regular file{link}; vitcg writes regular files, "
+                     f"character devices and FIFOs (to print instead, leave the option out or pass '-' where the "
+                     f"command takes it)")
+
+
+def _write_through(path: Path, data: bytes) -> None:
+    """Write ``data`` to a character device or FIFO. A FIFO is opened without blocking, so one that nobody
+    reads is a UsageError at once instead of a hang (``vitcg schema -o FIFO`` once blocked forever)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise UsageError(f"cannot write {path}: it is a FIFO that no process reads") from None
+        raise UsageError(f"cannot write {path}: {_reason(exc)}") from None
+    try:
+        os.set_blocking(fd, True)  # a reader is there: write all of it, waiting for it as a pipe does
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {_reason(exc)}") from None
+    finally:
+        os.close(fd)
 
 
 def _new_file_mode() -> int:
@@ -71,15 +96,18 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     ``overwrite=False`` never replaces an existing file, even one created meanwhile by someone else: the
     temporary file is hard-linked into place (which fails if the name is taken) instead of renamed.
 
-    The folder must exist. An existing entry that is not a regular file (a FIFO, ``/dev/null``, a socket, a
-    folder, or a link to one) is refused before anything is opened (:func:`check_output`): a FIFO nobody reads
-    would block forever. A symlink to a regular file (or to nothing) is replaced by the new file; its target is not
+    The folder must exist. A character device or FIFO (``/dev/null``, ``/dev/stdout``, or a link to one) cannot be
+    replaced by a rename, and replacing a device would be wrong anyway: it is written directly, a FIFO without
+    blocking on one that nobody reads (:func:`_write_through`); a socket, block device or folder is refused
+    before anything is opened (:func:`check_output`). A symlink to a regular file (or to nothing) is replaced by the new file; its target is not
     touched. No existing path is ever opened for writing: the data goes into a new temporary file (``O_EXCL``,
     which no link can redirect) that is renamed or linked into place.
     """
     path = Path(path)
     target = _target(path)
-    check_output(target)
+    if check_output(target):
+        _write_through(target, data)
+        return
     if not overwrite and (target.exists() or path.is_symlink()):
         raise UsageError(f"{path} exists and is not overwritten")
     folder = target.parent
