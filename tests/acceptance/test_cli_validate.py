@@ -121,3 +121,18 @@ def test_help_lists_commands():
     assert run.returncode == 0
     for command in ("validate", "schema"):
         assert command in run.stdout
+
+
+# issue 37: a linked file is never printed; --resolved keeps validate's exit status and prints one YAML document
+def test_a_harness_linked_outside_the_folder_is_never_printed(tmp_path):
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key: sekrit123\n")
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "x.yaml").write_text("name: x\nextends: qwen2_vl\n")
+    (folder / "x.tests.yaml").symlink_to(secret)
+    for args in (("validate",), ("validate", "--resolved"), ("validate", "--resolved", "--json")):
+        run = vitcg_inprocess(*args, str(folder / "x.yaml"))
+        assert run.returncode == 1, (args, run.stdout, run.stderr)
+        assert "sekrit123" not in run.stdout + run.stderr and "aws_secret" not in run.stdout + run.stderr
+        assert f"{folder / 'x.tests.yaml'}" in run.stdout and "outside its folder" in run.stdout

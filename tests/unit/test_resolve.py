@@ -203,3 +203,72 @@ def test_a_remove_that_cannot_apply_says_why(tmp_path, text, message):
     copy_spec("pixtral", tmp_path)
     _, problems = resolve_file(child(tmp_path, text))
     assert [d.message for d in problems] == [message] and problems[0].code == "extends"
+
+
+# issue 37, item 2: spec, parent and harness files are regular files, and a link that leaves the spec's folder is
+# refused naming the link, never echoing what it points at
+SECRET = "sekrit:*:19000:0:99999:7:::\n"
+
+
+def outside_secret(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = outside / "secret"
+    secret.write_text(SECRET)
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    return folder, secret
+
+
+@pytest.mark.parametrize("role", ["spec", "parent", "harness"])
+def test_a_link_that_leaves_the_spec_folder_is_refused_naming_the_link(tmp_path, role):
+    folder, secret = outside_secret(tmp_path)
+    copy_spec("qwen2_vl", folder)
+    if role == "spec":
+        link = folder / "child.yaml"
+        link.symlink_to(secret)
+    elif role == "parent":
+        child(folder, "name: child\nextends: par\n")
+        link = folder / "par.yaml"
+        link.symlink_to(secret)
+    else:
+        child(folder, "name: child\nextends: qwen2_vl\n")
+        link = folder / "child.tests.yaml"
+        link.symlink_to(secret)
+    result = load_specs([folder / "child.yaml"], bindings=False)
+    text = "\n".join(d.format() for d in result.diagnostics)
+    assert str(link) in text and "outside" in text, text
+    assert "sekrit" not in text and "19000" not in text
+    assert result.invalid_files == [str(folder / "child.yaml")]
+
+
+def test_a_link_inside_the_spec_folder_is_followed(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    (tmp_path / "alias.yaml").symlink_to(tmp_path / "qwen2_vl.yaml")
+    (tmp_path / "alias.tests.yaml").symlink_to("qwen2_vl.tests.yaml")  # relative: inside the folder too
+    child(tmp_path, "name: child\nextends: alias\n")
+    _, problems = resolve_file(tmp_path / "child.yaml")
+    assert [d.message for d in problems] == [f"{tmp_path / 'alias.yaml'} is named 'qwen2_vl', not 'alias'"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "dangling", "device"])
+@pytest.mark.parametrize("role", ["parent", "harness"])
+def test_a_parent_or_harness_that_is_not_a_regular_file_says_what_it_is(tmp_path, kind, role):
+    import os
+    copy_spec("qwen2_vl", tmp_path)
+    child(tmp_path, "name: child\nextends: " + ("par" if role == "parent" else "qwen2_vl") + "\n")
+    path = tmp_path / ("par.yaml" if role == "parent" else "child.tests.yaml")
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "dangling":
+        path.symlink_to(tmp_path / "gone.yaml")
+    else:
+        (tmp_path / "dev").symlink_to("/dev")  # a device reached inside the folder's own tree is still refused
+        path.symlink_to(tmp_path / "dev" / "zero")
+    _, problems = resolve_file(tmp_path / "child.yaml")
+    text = "\n".join(d.format() for d in problems)
+    assert problems and str(path) in text and "did you mean" not in text, text
+    want = {"fifo": "a FIFO", "folder": "a folder", "dangling": "no such file", "device": "outside"}[kind]
+    assert want in text.lower() or want in text, text

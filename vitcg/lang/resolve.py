@@ -17,6 +17,7 @@ Checks run on the result (:mod:`.checks`); ``vitcg validate --resolved`` prints 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,21 +26,30 @@ from ..errors import Diagnostic, shown, suggest
 from . import catalogue as cat
 from .loader import LoadedYaml, Path_, Position, load_file, load_text
 
-HARNESS_SUFFIX = ".tests.yaml"
-"""``NAME.tests.yaml`` beside ``NAME.yaml`` holds that spec's harness: the mapping its ``tests`` key would hold."""
+HARNESS_SUFFIXES = (".tests.yaml", ".tests.yml")
+"""``NAME.tests.yaml`` (or ``NAME.tests.yml``) beside ``NAME.yaml`` holds that spec's harness: the mapping its
+``tests`` key would hold."""
 MAX_CHAIN = 8
 """Longest ``extends`` chain: a family needs two or three levels."""
 _EXCLUSIVE = ("shape", "value")
 """Buffer keys of which a spec holds one: writing one drops the other inherited."""
 
 
-def harness_file(spec_file: Path) -> Path:
-    """Where the harness of ``spec_file`` lives when it is not written in the file."""
-    return spec_file.with_name(spec_file.name.rsplit(".", 1)[0] + HARNESS_SUFFIX)
+def harness_files(spec_file: Path) -> list[Path]:
+    """The harness files of ``spec_file`` that are there (``NAME.tests.yaml``, ``NAME.tests.yml``), whatever they
+    are: a FIFO, a folder or a dangling link is found too, and loading it says what it is."""
+    stem = spec_file.name.rsplit(".", 1)[0]
+    return [p for p in (spec_file.with_name(stem + s) for s in HARNESS_SUFFIXES) if _there(p)]
+
+
+def _there(path: Path) -> bool:
+    """Whether ``path`` names an entry of its folder, a dangling link included."""
+    return os.path.lexists(path)
 
 
 def is_harness_file(path: Path) -> bool:
-    return path.name.endswith((HARNESS_SUFFIX, HARNESS_SUFFIX[:-5] + ".yml"))
+    """Whether ``path`` is named as a harness file (discovery does not load it as a spec of its own)."""
+    return path.name.endswith(HARNESS_SUFFIXES)
 
 
 class _Copy:
@@ -288,9 +298,13 @@ class Resolver:
 
     def _harness(self, loaded: LoadedYaml, path: Path) -> tuple[LoadedYaml | None, list[Diagnostic]]:
         """``loaded`` with its ``NAME.tests.yaml`` as its ``tests`` mapping, when that file exists."""
-        sibling = harness_file(path)
-        if not sibling.is_file():
+        found = harness_files(path)
+        if not found:
             return loaded, []
+        if len(found) > 1:
+            return None, [loaded.diagnostic((), f"the harness is written twice: in {found[0].name} and {found[1].name}",
+                                            hint="keep one of the two files", code="extends")]
+        sibling = found[0]
         display = str(Path(loaded.file).with_name(sibling.name))
         harness, problems = load_file(sibling, display)
         if harness is None:
@@ -349,6 +363,8 @@ class Resolver:
         if len(chain) >= MAX_CHAIN:
             return fail(f"extends chain longer than {MAX_CHAIN} specs")
         parent, problems = self._file(path, str(path), chain)
+        if parent is None and problems and all(d.line == 0 for d in problems):
+            return None, [_via(d, loaded.file) for d in problems]  # unreadable: what it is, at its own path
         if parent is not None and self.check is not None:
             problems = self.check(parent)
         if parent is None or problems:
@@ -412,7 +428,7 @@ def folder_finder(folders: Sequence[Path]) -> Finder:
         for folder in places(near):
             for suffix in (".yaml", ".yml"):
                 candidate = folder / f"{name}{suffix}"
-                if candidate.is_file():
+                if _there(candidate):  # what is not a regular file is refused by loading it, saying what it is
                     return candidate
         return None
 
