@@ -272,3 +272,17 @@ def test_a_parent_or_harness_that_is_not_a_regular_file_says_what_it_is(tmp_path
     assert problems and str(path) in text and "did you mean" not in text, text
     want = {"fifo": "a FIFO", "folder": "a folder", "dangling": "no such file", "device": "outside"}[kind]
     assert want in text.lower() or want in text, text
+
+
+def test_a_tests_yml_harness_is_loaded_like_a_tests_yaml_one(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    child(tmp_path, "name: child\nextends: qwen2_vl\n")
+    (tmp_path / "child.tests.yml").write_text("max_model_len: 1234\nbudgets: [64]\n")
+    loaded = resolved(tmp_path, "child")
+    assert loaded.data["tests"]["max_model_len"] == 1234 and loaded.data["tests"]["budgets"] == [64]
+    assert loaded.file_of(("tests", "budgets")) == str(tmp_path / "child.tests.yml")
+    assert load_specs([tmp_path], bindings=False).files == [str(tmp_path / "child.yaml"), str(tmp_path / "qwen2_vl.yaml")]
+    (tmp_path / "child.tests.yaml").write_text("max_model_len: 99\n")
+    _, problems = resolve_file(tmp_path / "child.yaml")
+    assert [d.message for d in problems] == ["the harness is written twice: in child.tests.yaml and child.tests.yml"]
+    assert problems[0].file == str(tmp_path / "child.yaml")

@@ -8,7 +8,8 @@ Three sources are merged under the file's own text, weakest first:
    ``max_model_len`` (``catalogue.TESTS_DEFAULTS``);
 2. the spec it ``extends`` (by name: ``NAME.yaml`` beside the file, else in the spec folders), resolved the same
    way, recursively;
-3. the file itself, with its harness: the ``tests`` mapping, written in the file or in ``NAME.tests.yaml`` beside it.
+3. the file itself, with its harness: the ``tests`` mapping, written in the file or in ``NAME.tests.yaml`` (or
+   ``NAME.tests.yml``) beside it.
 
 Merging: mappings merge key by key; ``buffers`` merge by ``name`` (a buffer of an inherited name merges into the
 inherited one, ``remove: true`` drops it, a new name is appended); any other list, and every scalar, is replaced.
