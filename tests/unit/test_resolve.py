@@ -286,3 +286,39 @@ def test_a_tests_yml_harness_is_loaded_like_a_tests_yaml_one(tmp_path):
     _, problems = resolve_file(tmp_path / "child.yaml")
     assert [d.message for d in problems] == ["the harness is written twice: in child.tests.yaml and child.tests.yml"]
     assert problems[0].file == str(tmp_path / "child.yaml")
+
+
+def test_the_chain_limit_fails_only_the_file_whose_own_chain_is_too_long_whatever_was_loaded_first(tmp_path):
+    from vitcg.lang.resolve import MAX_CHAIN
+    copy_spec("qwen2_vl", tmp_path)
+    parent = "qwen2_vl"
+    for i in range(1, MAX_CHAIN + 2):  # c1 .. c9: c7 is the last in a chain of 8 specs
+        child(tmp_path, f"name: c{i}\nextends: {parent}\n", f"c{i}")
+        parent = f"c{i}"
+
+    def invalid(order):
+        resolving = resolver()
+        results = {name: resolving.resolve_file(tmp_path / f"{name}.yaml") for name in order}
+        return sorted(name for name, (loaded, problems) in results.items() if problems), results
+
+    names = [f"c{i}" for i in range(1, MAX_CHAIN + 2)]
+    for order in (names, names[::-1]):
+        bad, results = invalid(order)
+        assert bad == [f"c{MAX_CHAIN}", f"c{MAX_CHAIN + 1}"], order
+        (d,) = results[f"c{MAX_CHAIN}"][1]
+        assert d.file == str(tmp_path / f"c{MAX_CHAIN}.yaml") and d.line == 2
+        assert d.message.startswith(f"extends chain longer than {MAX_CHAIN} specs")
+    assert load_specs([tmp_path], bindings=False).invalid_files == [str(tmp_path / f"c{n}.yaml") for n in (8, 9)]
+
+
+def test_a_two_spec_cycle_is_named_as_a_cycle_from_either_file(tmp_path):
+    child(tmp_path, "name: a\nextends: b\n", "a")
+    child(tmp_path, "name: b\nextends: a\n", "b")
+    resolving = resolver()
+    for name, cycle in (("a", "a -> b -> a"), ("b", "b -> a -> b")):
+        _, problems = resolving.resolve_file(tmp_path / f"{name}.yaml")
+        assert [(d.file, d.line, d.message) for d in problems] == [
+            (str(tmp_path / f"{name}.yaml"), 2, f"extends cycle: {cycle}")], name
+    for name, cycle in (("b", "b -> a -> b"), ("a", "a -> b -> a")):  # each alone, the other first
+        _, problems = resolver().resolve_file(tmp_path / f"{name}.yaml")
+        assert [d.message for d in problems] == [f"extends cycle: {cycle}"]

@@ -274,6 +274,11 @@ class Resolver:
         self.find = find
         self.check = check
         self._done: dict[Path, tuple[LoadedYaml | None, list[Diagnostic]]] = {}
+        self._cycles: dict[Path, tuple[Path, ...]] = {}
+        """Each file found on an ``extends`` cycle: the cycle, starting at that file (an intrinsic fact, whichever
+        file was resolved first)."""
+        self._depth: dict[Path, int] = {}
+        """How many specs the chain of each resolved file holds, itself included (1 when it extends none)."""
 
     def resolve_file(self, path: Path, display: str | None = None) -> tuple[LoadedYaml | None, list[Diagnostic]]:
         """The resolved spec of the file at ``path``, or None and the diagnostics that explain why not."""
@@ -283,9 +288,12 @@ class Resolver:
         loaded, problems = load_text(text, file)
         if loaded is None:
             return None, problems
-        return self._loaded(loaded, None, ())
+        return self._loaded(loaded, None, (None,))  # None: the text, first in its chain
 
-    def _file(self, path: Path, display: str, chain: tuple[Path, ...]) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+    def _file(self, path: Path, display: str, chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        """``path`` resolved, from the cache when it was before: a result depends on the file and its ancestors
+        only, never on ``chain`` (the files whose resolution led here), which serves to find cycles and bounds the
+        recursion (:class:`_ChainTooLong`, never cached)."""
         key = path.resolve()
         if key in self._done:
             return self._done[key]
@@ -322,7 +330,7 @@ class Resolver:
         return grafted.out, []
 
     def _loaded(self, loaded: LoadedYaml, folder: Path | None,
-                chain: tuple[Path, ...]) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+                chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
         """``loaded`` on its parent (when it extends one) and the language's defaults, ``extends`` taken out."""
         if "extends" in loaded.data:  # the parent holds the defaults already
             parent, problems = self._parent(loaded, folder, chain)
@@ -342,7 +350,9 @@ class Resolver:
         return (None, problems) if problems else (merged, [])
 
     def _parent(self, loaded: LoadedYaml, folder: Path | None,
-                chain: tuple[Path, ...]) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+                chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        """The resolved parent of ``loaded`` (the last of ``chain``), or None and the diagnostics at its
+        ``extends`` line."""
         name = loaded.data["extends"]
 
         def fail(message: str, hint: str | None = None) -> tuple[None, list[Diagnostic]]:
@@ -359,11 +369,21 @@ class Resolver:
                         "a parent is NAME.yaml beside this file or in the spec folders (vitcg/specs, $VITCG_SPECS_DIR)")
         key = path.resolve()
         if key in chain:
-            names = " -> ".join(p.stem for p in (*chain, key)[list(chain).index(key):])
-            return fail(f"extends cycle: {names}", "a spec cannot inherit from itself")
-        if len(chain) >= MAX_CHAIN:
-            return fail(f"extends chain longer than {MAX_CHAIN} specs")
-        parent, problems = self._file(path, str(path), chain)
+            cycle = chain[chain.index(key):]
+            for i, member in enumerate(cycle):
+                self._cycles[member] = cycle[i:] + cycle[:i]
+            return fail(*_cycle(self._cycles[chain[-1]]))
+        if len(chain) >= MAX_CHAIN:  # the first of the chain has too many ancestors; this file may have few
+            raise _ChainTooLong((*chain, key))
+        try:
+            parent, problems = self._file(path, str(path), chain)
+        except _ChainTooLong as too_long:
+            if len(chain) > 1:
+                raise
+            names = " -> ".join("(text)" if p is None else p.stem for p in too_long.chain)
+            return fail(f"extends chain longer than {MAX_CHAIN} specs: {shown(names)[1:-1]} -> ...", _LONG)
+        if parent is None and chain[-1] in self._cycles:
+            return fail(*_cycle(self._cycles[chain[-1]]))
         if parent is None and problems and all(d.line == 0 for d in problems):
             return None, [_via(d, loaded.file) for d in problems]  # unreadable: what it is, at its own path
         if parent is not None and self.check is not None:
@@ -375,7 +395,34 @@ class Resolver:
         if parent.data.get("name") != name:
             return fail(f"{path} is named {shown(parent.data.get('name'))}, not {name!r}",
                         "a parent is found by its file name, which must be its spec name")
+        depth = self._depth.get(key, 1) + 1
+        if depth > MAX_CHAIN:  # the parent was resolved before, from a shorter chain: its depth says it
+            return fail(f"extends chain longer than {MAX_CHAIN} specs: {shown(name)} is one of {depth - 1} "
+                        "already", _LONG)
+        if chain[-1] is not None:
+            self._depth[chain[-1]] = depth
         return parent, []
+
+
+_LONG = "a family needs two or three levels: extend a spec nearer the root of the chain"
+
+Chain = tuple[Path | None, ...]
+"""The files whose resolution led to the one at hand, the first one first (None: a text, not a file)."""
+
+
+class _ChainTooLong(Exception):
+    """Raised where a chain passes :data:`MAX_CHAIN`: caught by the first file of the chain, the one whose
+    ancestry is too long, so that no file between caches a failure that is not its own."""
+
+    def __init__(self, chain: Chain):
+        super().__init__(chain)
+        self.chain = chain
+
+
+def _cycle(members: tuple[Path, ...]) -> tuple[str, str]:
+    """The message and hint of an ``extends`` cycle, from its first member."""
+    names = " -> ".join(p.stem for p in (*members, members[0]))
+    return f"extends cycle: {shown(names)[1:-1]}", "a spec cannot inherit from itself: remove one extends: of the cycle"
 
 
 def _without(loaded: LoadedYaml, *keys: str) -> LoadedYaml:
