@@ -322,3 +322,27 @@ def test_a_two_spec_cycle_is_named_as_a_cycle_from_either_file(tmp_path):
     for name, cycle in (("b", "b -> a -> b"), ("a", "a -> b -> a")):  # each alone, the other first
         _, problems = resolver().resolve_file(tmp_path / f"{name}.yaml")
         assert [d.message for d in problems] == [f"extends cycle: {cycle}"]
+
+
+# issue 37, item 6: a spec that validates runs its own cases: what the captured method needs is passed
+@pytest.mark.parametrize(("text", "line", "where", "path"), [
+    ("name: child\nextends: qwen2_vl\nbuffers:\n  - {name: grid_thw, remove: true}\n", 4, "child", "$.buffers"),
+    ("name: child\nextends: qwen2_vl\nremove: [encoder.args.grid_thw]\n", 3, "child", "$.encoder.args"),
+])
+def test_an_argument_the_encoder_call_needs_is_a_validate_error_where_it_was_removed(tmp_path, text, line, where, path):
+    copy_spec("qwen2_vl", tmp_path)
+    spec = child(tmp_path, text)
+    result = load_specs([spec])
+    messages = [d.format() for d in result.diagnostics]
+    (d,) = result.diagnostics
+    assert (d.file, d.line, d.path, d.code) == (str(tmp_path / f"{where}.yaml"), line, path, "binding"), messages
+    assert "'grid_thw'" in d.message and "forward" in d.message
+
+
+def test_encoder_args_without_a_required_argument_is_an_error_at_encoder_args(tmp_path):
+    text = spec_text("qwen2_vl").replace("args: {hidden_states: pixels, grid_thw: grid}", "args: {hidden_states: pixels}")
+    path = copy_spec("qwen2_vl", tmp_path, text)
+    result = load_specs([path])
+    (d,) = result.diagnostics
+    line = text.splitlines().index("  args: {hidden_states: pixels}") + 1
+    assert (d.line, d.path) == (line, "$.encoder.args") and "'grid_thw'" in d.message

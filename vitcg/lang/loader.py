@@ -119,6 +119,10 @@ class LoadedYaml:
     """The file of each path whose value was written in another file than :attr:`file`."""
     defaults: dict[Path_, str] = field(default_factory=dict)
     """Paths whose value no file wrote: what supplied it (``the 'tiles' style's default``)."""
+    removed: dict[tuple[str, str], tuple[str, Position]] = field(default_factory=dict)
+    """What a ``remove`` of an inheriting spec took out, and the file and position of the entry that did:
+    ``("buffer", ARG)`` for a buffer passed as ``ARG``, ``("key", DOTTED)`` for an entry of ``remove:``. A check
+    that misses it points there, at the line the user must change."""
 
     def locate(self, path: Path_, *, key: bool = False) -> tuple[Path_, Position]:
         """The closest path with a known position at or above ``path`` (its key with ``key=True``), and that

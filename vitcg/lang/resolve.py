@@ -115,6 +115,7 @@ class _Merge:
         self.problems: list[Diagnostic] = []
 
     def run(self) -> tuple[LoadedYaml, list[Diagnostic]]:
+        self.copy.out.removed = {**self.base.removed, **self.over.removed}
         self.copy.out.data = self.node((), (), ())
         return self.copy.out, self.problems
 
@@ -151,6 +152,10 @@ class _Merge:
                 out.append(self.copy.place(self.base, b + (i,), ("buffers", len(out))))
             elif not self.removed(o + (j,), over[j]):
                 out.append(self.entry(b + (i,), o + (j,), ("buffers", len(out))))
+            else:
+                arg = entry.get("arg", entry.get("name"))
+                at = o + (j, "remove")
+                self.copy.out.removed[("buffer", str(arg))] = (self.over.file_of(at), self.over.position(at, key=True))
         for j, entry in enumerate(over):
             if _name(entry) in inherited:
                 continue
@@ -428,6 +433,7 @@ def _cycle(members: tuple[Path, ...]) -> tuple[str, str]:
 def _without(loaded: LoadedYaml, *keys: str) -> LoadedYaml:
     copy = _Copy(loaded.file)
     copy.out.data = copy.place(loaded, (), ())
+    copy.out.removed = dict(loaded.removed)
     for key in keys:
         copy.out.data.pop(key, None)
     return copy.out
@@ -443,6 +449,7 @@ def _removed(parent: LoadedYaml, child: LoadedYaml) -> tuple[LoadedYaml, list[Di
                                          code="extends")]
     copy = _Copy(parent.file)
     copy.out.data = copy.place(parent, (), ())
+    copy.out.removed = dict(parent.removed)
     problems = []
     for i, dotted in enumerate(paths):
         *head, last = dotted.split(".")
@@ -456,6 +463,7 @@ def _removed(parent: LoadedYaml, child: LoadedYaml) -> tuple[LoadedYaml, list[Di
                                                   "remove: true", code="extends"))
             continue
         del node[last]
+        copy.out.removed[("key", dotted)] = (child.file_of(("remove", i)), child.position(("remove", i)))
     return copy.out, problems
 
 
