@@ -346,3 +346,33 @@ def test_encoder_args_without_a_required_argument_is_an_error_at_encoder_args(tm
     (d,) = result.diagnostics
     line = text.splitlines().index("  args: {hidden_states: pixels}") + 1
     assert (d.line, d.path) == (line, "$.encoder.args") and "'grid_thw'" in d.message
+
+
+def test_remove_entries_that_repeat_or_run_long_are_named_briefly(tmp_path):
+    copy_spec("pixtral", tmp_path)
+    long = "encoder." + "x" * 10_000
+    _, problems = resolve_file(child(tmp_path, f"name: child\nextends: pixtral\nremove: [{long}]\n"))
+    (d,) = problems
+    assert len(d.format()) < 600 and d.message.startswith("the parent holds no key 'encoder.xxx")
+    _, problems = resolve_file(child(tmp_path, "name: child\nextends: pixtral\nremove:\n"
+                                               "  - encoder.call_kwargs.output_hidden_states\n"
+                                               "  - encoder.call_kwargs.output_hidden_states\n"))
+    assert [(d.line, d.message) for d in problems] == [
+        (5, "'encoder.call_kwargs.output_hidden_states' is removed twice (first at remove[0])")]
+
+
+def test_budgets_of_the_harness_are_bounded(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    (tmp_path / "child.tests.yaml").write_text("budgets: [64, 100000000000000000000000]\n")
+    result = load_specs([child(tmp_path, "name: child\nextends: qwen2_vl\n")], bindings=False)
+    (d,) = result.diagnostics
+    assert (d.file, d.line, d.path) == (str(tmp_path / "child.tests.yaml"), 1, "$.tests.budgets[1]")
+    assert "maximum of 1048576" in d.message
+
+
+def test_buffer_errors_in_a_child_point_at_its_own_entries(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    path = child(tmp_path, "name: child\nextends: qwen2_vl\nbuffers:\n  - {name: extra, provider: aligned, shape: [budget], padding: bogus}\n")
+    result = load_specs([path], bindings=False)
+    d = next(d for d in result.diagnostics if "bogus" in d.message)
+    assert (d.file, d.line) == (str(path), 4) and d.via is None

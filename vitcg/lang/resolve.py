@@ -451,13 +451,20 @@ def _removed(parent: LoadedYaml, child: LoadedYaml) -> tuple[LoadedYaml, list[Di
     copy.out.data = copy.place(parent, (), ())
     copy.out.removed = dict(parent.removed)
     problems = []
+    seen: dict[str, int] = {}
     for i, dotted in enumerate(paths):
+        if dotted in seen:
+            problems.append(child.diagnostic(("remove", i), f"{shown(dotted)} is removed twice (first at "
+                                             f"remove[{seen[dotted]}])", hint="delete one of the two entries",
+                                             code="extends"))
+            continue
+        seen[dotted] = i
         *head, last = dotted.split(".")
         node = copy.out.data
         for part in head:
             node = node.get(part) if isinstance(node, dict) else None
         if not isinstance(node, dict) or last not in node:
-            problems.append(child.diagnostic(("remove", i), f"the parent holds no key {dotted!r} to remove",
+            problems.append(child.diagnostic(("remove", i), f"the parent holds no key {shown(dotted)} to remove",
                                              hint="name a mapping key of the parent's resolved spec (vitcg validate "
                                                   "--resolved PARENT); a buffer is removed in buffers: by "
                                                   "remove: true", code="extends"))
