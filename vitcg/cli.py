@@ -68,7 +68,9 @@ def validate(
                                            "using the cached facts.")] = False,
     resolved: Annotated[bool, typer.Option("--resolved", help="Print each spec file as checks see it: merged "
                                            "with the spec it extends, its NAME.tests.yaml harness and the "
-                                           "language's defaults (YAML, or JSON with --json).")] = False,
+                                           "language's defaults (YAML, or JSON with --json); checked as "
+                                           "without --resolved: exit 1 and its diagnostics (YAML comments) "
+                                           "when it does not validate.")] = False,
 ) -> None:
     """Check spec files: YAML, schema, formulas, semantics and transformers bindings. Prints every error.
     Without PATH: the packaged specs, then $VITCG_SPECS_DIR's folders (a later spec replaces one of its name)."""
@@ -78,7 +80,9 @@ def validate(
     if resolved:
         from .tools.resolved import resolved_report
 
-        text, ok = resolved_report(paths or [], as_json)
+        from .lang import Bindings
+
+        text, ok = resolved_report(paths or [], as_json, Bindings(use_cache=not no_cache))
         sys.stdout.write(text)
         raise typer.Exit(0 if ok else 1)
     if paths:

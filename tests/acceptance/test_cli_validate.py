@@ -121,3 +121,44 @@ def test_help_lists_commands():
     assert run.returncode == 0
     for command in ("validate", "schema"):
         assert command in run.stdout
+
+
+# issue 37: a linked file is never printed; --resolved keeps validate's exit status and prints one YAML document
+def test_a_harness_linked_outside_the_folder_is_never_printed(tmp_path):
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key: sekrit123\n")
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "x.yaml").write_text("name: x\nextends: qwen2_vl\n")
+    (folder / "x.tests.yaml").symlink_to(secret)
+    for args in (("validate",), ("validate", "--resolved"), ("validate", "--resolved", "--json")):
+        run = vitcg_inprocess(*args, str(folder / "x.yaml"))
+        assert run.returncode == 1, (args, run.stdout, run.stderr)
+        assert "sekrit123" not in run.stdout + run.stderr and "aws_secret" not in run.stdout + run.stderr
+        assert f"{folder / 'x.tests.yaml'}" in run.stdout and "outside its folder" in run.stdout
+
+
+def test_validate_resolved_of_an_invalid_spec_exits_1_and_stays_one_yaml_document(tmp_path):
+    import yaml
+    path = tmp_path / "bogus.yaml"
+    path.write_text("name: bogus\nfoo: bar\n")
+    for extra in ((), ("--json",)):
+        run = vitcg_inprocess("validate", "--resolved", *extra, str(path))
+        assert run.returncode == 1, (extra, run.stdout)
+    run = vitcg_inprocess("validate", "--resolved", str(path))
+    assert f"{path}:2:1: $.foo: unknown key 'foo'" in run.stdout
+    assert all(line.startswith("#") or not line.startswith(" ") for line in run.stdout.splitlines())
+    assert "# " + "    hint: " in run.stdout  # the hint is a comment too
+    documents = list(yaml.safe_load_all(run.stdout))
+    assert len(documents) == 1 and documents[0]["name"] == "bogus"  # the flattened spec, diagnostics above it
+    document = json.loads(vitcg_inprocess("validate", "--resolved", "--json", str(path)).stdout)[str(path)]
+    assert any(d["message"] == "unknown key 'foo'" for d in document["diagnostics"]) and document["resolved"]["foo"] == "bar"
+
+
+def test_validate_resolved_of_a_spec_that_does_not_resolve_keeps_hints_as_comments(tmp_path):
+    import yaml
+    path = tmp_path / "c.yaml"
+    path.write_text("name: c\nextends: qwen2_vll\n")
+    run = vitcg_inprocess("validate", "--resolved", str(path))
+    assert run.returncode == 1 and "hint: did you mean 'qwen2_vl'?" in run.stdout
+    assert [d for d in yaml.safe_load_all(run.stdout) if d is not None] == []

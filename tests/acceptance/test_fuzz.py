@@ -1,6 +1,7 @@
 """Fuzzing the ``vitcg`` command (issue #13): mutated real specs and random ``compile-config`` arguments; and (issue
 27) plan inputs, bindings and compile cache files, protocol methods called directly, index inputs around the end of
-the table they index, two threads on one model. The whole file takes about 47 s on a 2-core machine under load
+the table they index, two threads on one model; and (issue 37) folders of specs that extend, remove and link
+harness files. The whole file takes about 47 s on a 2-core machine under load
 (load average 6), 31 s of CPU.
 
 Whatever the input, the command exits 0, 1 or 2, prints no traceback, names the file (and a line, where the
@@ -611,3 +612,78 @@ def test_two_threads_on_one_accelerated_model_get_the_original_features(grids):
             assert [g.shape for g in each] == [w.shape for w in want[t]]
             for g, w in zip(each, want[t]):
                 assert float((g - w).norm() / w.norm().clamp_min(1e-12)) <= 1e-5
+
+
+# issue 37: the spec language's surfaces (extends, remove, harness files, folders), fuzzed as one folder of specs
+FAMILY = ["a", "b", "c", "d"]
+PARENTS = FAMILY + ["qwen2_vl", "nowhere", "../a", ""]
+REMOVALS = ["encoder.call_kwargs", "encoder.args.grid_thw", "encoder.nothing", "tests.real_config", "geometry",
+            "x" * 300, "tests.budgets", "modalities.video"]
+HARNESSES = ["none", "yaml", "yml", "both", "fifo", "folder", "outside", "dangling"]
+SECRET = "sekrit-37:*:19000"
+
+
+@st.composite
+def spec_folder(draw) -> list[tuple[str, str, str, list[int]]]:
+    """Up to four specs of one folder: (name, the spec's text, its harness kind, the harness's budgets)."""
+    files = []
+    for name in draw(st.lists(st.sampled_from(FAMILY), min_size=1, max_size=4, unique=True)):
+        if draw(st.booleans()):
+            text = (REPO / "vitcg" / "specs" / "qwen2_vl.yaml").read_text().replace("name: qwen2_vl", f"name: {name}", 1)
+        else:
+            text = f"name: {draw(st.sampled_from([name, name + '_other']))}\nextends: {draw(st.sampled_from(PARENTS))!r}\n"
+            removals = draw(st.lists(st.sampled_from(REMOVALS), max_size=3))
+            if removals:
+                text += f"remove: {json.dumps(removals)}\n"
+            buffers = draw(st.lists(st.sampled_from(["grid_thw", "cu_seqlens", "nothing"]), max_size=2))
+            if buffers:
+                text += "buffers:\n" + "".join(f"  - {{name: {b}, remove: true}}\n" for b in buffers)
+        budgets = draw(st.lists(st.sampled_from([64, 1024, 2**20, 2**20 + 1, 10**23]), min_size=1, max_size=2,
+                                unique=True))
+        files.append((name, text, draw(st.sampled_from(HARNESSES)), budgets))
+    return files
+
+
+def write_folder(root: Path, files) -> Path:
+    folder = root / "specs"
+    folder.mkdir()
+    (root / "secret").write_text(f"{SECRET}\n")
+    harness = (REPO / "vitcg" / "specs" / "qwen2_vl.tests.yaml").read_text()
+    for name, text, kind, budgets in files:
+        (folder / f"{name}.yaml").write_text(text)
+        body = harness.replace("budgets: [", f"budgets: {budgets}  # [", 1) if "budgets: [" in harness else harness
+        if "extends" in text:
+            body = f"budgets: {budgets}\n"
+        for suffix in {"yaml": [".tests.yaml"], "yml": [".tests.yml"], "both": [".tests.yaml", ".tests.yml"]}.get(kind, []):
+            (folder / f"{name}{suffix}").write_text(body)
+        target = folder / f"{name}.tests.yaml"
+        if kind == "fifo":
+            os.mkfifo(target)
+        elif kind == "folder":
+            target.mkdir()
+        elif kind == "outside":
+            target.symlink_to(root / "secret")
+        elif kind == "dangling":
+            target.symlink_to(root / "gone")
+    return folder
+
+
+@settings(FUZZ, max_examples=EXAMPLES or 25, deadline=None)
+@given(files=spec_folder())
+def test_a_folder_of_related_specs_validates_the_same_whatever_the_order(files):
+    from vitcg.lang import load_specs
+    with tempfile.TemporaryDirectory() as root:
+        folder = write_folder(Path(root), files)
+        code, stdout, stderr = run_in_process("validate", str(folder))
+        assert code in (0, 1) and "Traceback" not in stdout + stderr, (code, stdout, stderr)
+        assert SECRET not in stdout + stderr and "sekrit" not in stdout + stderr
+        for line in stdout.splitlines()[:-1]:
+            if not line.startswith("    hint: "):
+                assert line.startswith((str(folder) + "/", str(REPO / "vitcg" / "specs") + "/")), line
+        resolved, out, err = run_in_process("validate", "--resolved", str(folder))
+        assert resolved == code and "sekrit" not in out + err, (resolved, code, out)
+        assert all(d is None or isinstance(d, dict) for d in yaml.safe_load_all(out))  # one YAML document a file
+        together = set(load_specs([folder], bindings=False).invalid_files)
+        alone = {str(p) for p in sorted(folder.glob("*.yaml"), reverse=True) if not p.name.endswith(".tests.yaml")
+                 if not load_specs([p], bindings=False).ok}
+        assert together == alone

@@ -203,3 +203,176 @@ def test_a_remove_that_cannot_apply_says_why(tmp_path, text, message):
     copy_spec("pixtral", tmp_path)
     _, problems = resolve_file(child(tmp_path, text))
     assert [d.message for d in problems] == [message] and problems[0].code == "extends"
+
+
+# issue 37, item 2: spec, parent and harness files are regular files, and a link that leaves the spec's folder is
+# refused naming the link, never echoing what it points at
+SECRET = "sekrit:*:19000:0:99999:7:::\n"
+
+
+def outside_secret(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = outside / "secret"
+    secret.write_text(SECRET)
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    return folder, secret
+
+
+@pytest.mark.parametrize("role", ["spec", "parent", "harness"])
+def test_a_link_that_leaves_the_spec_folder_is_refused_naming_the_link(tmp_path, role):
+    folder, secret = outside_secret(tmp_path)
+    copy_spec("qwen2_vl", folder)
+    if role == "spec":
+        link = folder / "child.yaml"
+        link.symlink_to(secret)
+    elif role == "parent":
+        child(folder, "name: child\nextends: par\n")
+        link = folder / "par.yaml"
+        link.symlink_to(secret)
+    else:
+        child(folder, "name: child\nextends: qwen2_vl\n")
+        link = folder / "child.tests.yaml"
+        link.symlink_to(secret)
+    result = load_specs([folder / "child.yaml"], bindings=False)
+    text = "\n".join(d.format() for d in result.diagnostics)
+    assert str(link) in text and "outside" in text, text
+    assert "sekrit" not in text and "19000" not in text
+    assert result.invalid_files == [str(folder / "child.yaml")]
+
+
+def test_a_link_inside_the_spec_folder_is_followed(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    (tmp_path / "alias.yaml").symlink_to(tmp_path / "qwen2_vl.yaml")
+    (tmp_path / "alias.tests.yaml").symlink_to("qwen2_vl.tests.yaml")  # relative: inside the folder too
+    child(tmp_path, "name: child\nextends: alias\n")
+    _, problems = resolve_file(tmp_path / "child.yaml")
+    assert [d.message for d in problems] == [f"{tmp_path / 'alias.yaml'} is named 'qwen2_vl', not 'alias'"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "dangling", "device"])
+@pytest.mark.parametrize("role", ["parent", "harness"])
+def test_a_parent_or_harness_that_is_not_a_regular_file_says_what_it_is(tmp_path, kind, role):
+    import os
+    copy_spec("qwen2_vl", tmp_path)
+    child(tmp_path, "name: child\nextends: " + ("par" if role == "parent" else "qwen2_vl") + "\n")
+    path = tmp_path / ("par.yaml" if role == "parent" else "child.tests.yaml")
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "dangling":
+        path.symlink_to(tmp_path / "gone.yaml")
+    else:
+        (tmp_path / "dev").symlink_to("/dev")  # a device reached inside the folder's own tree is still refused
+        path.symlink_to(tmp_path / "dev" / "zero")
+    _, problems = resolve_file(tmp_path / "child.yaml")
+    text = "\n".join(d.format() for d in problems)
+    assert problems and str(path) in text and "did you mean" not in text, text
+    want = {"fifo": "a FIFO", "folder": "a folder", "dangling": "no such file", "device": "outside"}[kind]
+    assert want in text.lower() or want in text, text
+
+
+def test_a_tests_yml_harness_is_loaded_like_a_tests_yaml_one(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    child(tmp_path, "name: child\nextends: qwen2_vl\n")
+    (tmp_path / "child.tests.yml").write_text("max_model_len: 1234\nbudgets: [64]\n")
+    loaded = resolved(tmp_path, "child")
+    assert loaded.data["tests"]["max_model_len"] == 1234 and loaded.data["tests"]["budgets"] == [64]
+    assert loaded.file_of(("tests", "budgets")) == str(tmp_path / "child.tests.yml")
+    assert load_specs([tmp_path], bindings=False).files == [str(tmp_path / "child.yaml"), str(tmp_path / "qwen2_vl.yaml")]
+    (tmp_path / "child.tests.yaml").write_text("max_model_len: 99\n")
+    _, problems = resolve_file(tmp_path / "child.yaml")
+    assert [d.message for d in problems] == ["the harness is written twice: in child.tests.yaml and child.tests.yml"]
+    assert problems[0].file == str(tmp_path / "child.yaml")
+
+
+def test_the_chain_limit_fails_only_the_file_whose_own_chain_is_too_long_whatever_was_loaded_first(tmp_path):
+    from vitcg.lang.resolve import MAX_CHAIN
+    copy_spec("qwen2_vl", tmp_path)
+    parent = "qwen2_vl"
+    for i in range(1, MAX_CHAIN + 2):  # c1 .. c9: c7 is the last in a chain of 8 specs
+        child(tmp_path, f"name: c{i}\nextends: {parent}\n", f"c{i}")
+        parent = f"c{i}"
+
+    def invalid(order):
+        resolving = resolver()
+        results = {name: resolving.resolve_file(tmp_path / f"{name}.yaml") for name in order}
+        return sorted(name for name, (loaded, problems) in results.items() if problems), results
+
+    names = [f"c{i}" for i in range(1, MAX_CHAIN + 2)]
+    for order in (names, names[::-1]):
+        bad, results = invalid(order)
+        assert bad == [f"c{MAX_CHAIN}", f"c{MAX_CHAIN + 1}"], order
+        (d,) = results[f"c{MAX_CHAIN}"][1]
+        assert d.file == str(tmp_path / f"c{MAX_CHAIN}.yaml") and d.line == 2
+        assert d.message.startswith(f"extends chain longer than {MAX_CHAIN} specs")
+    assert load_specs([tmp_path], bindings=False).invalid_files == [str(tmp_path / f"c{n}.yaml") for n in (8, 9)]
+
+
+def test_a_two_spec_cycle_is_named_as_a_cycle_from_either_file(tmp_path):
+    child(tmp_path, "name: a\nextends: b\n", "a")
+    child(tmp_path, "name: b\nextends: a\n", "b")
+    resolving = resolver()
+    for name, cycle in (("a", "a -> b -> a"), ("b", "b -> a -> b")):
+        _, problems = resolving.resolve_file(tmp_path / f"{name}.yaml")
+        assert [(d.file, d.line, d.message) for d in problems] == [
+            (str(tmp_path / f"{name}.yaml"), 2, f"extends cycle: {cycle}")], name
+    for name, cycle in (("b", "b -> a -> b"), ("a", "a -> b -> a")):  # each alone, the other first
+        _, problems = resolver().resolve_file(tmp_path / f"{name}.yaml")
+        assert [d.message for d in problems] == [f"extends cycle: {cycle}"]
+
+
+# issue 37, item 6: a spec that validates runs its own cases: what the captured method needs is passed
+@pytest.mark.parametrize(("text", "line", "where", "path"), [
+    ("name: child\nextends: qwen2_vl\nbuffers:\n  - {name: grid_thw, remove: true}\n", 4, "child", "$.buffers"),
+    ("name: child\nextends: qwen2_vl\nremove: [encoder.args.grid_thw]\n", 3, "child", "$.encoder.args"),
+])
+def test_an_argument_the_encoder_call_needs_is_a_validate_error_where_it_was_removed(tmp_path, text, line, where, path):
+    copy_spec("qwen2_vl", tmp_path)
+    spec = child(tmp_path, text)
+    result = load_specs([spec])
+    messages = [d.format() for d in result.diagnostics]
+    (d,) = result.diagnostics
+    assert (d.file, d.line, d.path, d.code) == (str(tmp_path / f"{where}.yaml"), line, path, "binding"), messages
+    assert "'grid_thw'" in d.message and "forward" in d.message
+
+
+def test_encoder_args_without_a_required_argument_is_an_error_at_encoder_args(tmp_path):
+    text = spec_text("qwen2_vl").replace("args: {hidden_states: pixels, grid_thw: grid}", "args: {hidden_states: pixels}")
+    path = copy_spec("qwen2_vl", tmp_path, text)
+    result = load_specs([path])
+    (d,) = result.diagnostics
+    line = text.splitlines().index("  args: {hidden_states: pixels}") + 1
+    assert (d.line, d.path) == (line, "$.encoder.args") and "'grid_thw'" in d.message
+
+
+def test_remove_entries_that_repeat_or_run_long_are_named_briefly(tmp_path):
+    copy_spec("pixtral", tmp_path)
+    long = "encoder." + "x" * 10_000
+    _, problems = resolve_file(child(tmp_path, f"name: child\nextends: pixtral\nremove: [{long}]\n"))
+    (d,) = problems
+    assert len(d.format()) < 600 and d.message.startswith("the parent holds no key 'encoder.xxx")
+    _, problems = resolve_file(child(tmp_path, "name: child\nextends: pixtral\nremove:\n"
+                                               "  - encoder.call_kwargs.output_hidden_states\n"
+                                               "  - encoder.call_kwargs.output_hidden_states\n"))
+    assert [(d.line, d.message) for d in problems] == [
+        (5, "'encoder.call_kwargs.output_hidden_states' is removed twice (first at remove[0])")]
+
+
+def test_budgets_of_the_harness_are_bounded(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    (tmp_path / "child.tests.yaml").write_text("budgets: [64, 100000000000000000000000]\n")
+    result = load_specs([child(tmp_path, "name: child\nextends: qwen2_vl\n")], bindings=False)
+    (d,) = result.diagnostics
+    assert (d.file, d.line, d.path) == (str(tmp_path / "child.tests.yaml"), 1, "$.tests.budgets[1]")
+    assert "maximum of 1048576" in d.message
+
+
+def test_buffer_errors_in_a_child_point_at_its_own_entries(tmp_path):
+    copy_spec("qwen2_vl", tmp_path)
+    path = child(tmp_path, "name: child\nextends: qwen2_vl\nbuffers:\n  - {name: extra, provider: aligned, shape: [budget], padding: bogus}\n")
+    result = load_specs([path], bindings=False)
+    d = next(d for d in result.diagnostics if "bogus" in d.message)
+    assert (d.file, d.line) == (str(path), 4) and d.via is None

@@ -12,6 +12,7 @@ beside the valid specs, so that it blocks only its own spec (DESIGN.md section 1
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,16 +36,17 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 
 
 def discover(paths: Iterable[str | Path]) -> list[Path]:
-    """Spec files named by ``paths`` (files, or folders searched recursively, where ``NAME.tests.yaml`` harness
-    files are not specs of their own), sorted, without repeats. A link named like a spec file whose target is
-    gone is found too: loading it reports the file it cannot read."""
+    """Spec files named by ``paths`` (files, or folders searched recursively, where ``NAME.tests.yaml`` and
+    ``NAME.tests.yml`` harness files are not specs of their own), sorted, without repeats. Whatever is named like a
+    spec file is found, a link whose target is gone or a FIFO included: loading it says what it is. Raises
+    UsageError for a path that names nothing."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
             found.extend(sorted(p for p in path.rglob("*") if p.suffix in SPEC_SUFFIXES and not is_harness_file(p)
-                                and (p.is_file() or p.is_symlink() and not p.exists())))
-        elif path.is_file():
+                                and (p.is_symlink() or not p.is_dir())))
+        elif os.path.lexists(path):
             found.append(path)
         else:
             raise UsageError(f"no such file or folder: {raw}")

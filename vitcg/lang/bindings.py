@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
+import inspect
 import itertools
 import json
 import os
@@ -138,6 +139,23 @@ def _has_method(path: str, method: str) -> bool:
         return False
 
 
+def _signature(path: str, method: str) -> dict[str, Any]:
+    """The parameters of ``method`` of the class at ``path`` (``self`` left out): ``required`` (no default),
+    ``accepted`` (every name a keyword may bind) and ``var_keyword`` (it takes ``**kwargs``)."""
+    try:
+        function = getattr(import_object(path), method)
+        parameters = list(inspect.signature(function).parameters.values())
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        return {"ok": False, "error": f"no signature for {path}.{method}: {exc}"}
+    if parameters and parameters[0].name == "self" and not isinstance(inspect.getattr_static(
+            import_object(path), method, None), staticmethod):
+        parameters = parameters[1:]
+    named = [p for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return {"ok": True, "required": [p.name for p in named if p.default is p.empty],
+            "accepted": [p.name for p in named if p.kind is not p.POSITIONAL_ONLY],
+            "var_keyword": any(p.kind is p.VAR_KEYWORD for p in parameters)}
+
+
 def _check_config(path: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     try:
         cls = import_object(path)
@@ -166,6 +184,9 @@ def _valid_entry(key: str, entry: Any) -> bool:
     kind = key.split(":", 1)[0]
     if kind == "method":
         return True
+    if kind == "signature" and entry["ok"]:
+        return (_strings(entry.get("required")) and _strings(entry.get("accepted"))
+                and isinstance(entry.get("var_keyword"), bool))
     if not entry["ok"]:
         if kind == "config" and "unknown_keys" in entry:
             problems = entry["unknown_keys"]
@@ -482,6 +503,11 @@ class Bindings:
     def check_method(self, path: str, method: str) -> dict[str, Any]:
         """``{"ok": True}`` when the class at ``path`` has a callable ``method``."""
         return self._lookup(f"method:{path}:{method}", lambda: {"ok": _has_method(path, method)})
+
+    def check_signature(self, path: str, method: str) -> dict[str, Any]:
+        """``{"ok": True, "required": [...], "accepted": [...], "var_keyword": bool}``: the parameters of
+        ``method`` of the class at ``path``, ``self`` left out; or ``{"ok": False, "error": ...}``."""
+        return self._lookup(f"signature:{path}:{method}", lambda: _signature(path, method))
 
     def check_config(self, path: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """``{"ok": True, "snapshot": {...}}``, or ``ok: False`` with ``error`` or ``unknown_keys``."""

@@ -295,6 +295,7 @@ def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> 
     found.add(bind.vlm_modalities_covered(loaded, spec, bindings))
     if classes:
         return
+    found.add(bind.calls_pass_required_arguments(loaded, spec, bindings))
     snapshots, problems = bind.config_snapshots(loaded, spec, bindings)
     found.add(problems)
     if problems:

@@ -10,7 +10,9 @@ string but tab, line feed and carriage return.
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from typing import Any
 import yaml
 
 from ..errors import SHOWN_CHARS, Diagnostic, shown
+from .bindings import NotRegularFile, OversizedFile, read_regular
 
 MAX_FILE_BYTES = 1024 * 1024
 """Largest spec file read: real specs are a few KiB, and every later bound is cheap within this one."""
@@ -116,6 +119,10 @@ class LoadedYaml:
     """The file of each path whose value was written in another file than :attr:`file`."""
     defaults: dict[Path_, str] = field(default_factory=dict)
     """Paths whose value no file wrote: what supplied it (``the 'tiles' style's default``)."""
+    removed: dict[tuple[str, str], tuple[str, Position]] = field(default_factory=dict)
+    """What a ``remove`` of an inheriting spec took out, and the file and position of the entry that did:
+    ``("buffer", ARG)`` for a buffer passed as ``ARG``, ``("key", DOTTED)`` for an entry of ``remove:``. A check
+    that misses it points there, at the line the user must change."""
 
     def locate(self, path: Path_, *, key: bool = False) -> tuple[Path_, Position]:
         """The closest path with a known position at or above ``path`` (its key with ``key=True``), and that
@@ -293,27 +300,67 @@ def load_text(text: str, file: str) -> tuple[LoadedYaml | None, list[Diagnostic]
     return loaded, []
 
 
-def load_file(path: str | Path, display: str | None = None) -> tuple[LoadedYaml | None, list[Diagnostic]]:
-    """Read and parse one spec file; files over 1 MiB and non-UTF-8 files are refused."""
+def load_file(path: str | Path, display: str | None = None, *,
+              folder: str | Path | None = None) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+    """Read and parse one spec file (a spec, a parent or a harness). Refused with a diagnostic, before any byte is
+    read: a link whose target is outside ``folder`` (default: the folder holding ``path``), named by the link and
+    never by what it points at (a link to a credentials file would otherwise be echoed key by key); anything but a
+    regular file (a FIFO, folder or device: opened without waiting); a file over 1 MiB; then a file that is not
+    UTF-8."""
     display = display or str(path)
     path = Path(path)
+
+    def fail(message: str, hint: str | None = None, line: int = 0) -> tuple[None, list[Diagnostic]]:
+        return None, [Diagnostic(display, line, 0 if not line else 1, "$", message, hint, "yaml")]
+
+    home = Path(folder) if folder is not None else path.parent
+    target = _link_target(path)
+    if target is not None and not _inside(target, home):
+        return fail("the file is a link to a file outside its folder",
+                    "vitcg reads a spec, its parent and its harness only inside the spec's folder: copy the file "
+                    "there instead of linking to it")
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            return None, [Diagnostic(display, 0, 0, "$", _too_big(size), None, "yaml")]
-        with open(path, "rb") as handle:
-            # Bounded: a file that grows after stat, or a device that reports size 0, is still cut at the limit.
-            raw = handle.read(MAX_FILE_BYTES + 1)
-        if len(raw) > MAX_FILE_BYTES:
-            return None, [Diagnostic(display, 0, 0, "$", _too_big(len(raw)) + " (or more)", None, "yaml")]
+        raw = read_regular(path, MAX_FILE_BYTES, check=None if target is None else _is(target))
+    except NotRegularFile as exc:
+        return fail(f"the file is {exc.kind}, not a regular file", "a spec, a parent and a harness are regular files")
+    except OversizedFile as exc:
+        return fail(_too_big(exc.size) if exc.size is not None else _too_big(MAX_FILE_BYTES + 1) + " (or more)")
     except OSError as exc:
-        return None, [Diagnostic(display, 0, 0, "$", f"cannot read file: {exc.strerror or exc}", None, "yaml")]
+        return fail(f"cannot read file: {exc.strerror or exc}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         return None, [Diagnostic(display, line, 1, "$", "file is not valid UTF-8", None, "yaml")]
     return load_text(text, display)
+
+
+def _link_target(path: Path) -> Path | None:
+    """Where the link ``path`` ends, every link on the way followed; None when ``path`` is not a link."""
+    try:
+        return path.resolve() if path.is_symlink() else None
+    except (OSError, RuntimeError):  # a loop of links: the read reports it
+        return None
+
+
+def _inside(target: Path, folder: Path) -> bool:
+    try:
+        return target.is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
+def _is(target: Path):
+    """A ``read_regular`` check that the file opened is ``target``: a link switched after the folder check is
+    refused, not read."""
+    def check(opened: os.stat_result) -> None:
+        try:
+            expected = target.stat()
+        except OSError:
+            expected = None
+        if expected is None or (expected.st_dev, expected.st_ino) != (opened.st_dev, opened.st_ino):
+            raise OSError(errno.ESTALE, "the link changed while it was read")
+    return check
 
 
 def _pos(node: yaml.Node) -> Position:

@@ -8,7 +8,8 @@ Three sources are merged under the file's own text, weakest first:
    ``max_model_len`` (``catalogue.TESTS_DEFAULTS``);
 2. the spec it ``extends`` (by name: ``NAME.yaml`` beside the file, else in the spec folders), resolved the same
    way, recursively;
-3. the file itself, with its harness: the ``tests`` mapping, written in the file or in ``NAME.tests.yaml`` beside it.
+3. the file itself, with its harness: the ``tests`` mapping, written in the file or in ``NAME.tests.yaml`` (or
+   ``NAME.tests.yml``) beside it.
 
 Merging: mappings merge key by key; ``buffers`` merge by ``name`` (a buffer of an inherited name merges into the
 inherited one, ``remove: true`` drops it, a new name is appended); any other list, and every scalar, is replaced.
@@ -17,6 +18,7 @@ Checks run on the result (:mod:`.checks`); ``vitcg validate --resolved`` prints 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,21 +27,30 @@ from ..errors import Diagnostic, shown, suggest
 from . import catalogue as cat
 from .loader import LoadedYaml, Path_, Position, load_file, load_text
 
-HARNESS_SUFFIX = ".tests.yaml"
-"""``NAME.tests.yaml`` beside ``NAME.yaml`` holds that spec's harness: the mapping its ``tests`` key would hold."""
+HARNESS_SUFFIXES = (".tests.yaml", ".tests.yml")
+"""``NAME.tests.yaml`` (or ``NAME.tests.yml``) beside ``NAME.yaml`` holds that spec's harness: the mapping its
+``tests`` key would hold."""
 MAX_CHAIN = 8
 """Longest ``extends`` chain: a family needs two or three levels."""
 _EXCLUSIVE = ("shape", "value")
 """Buffer keys of which a spec holds one: writing one drops the other inherited."""
 
 
-def harness_file(spec_file: Path) -> Path:
-    """Where the harness of ``spec_file`` lives when it is not written in the file."""
-    return spec_file.with_name(spec_file.name.rsplit(".", 1)[0] + HARNESS_SUFFIX)
+def harness_files(spec_file: Path) -> list[Path]:
+    """The harness files of ``spec_file`` that are there (``NAME.tests.yaml``, ``NAME.tests.yml``), whatever they
+    are: a FIFO, a folder or a dangling link is found too, and loading it says what it is."""
+    stem = spec_file.name.rsplit(".", 1)[0]
+    return [p for p in (spec_file.with_name(stem + s) for s in HARNESS_SUFFIXES) if _there(p)]
+
+
+def _there(path: Path) -> bool:
+    """Whether ``path`` names an entry of its folder, a dangling link included."""
+    return os.path.lexists(path)
 
 
 def is_harness_file(path: Path) -> bool:
-    return path.name.endswith((HARNESS_SUFFIX, HARNESS_SUFFIX[:-5] + ".yml"))
+    """Whether ``path`` is named as a harness file (discovery does not load it as a spec of its own)."""
+    return path.name.endswith(HARNESS_SUFFIXES)
 
 
 class _Copy:
@@ -104,6 +115,7 @@ class _Merge:
         self.problems: list[Diagnostic] = []
 
     def run(self) -> tuple[LoadedYaml, list[Diagnostic]]:
+        self.copy.out.removed = {**self.base.removed, **self.over.removed}
         self.copy.out.data = self.node((), (), ())
         return self.copy.out, self.problems
 
@@ -140,6 +152,10 @@ class _Merge:
                 out.append(self.copy.place(self.base, b + (i,), ("buffers", len(out))))
             elif not self.removed(o + (j,), over[j]):
                 out.append(self.entry(b + (i,), o + (j,), ("buffers", len(out))))
+            else:
+                arg = entry.get("arg", entry.get("name"))
+                at = o + (j, "remove")
+                self.copy.out.removed[("buffer", str(arg))] = (self.over.file_of(at), self.over.position(at, key=True))
         for j, entry in enumerate(over):
             if _name(entry) in inherited:
                 continue
@@ -263,6 +279,11 @@ class Resolver:
         self.find = find
         self.check = check
         self._done: dict[Path, tuple[LoadedYaml | None, list[Diagnostic]]] = {}
+        self._cycles: dict[Path, tuple[Path, ...]] = {}
+        """Each file found on an ``extends`` cycle: the cycle, starting at that file (an intrinsic fact, whichever
+        file was resolved first)."""
+        self._depth: dict[Path, int] = {}
+        """How many specs the chain of each resolved file holds, itself included (1 when it extends none)."""
 
     def resolve_file(self, path: Path, display: str | None = None) -> tuple[LoadedYaml | None, list[Diagnostic]]:
         """The resolved spec of the file at ``path``, or None and the diagnostics that explain why not."""
@@ -272,9 +293,12 @@ class Resolver:
         loaded, problems = load_text(text, file)
         if loaded is None:
             return None, problems
-        return self._loaded(loaded, None, ())
+        return self._loaded(loaded, None, (None,))  # None: the text, first in its chain
 
-    def _file(self, path: Path, display: str, chain: tuple[Path, ...]) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+    def _file(self, path: Path, display: str, chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        """``path`` resolved, from the cache when it was before: a result depends on the file and its ancestors
+        only, never on ``chain`` (the files whose resolution led here), which serves to find cycles and bounds the
+        recursion (:class:`_ChainTooLong`, never cached)."""
         key = path.resolve()
         if key in self._done:
             return self._done[key]
@@ -288,9 +312,13 @@ class Resolver:
 
     def _harness(self, loaded: LoadedYaml, path: Path) -> tuple[LoadedYaml | None, list[Diagnostic]]:
         """``loaded`` with its ``NAME.tests.yaml`` as its ``tests`` mapping, when that file exists."""
-        sibling = harness_file(path)
-        if not sibling.is_file():
+        found = harness_files(path)
+        if not found:
             return loaded, []
+        if len(found) > 1:
+            return None, [loaded.diagnostic((), f"the harness is written twice: in {found[0].name} and {found[1].name}",
+                                            hint="keep one of the two files", code="extends")]
+        sibling = found[0]
         display = str(Path(loaded.file).with_name(sibling.name))
         harness, problems = load_file(sibling, display)
         if harness is None:
@@ -307,7 +335,7 @@ class Resolver:
         return grafted.out, []
 
     def _loaded(self, loaded: LoadedYaml, folder: Path | None,
-                chain: tuple[Path, ...]) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+                chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
         """``loaded`` on its parent (when it extends one) and the language's defaults, ``extends`` taken out."""
         if "extends" in loaded.data:  # the parent holds the defaults already
             parent, problems = self._parent(loaded, folder, chain)
@@ -327,7 +355,9 @@ class Resolver:
         return (None, problems) if problems else (merged, [])
 
     def _parent(self, loaded: LoadedYaml, folder: Path | None,
-                chain: tuple[Path, ...]) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+                chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        """The resolved parent of ``loaded`` (the last of ``chain``), or None and the diagnostics at its
+        ``extends`` line."""
         name = loaded.data["extends"]
 
         def fail(message: str, hint: str | None = None) -> tuple[None, list[Diagnostic]]:
@@ -344,11 +374,23 @@ class Resolver:
                         "a parent is NAME.yaml beside this file or in the spec folders (vitcg/specs, $VITCG_SPECS_DIR)")
         key = path.resolve()
         if key in chain:
-            names = " -> ".join(p.stem for p in (*chain, key)[list(chain).index(key):])
-            return fail(f"extends cycle: {names}", "a spec cannot inherit from itself")
-        if len(chain) >= MAX_CHAIN:
-            return fail(f"extends chain longer than {MAX_CHAIN} specs")
-        parent, problems = self._file(path, str(path), chain)
+            cycle = chain[chain.index(key):]
+            for i, member in enumerate(cycle):
+                self._cycles[member] = cycle[i:] + cycle[:i]
+            return fail(*_cycle(self._cycles[chain[-1]]))
+        if len(chain) >= MAX_CHAIN:  # the first of the chain has too many ancestors; this file may have few
+            raise _ChainTooLong((*chain, key))
+        try:
+            parent, problems = self._file(path, str(path), chain)
+        except _ChainTooLong as too_long:
+            if len(chain) > 1:
+                raise
+            names = " -> ".join("(text)" if p is None else p.stem for p in too_long.chain)
+            return fail(f"extends chain longer than {MAX_CHAIN} specs: {shown(names)[1:-1]} -> ...", _LONG)
+        if parent is None and chain[-1] in self._cycles:
+            return fail(*_cycle(self._cycles[chain[-1]]))
+        if parent is None and problems and all(d.line == 0 for d in problems):
+            return None, [_via(d, loaded.file) for d in problems]  # unreadable: what it is, at its own path
         if parent is not None and self.check is not None:
             problems = self.check(parent)
         if parent is None or problems:
@@ -358,12 +400,40 @@ class Resolver:
         if parent.data.get("name") != name:
             return fail(f"{path} is named {shown(parent.data.get('name'))}, not {name!r}",
                         "a parent is found by its file name, which must be its spec name")
+        depth = self._depth.get(key, 1) + 1
+        if depth > MAX_CHAIN:  # the parent was resolved before, from a shorter chain: its depth says it
+            return fail(f"extends chain longer than {MAX_CHAIN} specs: {shown(name)} is one of {depth - 1} "
+                        "already", _LONG)
+        if chain[-1] is not None:
+            self._depth[chain[-1]] = depth
         return parent, []
+
+
+_LONG = "a family needs two or three levels: extend a spec nearer the root of the chain"
+
+Chain = tuple[Path | None, ...]
+"""The files whose resolution led to the one at hand, the first one first (None: a text, not a file)."""
+
+
+class _ChainTooLong(Exception):
+    """Raised where a chain passes :data:`MAX_CHAIN`: caught by the first file of the chain, the one whose
+    ancestry is too long, so that no file between caches a failure that is not its own."""
+
+    def __init__(self, chain: Chain):
+        super().__init__(chain)
+        self.chain = chain
+
+
+def _cycle(members: tuple[Path, ...]) -> tuple[str, str]:
+    """The message and hint of an ``extends`` cycle, from its first member."""
+    names = " -> ".join(p.stem for p in (*members, members[0]))
+    return f"extends cycle: {shown(names)[1:-1]}", "a spec cannot inherit from itself: remove one extends: of the cycle"
 
 
 def _without(loaded: LoadedYaml, *keys: str) -> LoadedYaml:
     copy = _Copy(loaded.file)
     copy.out.data = copy.place(loaded, (), ())
+    copy.out.removed = dict(loaded.removed)
     for key in keys:
         copy.out.data.pop(key, None)
     return copy.out
@@ -379,19 +449,28 @@ def _removed(parent: LoadedYaml, child: LoadedYaml) -> tuple[LoadedYaml, list[Di
                                          code="extends")]
     copy = _Copy(parent.file)
     copy.out.data = copy.place(parent, (), ())
+    copy.out.removed = dict(parent.removed)
     problems = []
+    seen: dict[str, int] = {}
     for i, dotted in enumerate(paths):
+        if dotted in seen:
+            problems.append(child.diagnostic(("remove", i), f"{shown(dotted)} is removed twice (first at "
+                                             f"remove[{seen[dotted]}])", hint="delete one of the two entries",
+                                             code="extends"))
+            continue
+        seen[dotted] = i
         *head, last = dotted.split(".")
         node = copy.out.data
         for part in head:
             node = node.get(part) if isinstance(node, dict) else None
         if not isinstance(node, dict) or last not in node:
-            problems.append(child.diagnostic(("remove", i), f"the parent holds no key {dotted!r} to remove",
+            problems.append(child.diagnostic(("remove", i), f"the parent holds no key {shown(dotted)} to remove",
                                              hint="name a mapping key of the parent's resolved spec (vitcg validate "
                                                   "--resolved PARENT); a buffer is removed in buffers: by "
                                                   "remove: true", code="extends"))
             continue
         del node[last]
+        copy.out.removed[("key", dotted)] = (child.file_of(("remove", i)), child.position(("remove", i)))
     return copy.out, problems
 
 
@@ -412,7 +491,7 @@ def folder_finder(folders: Sequence[Path]) -> Finder:
         for folder in places(near):
             for suffix in (".yaml", ".yml"):
                 candidate = folder / f"{name}{suffix}"
-                if candidate.is_file():
+                if _there(candidate):  # what is not a regular file is refused by loading it, saying what it is
                     return candidate
         return None
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from ..lang import discover, resolve_file, schema, spec_folders
+from ..errors import Diagnostic, UsageError
+from ..lang import Bindings, discover, resolver, schema, spec_folders
+from ..lang.checks import check
 
 
 def _in_order(data: dict) -> dict:
@@ -17,24 +19,42 @@ def _in_order(data: dict) -> dict:
     return dict(sorted(data.items(), key=lambda item: order.get(item[0], len(order))))
 
 
-def resolved_report(paths: Sequence[str | Path], as_json: bool) -> tuple[str, bool]:
-    """The resolved spec of each file under ``paths`` (default: the spec folders), as YAML documents (``---``
-    between them) or one JSON object by file; the diagnostics of a file that does not resolve instead of its
-    spec. Returns the text and whether every file resolved."""
+def resolved_report(paths: Sequence[str | Path], as_json: bool, bindings: Bindings | None = None) -> tuple[str, bool]:
+    """The resolved spec of each file under ``paths`` (default: the spec folders), checked as ``vitcg validate``
+    checks it (``bindings`` too, when given): as YAML documents (``---`` between them) whose diagnostics, hint lines
+    included, are comments above the spec, so that the text stays YAML; or one JSON object by file (the spec, or
+    ``{"diagnostics": [...], "resolved": spec}`` for a file that does not validate, without ``resolved`` when it
+    does not even resolve). Returns the text and whether every file validated. Raises UsageError when no spec file
+    is found."""
     files = discover(paths or spec_folders())
+    if not files:
+        raise UsageError(f"no spec files (*.yaml) under {', '.join(map(str, paths or spec_folders()))}")
+    resolving = resolver()
     out: dict[str, object] = {}
     texts: list[str] = []
     ok = True
     for path in files:
-        loaded, problems = resolve_file(path)
+        loaded, problems = resolving.resolve_file(path)
+        if loaded is not None:
+            problems = check(loaded, bindings)[1]
+        ok = ok and not problems
         if loaded is None:
-            ok = False
             out[str(path)] = {"diagnostics": [d.to_json() for d in problems]}
-            texts.append(f"# {path}: does not resolve\n" + "".join(f"# {d.format()}\n" for d in problems))
+            texts.append(f"# {path}: does not resolve\n" + _comments(problems))
             continue
-        data = out[str(path)] = _in_order(loaded.data)
-        texts.append(f"# {path}, resolved\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120,
-                                                              default_flow_style=None))
+        data = _in_order(loaded.data)
+        out[str(path)] = {"diagnostics": [d.to_json() for d in problems], "resolved": data} if problems else data
+        title = f"# {path}, resolved" + (f" (does not validate: {len(problems)} error{'s' * (len(problems) != 1)})"
+                                         if problems else "")
+        texts.append(title + "\n" + _comments(problems) + yaml.safe_dump(
+            data, sort_keys=False, allow_unicode=True, width=120, default_flow_style=None))
+    if bindings is not None:
+        bindings.save()
     if as_json:
         return json.dumps(out, indent=1) + "\n", ok
     return "---\n".join(texts), ok
+
+
+def _comments(problems: Sequence[Diagnostic]) -> str:
+    """Each line of each diagnostic as a YAML comment."""
+    return "".join(f"# {line}\n" for d in problems for line in d.format().splitlines())

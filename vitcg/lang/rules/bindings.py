@@ -10,7 +10,7 @@ from typing import Any
 from ...errors import Diagnostic, FormulaError, suggest
 from .. import catalogue as cat
 from ..bindings import Bindings
-from ..loader import LoadedYaml
+from ..loader import LoadedYaml, format_path
 from ..model import Encoder, Spec, thaw
 from .common import error, formula_diagnostic
 
@@ -36,6 +36,39 @@ def classes_bind(loaded: LoadedYaml, encoder: Encoder, bindings: Bindings) -> It
                     f"{short} is built from a {expected.rsplit('.', 1)[1]}, not a "
                     f"{encoder.config_class.rsplit('.', 1)[1]}", code="binding",
                     hint=f"set config_class to {expected}, or class to the encoder that this config builds")
+
+
+def calls_pass_required_arguments(loaded: LoadedYaml, spec: Spec, bindings: Bindings) -> Iterator[Diagnostic]:
+    """Each parameter of the encoder's method without a default is passed by both calls: the eager one
+    (``encoder.args`` and ``call_kwargs``) and, for a spec without ``graph_scope``, the captured one (every buffer
+    under its ``arg`` and ``call_kwargs``). Else every case of ``vitcg check`` fails with ``forward() missing 1
+    required positional argument``. The error points where the argument was taken away: the ``remove`` entry of
+    an inheriting spec, else ``encoder.args`` or ``buffers``."""
+    signature = bindings.check_signature(spec.encoder.class_path, spec.encoder.method)
+    if not signature["ok"]:
+        return
+    short = f"{spec.encoder.class_path.rsplit('.', 1)[1]}.{spec.encoder.method}()"
+    constant = set(spec.encoder.call_kwargs)
+    calls = [("the eager call", set(spec.encoder.args), ("encoder", "args"), "key", "encoder.args.")]
+    if spec.graph_scope is None:
+        calls.append(("the captured call", {b.arg for b in spec.buffers}, ("buffers",), "buffer", ""))
+    for call, passed, path, kind, prefix in calls:
+        for name in signature["required"]:
+            if name in passed or name in constant:
+                continue
+            message = f"{short} needs the argument {name!r}, which {call} does not pass"
+            removal = loaded.removed.get((kind, prefix + name))
+            if removal is not None:
+                file, pos = removal
+                yield Diagnostic(file, pos.line, pos.col, format_path(path), message + " (removed here)",
+                                 "keep it: every case would fail with a missing argument", "binding",
+                                 None if file == loaded.file else loaded.file)
+            elif kind == "key":
+                yield error(loaded, path, message, code="binding",
+                            hint=f"add {name}: ROLE to encoder.args (the input role that holds it)")
+            else:
+                yield error(loaded, path, message, code="binding",
+                            hint=f"add a buffer passed as {name!r} (arg: {name})")
 
 
 def architectures_exist(loaded: LoadedYaml, spec: Spec, bindings: Bindings) -> Iterator[Diagnostic]:
