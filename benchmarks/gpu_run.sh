@@ -22,11 +22,11 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       > "$OUT/env.txt" 2>&1 ;;
     gate)  # issue 36's GPU gate, one device call (< 10 min): every spec at real size, the GPU plugin, regions,
       # packed-attention and cross-process cache tests, the TTFT router rows; benchmarks/gate.py gives the verdict
-      run 240 gate.log python3 -m vitcg check --all --device cuda --size real; check=$?
-      run 210 gate.log python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_packed_attention_gpu.py \
+      run 210 gate.log python3 -m vitcg check --all --device cuda --size real; check=$?
+      run 250 gate.log python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_packed_attention_gpu.py \
         tests/gpu/test_cache_across_processes_gpu.py tests/gpu/test_regions_gpu.py tests/engine/test_vllm_protocol_cuda.py
       tests=$?
-      run 130 gate.log python3 benchmarks/generate_ttft.py qwen2_vl --iters 10 --json "$OUT/gate_ttft.json"; ttft=$?
+      run 110 gate.log python3 benchmarks/generate_ttft.py qwen2_vl --iters 10 --json "$OUT/gate_ttft.json"; ttft=$?
       python3 benchmarks/gate.py "$OUT/gate_ttft.json" check=$check tests=$tests ttft=$ttft | tee -a "$OUT/gate.log"
       gate=${PIPESTATUS[0]} ;;
     tests) run 420 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu tests/engine tests/hf -m gpu ;;
