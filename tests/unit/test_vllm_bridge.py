@@ -3,12 +3,21 @@ batches are cut into items. The plugin against vLLM's real code is tests/vllm/te
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import Blip2Config, LlamaConfig, Qwen2VLConfig
 
 from vitcg.errors import InputError
-from vitcg.vllm_plugin.bridge import Declined, find_spec, item_counts, select_backend_items
+from vitcg.vllm_plugin.bridge import (
+    Declined,
+    data_parallel,
+    find_spec,
+    item_counts,
+    replicated,
+    select_backend_items,
+)
 
 
 def test_a_spec_is_found_by_architecture_and_model_type():
@@ -116,3 +125,24 @@ def test_a_broken_or_missing_user_spec_folder_blocks_no_other_model(tmp_path, mo
             find_spec(LlamaConfig(architectures=["LlamaForCausalLM"]))
         assert find_spec(Qwen2VLConfig()).name == "qwen2_vl"
     assert "clip.yaml" in caplog.text and "missing" in caplog.text
+
+
+def vllm_config(mode: str | None, tp: int) -> SimpleNamespace:
+    """The two fields of vLLM's config that data-parallel encoding reads."""
+    return SimpleNamespace(model_config=SimpleNamespace(multimodal_config=SimpleNamespace(mm_encoder_tp_mode=mode)),
+                           parallel_config=SimpleNamespace(tensor_parallel_size=tp))
+
+
+def test_data_parallel_encoding_needs_mode_data_and_more_than_one_rank():
+    assert data_parallel(vllm_config("data", 2))
+    assert not data_parallel(vllm_config("data", 1))
+    assert not data_parallel(vllm_config("weights", 4))
+    assert not data_parallel(SimpleNamespace(model_config=SimpleNamespace(multimodal_config=None),
+                                             parallel_config=SimpleNamespace(tensor_parallel_size=2)))
+
+
+def test_a_tower_with_a_sharded_layer_declines_naming_it_and_counting_them():
+    tower = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
+    replicated(tower, lambda module: False)  # whole on every rank: no decline
+    with pytest.raises(Declined, match=r"2 of Sequential's layers hold a shard of their weight \(0: Linear\)"):
+        replicated(tower, lambda module: isinstance(module, torch.nn.Linear))

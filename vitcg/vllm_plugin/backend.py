@@ -19,7 +19,8 @@ The first pack also runs the tower once eagerly, to learn how its output is stru
 A model whose spec cannot be used becomes an instance of the stock class, so vLLM sees no
 ``SupportsEncoderCudaGraph`` and captures nothing; one INFO line on the ``vitcg`` logger says why. That is
 decided right after construction (no spec matches, the installed transformers lacks the spec's code, the spec
-is graph-scoped, its encoder is not where the spec says), or at the first batch ``embed_multimodal`` sees
+is graph-scoped, its encoder is not where the spec says, a tower layer holds a tensor parallel shard under
+``--mm-encoder-tp-mode data``), or at the first batch ``embed_multimodal`` sees
 before any manager holds the model's config, which in vLLM is the profiling run (the spec cannot read the
 backend's batch: a pixel layout it does not describe).
 
@@ -32,6 +33,8 @@ stock backend's items and every later batch goes to the stock path.
 
 from __future__ import annotations
 
+import torch
+from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.models.transformers import (
     TransformersMultiModalForCausalLM,
     TransformersMultiModalMoEForCausalLM,
@@ -40,13 +43,21 @@ from vllm.model_executor.models.transformers import (
 from .bridge import EncoderGraphs
 
 
+def sharded(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds only its tensor parallel rank's part of a weight: vLLM's column and row parallel
+    linears (their subclasses included: QKV, merged, the fusers' layers) split over more than one rank. vLLM's
+    ``ReplicatedLinear``, where the backend puts every layer its plans do not name (the tower's), and a parallel
+    linear built with ``disable_tp`` (one rank's size) hold the whole weight."""
+    return isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and getattr(module, "tp_size", 1) > 1
+
+
 def _with_encoder_graphs(stock: type, name: str) -> type:
     """A direct subclass of the backend class ``stock`` with :class:`~vitcg.vllm_plugin.bridge.EncoderGraphs`'s
     members."""
     members = {k: v for k, v in vars(EncoderGraphs).items() if k not in ("__dict__", "__weakref__", "__doc__")}
     doc = f"vLLM's ``{stock.__name__}`` with encoder CUDA graphs from vitcg's spec of the model it wraps."
-    return type(name, (stock,), {**members, "_stock": stock, "__doc__": doc, "__qualname__": name,
-                                  "__module__": __name__})
+    return type(name, (stock,), {**members, "_stock": stock, "_sharded": staticmethod(sharded), "__doc__": doc,
+                                  "__qualname__": name, "__module__": __name__})
 
 
 VitcgMultiModalForCausalLM = _with_encoder_graphs(TransformersMultiModalForCausalLM, "VitcgMultiModalForCausalLM")

@@ -227,6 +227,12 @@ class Bridge:
         the tower's output (:class:`_Layout` still unknown); the first pack's is expected."""
         self._stock: tuple[Mapping[str, Any], list[torch.Tensor]] | None = None
         """The batch the stock path answered last, and its answer per item."""
+        self.gather_width: int | None = None
+        """Under data-parallel encoding (:func:`data_parallel`), the width of the rows vLLM's manager gathers
+        across ranks: the language model's input embedding size, which every item of ``embed_multimodal`` has.
+        None without it."""
+        self.gather_checked: set[str] = set()
+        """The modalities whose items were found to be gathered right (:meth:`check_gather`)."""
 
     def turn_off(self, why: str) -> None:
         """From here on the stock path answers every batch of this model; one warning says why."""
@@ -235,6 +241,24 @@ class Bridge:
             logger.warning("vitcg: spec %s: %s; the model's encoder CUDA graphs are off, vLLM's stock path "
                            "serves this batch and every later one", self.spec.name, why)
         self.served.clear()
+
+    def check_gather(self, mm_kwargs: Mapping[str, Any], features: Sequence[torch.Tensor]) -> None:
+        """Under data-parallel encoding, checks that vLLM's manager can gather the items of a whole batch:
+        it concatenates each rank's items and cuts the gathered rows by the spec's output tokens per item, at the
+        width :attr:`gather_width`, so each of the backend's items (``features``, the stock answer) must be a
+        matrix of exactly that many rows and that width. Checked once per modality (the relation is the model's,
+        not the batch's); every rank sees the same batch, so every rank decides alike. Raises BoundaryMismatch."""
+        modality = self.modality_of(mm_kwargs)
+        if self.gather_width is None or modality in self.gather_checked:
+            return
+        items = self.adapter.get_encoder_cudagraph_item_specs(self.graph_inputs(mm_kwargs))
+        for index, (item, feature) in enumerate(zip(items, features, strict=True)):
+            if tuple(feature.shape) != (item.output_tokens, self.gather_width):
+                raise BoundaryMismatch(
+                    f"--mm-encoder-tp-mode data: vLLM gathers {modality} item {index} as {item.output_tokens} rows "
+                    f"of {self.gather_width} (the tower's output tokens, the language model's width), and the "
+                    f"backend's item is {tuple(feature.shape)}")
+        self.gather_checked.add(modality)
 
     def stock_answer(self, mm_kwargs: Mapping[str, Any], embed: Callable[..., Sequence[torch.Tensor]]) -> list[torch.Tensor]:
         """The stock path's items for the batch that ``mm_kwargs`` is (or was selected from: a :class:`Pack`),
@@ -363,6 +387,26 @@ class Bridge:
         return list(features)
 
 
+def data_parallel(vllm_config: Any) -> bool:
+    """Whether vLLM's encoder graph manager will split each batch's items across tensor parallel ranks: mode
+    ``data`` (``--mm-encoder-tp-mode``) under a tensor parallel size above 1, as the manager decides it."""
+    multimodal = getattr(vllm_config.model_config, "multimodal_config", None)
+    return (getattr(multimodal, "mm_encoder_tp_mode", None) == "data"
+            and vllm_config.parallel_config.tensor_parallel_size > 1)
+
+
+def replicated(encoder: torch.nn.Module, sharded: Callable[[torch.nn.Module], bool]) -> None:
+    """Checks that every rank holds the whole tower: no module under ``encoder`` is ``sharded``. Raises Declined
+    naming the first sharded one and how many there are: under data-parallel encoding each rank runs the tower
+    alone on its own items, and a sharded layer would need the other ranks' halves."""
+    found = [(name, module) for name, module in encoder.named_modules() if sharded(module)]
+    if found:
+        name, module = found[0]
+        raise Declined(f"--mm-encoder-tp-mode data needs the whole tower on every rank, and {len(found)} of "
+                       f"{type(encoder).__name__}'s layers hold a shard of their weight ({name or 'the tower'}: "
+                       f"{type(module).__name__}); every rank encodes every item, as the stock backend does")
+
+
 def _guarded(off: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A protocol member that never raises into vLLM: while the graphs serve the model it runs the member, and
     any exception from it turns them off (:meth:`Bridge.turn_off`); once they are off, ``off`` (same arguments)
@@ -402,7 +446,15 @@ class EncoderGraphs:
     the stream unusable, which no guest can undo."""
 
     supports_encoder_cudagraph: ClassVar[Literal[True]] = True
+    supports_encoder_tp_data: ClassVar[bool] = True
+    """Under tensor parallelism, vLLM may split each batch's items across the ranks (``--mm-encoder-tp-mode
+    data``): its manager then gives each rank a selection of the batch, and each rank captures and replays its
+    own budgets. That needs the tower replicated on every rank, which the backend does (its tensor parallel
+    plans name no tower layer); :meth:`__init__` checks it and declines where a tower weight is sharded."""
     _stock: ClassVar[type]
+    _sharded: ClassVar[Callable[[torch.nn.Module], bool]] = staticmethod(lambda module: False)
+    """Whether a module holds only its rank's shard of a weight (vLLM's column and row parallel linears): given
+    by :mod:`vitcg.vllm_plugin.backend`, which imports vLLM; this module does not."""
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         self._stock.__init__(self, vllm_config=vllm_config, prefix=prefix)
@@ -414,6 +466,9 @@ class EncoderGraphs:
                 bridge = Bridge(spec, self.model)
             except UsageError as exc:
                 raise Declined(f"spec {spec.name} does not describe this model: {exc}") from exc
+            if data_parallel(vllm_config):
+                replicated(bridge.encoder, type(self)._sharded)
+                bridge.gather_width = vllm_config.model_config.get_inputs_embeds_size()
         except Declined as exc:
             self._decline(f"{name} runs without encoder CUDA graphs: {exc}")
             return
@@ -448,7 +503,14 @@ class EncoderGraphs:
                 self._decline(f"spec {bridge.spec.name} cannot read the backend's batches "
                               f"({', '.join(f'{k} {describe(v)}' for k, v in kwargs.items())}): {exc}; "
                               "the model runs without encoder CUDA graphs")
-        return stock.embed_multimodal(self, **kwargs)
+                return stock.embed_multimodal(self, **kwargs)
+        features = stock.embed_multimodal(self, **kwargs)
+        if bridge.off is None and bridge.gather_width is not None and not bridge.config_given:
+            try:  # the profiling batch, on every rank alike: a model vLLM cannot gather declines here
+                bridge.check_gather(kwargs, features)
+            except Exception as exc:  # noqa: BLE001
+                self._decline(f"spec {bridge.spec.name}: {exc}; the model runs without encoder CUDA graphs")
+        return features
 
     def _process_vision_input(self, modality: str, pixel_values: Any, counts: Any, /, **kwargs: Any) -> Any:
         """The stock backend's, except for a processor output named like one of that method's own parameters
@@ -489,7 +551,8 @@ class EncoderGraphs:
 
     def _off_config(self) -> Any:
         self._vitcg.config_given = True
-        return EncoderCudaGraphConfig(modalities=self._vitcg.served, buffer_keys=[OFF_BUFFER], out_hidden_size=1)
+        return EncoderCudaGraphConfig(modalities=self._vitcg.served, buffer_keys=[OFF_BUFFER],
+                                      out_hidden_size=self._vitcg.gather_width or 1)
 
     def _off_items(self, mm_kwargs: Mapping[str, Any]) -> list[Any]:
         # each item's real row count, so that anything vLLM sizes by it (data-parallel gathers) stays true
@@ -527,6 +590,8 @@ class EncoderGraphs:
         config = bridge.adapter.get_encoder_cudagraph_config()
         bridge.capture_axes = tuple(tuple(axis) for axis in config.capture_axes)
         bridge.served[:] = config.modalities
+        if bridge.gather_width is not None:  # vLLM's gather pads each rank's items at this width
+            return dataclasses.replace(config, modalities=bridge.served, out_hidden_size=bridge.gather_width)
         return dataclasses.replace(config, modalities=bridge.served)
 
     @_guarded(lambda self, mm_kwargs: "video" if BACKEND_PIXELS["video"] in mm_kwargs else "image")
@@ -549,6 +614,10 @@ class EncoderGraphs:
         modality = bridge.adapter.get_input_modality(inputs)
         if modality in BACKEND_ROW_KEYS and BACKEND_ROW_KEYS[modality] in mm_kwargs:
             backend_counts(mm_kwargs, modality)  # the counts describe the rows, or InputError
+        if bridge.gather_width is not None and not isinstance(mm_kwargs, Pack) and modality not in bridge.gather_checked:
+            # a whole batch before vLLM shards it, with no profiling run: the stock answer, which the off path
+            # reuses if the rows cannot be gathered
+            bridge.check_gather(mm_kwargs, self._stock_items(mm_kwargs))
         return bridge.adapter.get_encoder_cudagraph_item_specs(inputs)
 
     @_guarded(_off_select)
