@@ -5,7 +5,7 @@ With world size 2 (tensor parallel size 2, ``mm_encoder_tp_mode="data"``, gloo o
 every model, makes the profiling call (``embed_multimodal`` on every batch, as vLLM's runner does before
 capture), builds and captures the manager (``CpuCaptureManager``: the one double, capture on a CPU) and runs
 each batch through ``manager.execute`` twice (the first pack learns the tower's output layout, the second
-replays from graph rows). It saves, per spec and modality and run: the items ``execute`` returned (after vLLM's
+replays from graph rows), then once more with a fault on rank 1 alone (:func:`fault_on_one_rank`). It saves, per spec and modality and run: the items ``execute`` returned (after vLLM's
 all-gather), the items of the batch this rank encoded (the root indices of every selection the manager
 postprocessed here) and the graph hits it counted. With world size 1 (tensor parallel size 1) it saves the stock
 backend's items instead: the reference.
@@ -105,7 +105,26 @@ def run_spec(spec, folder: Path, rank: int, world: int) -> dict:
                 runs[(modality, attempt)] = {"items": [t.clone() for t in items], "encoded": sorted(encoded),
                                              "hits": manager.graph_hits - hits, "off": model._vitcg.off}
         result["runs"] = runs
+        result["fault"] = fault_on_one_rank(model, manager, batches, rank)
     return result
+
+
+def fault_on_one_rank(model, manager, batches: dict, rank: int) -> dict:
+    """Rank 1 alone hits a fault on vitcg's path (its replay buffers), then both ranks serve two batches as vLLM's
+    runner does (the manager while it takes the modality, else ``embed_multimodal``): the manager's gather is a
+    collective, so a rank that left it alone would leave the other waiting. Returns the items each batch got, and
+    why this rank's graphs are off (None: on)."""
+    modality, batch = next(iter(batches.items()))
+    if rank == 1:
+        def fault(*args, **kwargs):
+            raise RuntimeError("injected on rank 1")
+
+        model._vitcg.adapter.prepare_encoder_cudagraph_replay_buffers = fault
+    served = []
+    for _ in range(2):
+        items = manager.execute(batch) if manager.supports_modality(modality) else model.embed_multimodal(**batch)
+        served.append([t.clone() for t in items])
+    return {"modality": modality, "items": served, "off": model._vitcg.off}
 
 
 def main(argv: list[str]) -> int:

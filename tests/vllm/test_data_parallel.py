@@ -131,6 +131,21 @@ def test_each_rank_encodes_its_share_and_the_gathered_items_equal_the_stock_back
             assert_items_match(run["items"], stock[modality], what=f"{what}, rank {rank}: ")
 
 
+@pytest.mark.parametrize("name", REPLICATED)
+def test_a_fault_on_one_rank_keeps_the_ranks_in_step_and_the_items_equal_the_stock_backend(name, results):
+    """Rank 1 alone turns its graphs off (a fault in its replay buffers): both ranks keep calling the manager, whose
+    gather is a collective (no hang), and every item of both batches still equals the stock backend's."""
+    result = results[name]
+    usable(result)
+    stock = result["stock"]["items"]
+    faults = [part["fault"] for part in result["ranks"]]
+    assert faults[0]["off"] is None, faults[0]["off"]
+    assert "prepare_encoder_cudagraph_replay_buffers failed: RuntimeError: injected on rank 1" in (faults[1]["off"] or "")
+    for rank, fault in enumerate(faults):
+        for attempt, items in enumerate(fault["items"]):
+            assert_items_match(items, stock[fault["modality"]], what=f"{name}, rank {rank}, batch {attempt}: ")
+
+
 @pytest.mark.parametrize("name", sorted(SHARDED))
 def test_a_sharded_tower_declines_and_the_stock_backend_serves_mode_data(name, results):
     result = results[name]

@@ -40,6 +40,10 @@ OFF_BUFFER = "vitcg_off"
 """The one capture input of a budget captured after the graphs were turned off: a placeholder graph that
 computes nothing and is never replayed for a real item."""
 
+OFF_TOKENS = 1 << 62
+"""The packing size of an item while the graphs are off: beyond every budget, so the manager runs it "eagerly"
+(the off path's answer) and no graph replays."""
+
 BACKEND_PIXELS = {"image": "pixel_values", "video": "pixel_values_videos"}
 """The keys under which the backend hands over each modality's pixels (the HF processor's names)."""
 
@@ -235,12 +239,17 @@ class Bridge:
         """The modalities whose items were found to be gathered right (:meth:`check_gather`)."""
 
     def turn_off(self, why: str) -> None:
-        """From here on the stock path answers every batch of this model; one warning says why."""
+        """From here on the stock path answers every batch of this model; one warning says why. Without
+        data-parallel encoding, vLLM's runner then sends each batch to the stock path itself (:attr:`served`
+        emptied). With it, every rank must keep calling the manager, whose gather is a collective of all ranks
+        (a rank that alone left it would leave the others waiting), so the modalities stay and the off path
+        answers each of this rank's selections from the stock path."""
         if self.off is None:
             self.off = why
             logger.warning("vitcg: spec %s: %s; the model's encoder CUDA graphs are off, vLLM's stock path "
                            "serves this batch and every later one", self.spec.name, why)
-        self.served.clear()
+        if self.gather_width is None:
+            self.served.clear()
 
     def check_gather(self, mm_kwargs: Mapping[str, Any], features: Sequence[torch.Tensor]) -> None:
         """Under data-parallel encoding, checks that vLLM's manager can gather the items of a whole batch:
@@ -555,9 +564,22 @@ class EncoderGraphs:
                                       out_hidden_size=self._vitcg.gather_width or 1)
 
     def _off_items(self, mm_kwargs: Mapping[str, Any]) -> list[Any]:
-        # each item's real row count, so that anything vLLM sizes by it (data-parallel gathers) stays true
-        return [EncoderItemSpec(input_size=max(1, len(item)), output_tokens=max(1, len(item)))
-                for item in self._stock_items(mm_kwargs)]
+        # Each item's real row count as its output tokens (what vLLM cuts and gathers rows by), tokens beyond
+        # every budget for packing (so that no graph replays for nothing: each item "runs eagerly", which the
+        # off path answers from the stock path), and, where the spec still reads the batch, its own input sizes,
+        # by which a data-parallel manager assigns items to ranks: a rank that is off then splits the batch as
+        # the ranks that are not.
+        answer = self._stock_items(mm_kwargs)
+        try:
+            sizes = [item.input_size for item in self._vitcg.adapter.get_encoder_cudagraph_item_specs(
+                self._vitcg.graph_inputs(mm_kwargs))]
+        except Exception:  # noqa: BLE001  (the spec cannot read it on any rank: every rank uses the row counts)
+            sizes = []
+        if len(sizes) != len(answer):
+            sizes = [len(item) for item in answer]
+        return [EncoderItemSpec(input_size=max(1, size), output_tokens=max(1, len(item)),
+                                path_output_tokens={DEFAULT_PATH: OFF_TOKENS})
+                for size, item in zip(sizes, answer)]
 
     def _off_select(self, mm_kwargs: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:
         pack = Pack.of(mm_kwargs, {}, list(indices))
