@@ -279,7 +279,9 @@ def _binding_keys(spec: Path) -> list[str]:
             self.keys.append(key)
             kind = key.split(":", 1)[0]
             bases = ["torch.nn.modules.module.Module", "transformers.configuration_utils.PreTrainedConfig"]
-            return {"class": {"ok": True, "bases": bases}, "method": {"ok": True}}.get(kind, {"ok": True, "snapshot": {}})
+            signature = {"ok": True, "required": [], "accepted": [], "var_keyword": True}
+            return {"class": {"ok": True, "bases": bases}, "method": {"ok": True},
+                    "signature": signature}.get(kind, {"ok": True, "snapshot": {}})
 
     recorder = Recorder()
     load_specs([spec], bindings=recorder)
@@ -289,8 +291,9 @@ def _binding_keys(spec: Path) -> list[str]:
 def test_corrupt_bindings_cache_entries_are_recomputed(tmp_path: Path):
     spec = REPO / "vitcg" / "specs" / "qwen2_vl.yaml"
     keys = _binding_keys(spec)
-    assert {k.split(":", 1)[0] for k in keys} == {"class", "method", "config"}
+    assert {k.split(":", 1)[0] for k in keys} == {"class", "method", "signature", "config"}
     bad = {"class": [{"ok": True}, {"ok": True, "bases": 7}], "method": [{"ok": "yes"}],
+           "signature": [{"ok": True}, {"ok": True, "required": "grid_thw", "accepted": [], "var_keyword": 1}],
            "config": [{"ok": True, "snapshot": []}, {"ok": False}, {"ok": True}]}
     entries = {}
     for number, key in enumerate(keys):

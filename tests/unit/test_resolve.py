@@ -339,15 +339,6 @@ def test_an_argument_the_encoder_call_needs_is_a_validate_error_where_it_was_rem
     assert "'grid_thw'" in d.message and "forward" in d.message
 
 
-def test_encoder_args_without_a_required_argument_is_an_error_at_encoder_args(tmp_path):
-    text = spec_text("qwen2_vl").replace("args: {hidden_states: pixels, grid_thw: grid}", "args: {hidden_states: pixels}")
-    path = copy_spec("qwen2_vl", tmp_path, text)
-    result = load_specs([path])
-    (d,) = result.diagnostics
-    line = text.splitlines().index("  args: {hidden_states: pixels}") + 1
-    assert (d.line, d.path) == (line, "$.encoder.args") and "'grid_thw'" in d.message
-
-
 def test_remove_entries_that_repeat_or_run_long_are_named_briefly(tmp_path):
     copy_spec("pixtral", tmp_path)
     long = "encoder." + "x" * 10_000
