@@ -31,7 +31,7 @@ import tempfile  # noqa: E402
 def child(spec_name: str, device: str, size: str) -> dict:
     import torch
 
-    from vitcg.lang import load_registry
+    from vitcg.lang import SpecSource
     from vitcg.runtime.adapter import adapter_for
     from vitcg.runtime.compile_cache import capture_compiled
     from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
@@ -39,7 +39,7 @@ def child(spec_name: str, device: str, size: str) -> dict:
     from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
 
     imported = time.perf_counter()
-    spec = load_registry().get(spec_name)
+    spec = SpecSource().get(spec_name)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     module = build_encoder(spec, size, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

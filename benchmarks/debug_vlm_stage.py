@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 import traceback
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.tools.vlm import check_vlm
 
-spec = load_registry(bindings=False)[sys.argv[1]]
+spec = SpecSource(bindings=False)[sys.argv[1]]
 try:
     print(check_vlm(spec, sys.argv[2] if len(sys.argv) > 2 else "cpu"))
 except Exception:  # noqa: BLE001 - the point is the traceback

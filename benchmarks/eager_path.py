@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.encoders import build_encoder
@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device, dtype, size = ("cuda", torch.bfloat16, "real") if cuda else ("cpu", torch.float32, "tiny")
-    spec = load_registry()[args.spec]
+    spec = SpecSource()[args.spec]
     adapter = adapter_for(spec, build_encoder(spec, size, device=device, dtype=dtype))
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype)
     manager.capture()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.tools import plan as planning
 
 TTFT_CALLS = ["224x224", "448x448", "448x448,448x448,448x448,448x448", "476x644,336x336,784x1036"]
@@ -31,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="*", default=["qwen2_vl", "qwen3_vl", "internvl"])
     args = parser.parse_args()
-    registry = load_registry()
+    registry = SpecSource()
     for name in args.specs:
         spec = registry[name]
         geometry = planning.spec_geometry(spec)

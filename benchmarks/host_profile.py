@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.compile_cache import capture_compiled
 from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
@@ -30,7 +30,7 @@ def main() -> None:
     workloads = args[1:] or ["1x224", "8x224"]
     cuda = torch.cuda.is_available()
     device, dtype, size = ("cuda", torch.bfloat16, "real") if cuda else ("cpu", torch.float32, "tiny")
-    spec = load_registry()[name]
+    spec = SpecSource()[name]
     adapter = adapter_for(spec, build_encoder(spec, size, device=device, dtype=dtype), compile_forward=compile_forward)
     manager = EncoderCudaGraphManager(adapter, device=device, dtype=dtype, options=options)
     if compile_forward:

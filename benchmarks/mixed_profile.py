@@ -23,7 +23,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime import regions
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--static-only", action="store_true", help="leave out the inductor_dynamic variant")
     args = parser.parse_args()
     device, dtype = torch.device("cuda"), torch.bfloat16
-    spec = load_registry()[args.spec]
+    spec = SpecSource()[args.spec]
     module = build_encoder(spec, "real", device="cuda", dtype=dtype)
     plain = adapter_for(spec, module)
     inputs = on_device(plain, make_inputs(plain, WORKLOADS[args.workload], torch.Generator().manual_seed(0)), dtype)

@@ -47,8 +47,8 @@ def skip_unavailable(name: str) -> None:
     ``transformers:`` key): its classes may be missing, and validate and check report it as unavailable there."""
     import pytest
 
-    from vitcg.lang import load_registry
+    from vitcg.lang import SpecSource
 
-    spec = load_registry().get(name)
+    spec = SpecSource().get(name)
     if spec is not None and spec.unavailable:
         pytest.skip(f"{name}: {spec.unavailable}")

@@ -74,7 +74,7 @@ def validate(
 ) -> None:
     """Check spec files: YAML, schema, formulas, semantics and transformers bindings. Prints every error.
     Without PATH: the packaged specs, then $VITCG_SPECS_DIR's folders (a later spec replaces one of its name)."""
-    from .lang import load_layers, load_specs, spec_folders
+    from .lang import SpecSource, spec_folders
     from .tools.report import json_report, text_report
 
     if resolved:
@@ -86,13 +86,22 @@ def validate(
         sys.stdout.write(text)
         raise typer.Exit(0 if ok else 1)
     if paths:
-        result = load_specs(paths, use_cache=not no_cache)
+        result = SpecSource.of_files(paths, use_cache=not no_cache)
     else:
-        result = load_layers(spec_folders(), use_cache=not no_cache)
+        result = SpecSource(spec_folders(), use_cache=not no_cache)
     if not result.files:
         raise UsageError(f"no spec files (*.yaml) under {', '.join(map(str, paths or spec_folders()))}")
     sys.stdout.write(json_report(result) if as_json else text_report(result))
     raise typer.Exit(0 if result.ok else 1)
+
+
+def _entries(names: list[str] | None, all_specs: bool, folders: list[Path] | None) -> list:
+    """The entries (specs, or files that do not validate) named on the command line, or all with ``--all``, from
+    the packaged specs, ``$VITCG_SPECS_DIR`` and the ``--specs`` ``folders`` (:class:`vitcg.lang.SpecSource`)."""
+    from .lang import SpecSource, spec_folders
+
+    source = SpecSource(spec_folders(folders or ()))
+    return source.all() if all_specs else source.select(names or [])
 
 
 def _select_specs(names: list[str] | None, all_specs: bool, folders: list[Path] | None):
@@ -100,9 +109,9 @@ def _select_specs(names: list[str] | None, all_specs: bool, folders: list[Path] 
     all with ``--all``. Raises SpecError when a selected file does not validate (other broken files do not
     matter)."""
     from .errors import SpecError
-    from .lang import InvalidSpec, select_specs, spec_folders
+    from .lang import InvalidSpec
 
-    chosen = select_specs(names, all_specs, spec_folders(folders or ()))
+    chosen = _entries(names, all_specs, folders)
     broken = [d for entry in chosen if isinstance(entry, InvalidSpec) for d in entry.diagnostics]
     if broken:
         raise SpecError(broken)
@@ -131,7 +140,7 @@ def check(
     _check_device(device)
     import torch
 
-    from .lang import InvalidSpec, select_specs, spec_folders
+    from .lang import InvalidSpec
     from .tools.cases import check_spec, invalid_report
     from .tools.encoders import release
     from .tools.quiet import kept_warnings
@@ -144,7 +153,7 @@ def check(
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype is not None and dtype not in dtypes:
         raise UsageError(f"--dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
-    chosen = select_specs(specs, all_specs, spec_folders(spec_dirs or ()))
+    chosen = _entries(specs, all_specs, spec_dirs)
     width = max((len(spec.name) for spec in chosen), default=0)
     progress = sys.stderr.isatty()  # a terminal sees which spec runs; a log or a pipe gets no control codes
     reports = []

@@ -69,9 +69,9 @@ def test_check_verbose_prints_the_table_and_shows_progress_on_a_terminal():
 @pytest.mark.parametrize("path", sorted(FAILS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_specs_that_do_not_describe_their_encoder_fail_clearly(path):
     """Each file in tests/specs/check_fails validates but fails vitcg check with the message beside it."""
-    from vitcg.lang import load_specs
+    from vitcg.lang import SpecSource
 
-    (spec,) = load_specs([path], bindings=False).specs
+    (spec,) = SpecSource.of_files([path], bindings=False).specs
     if spec.unavailable:
         pytest.skip(f"{path.stem}: {spec.unavailable}")
     assert vitcg_inprocess("validate", str(path)).returncode == 0  # the spec is well-formed ...

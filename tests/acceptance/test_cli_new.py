@@ -131,10 +131,10 @@ def test_draft_of_a_tile_encoder_is_valid_but_flags_what_check_disproves(tmp_pat
 
 
 def test_a_family_member_is_drafted_as_extends_and_proven(tmp_path):
-    from vitcg.lang import load_registry
+    from vitcg.lang import SpecSource
     from vitcg.lang.bindings import release, transformers_version
 
-    needed = load_registry()["clip"].tests.vlm.transformers  # the draft inherits clip's end-to-end stage
+    needed = SpecSource()["clip"].tests.vlm.transformers  # the draft inherits clip's end-to-end stage
     if needed and release(transformers_version()) < release(needed):
         pytest.skip(f"clip's end-to-end stage needs transformers >= {needed}")
     path = tmp_path / "llava.yaml"  # LLaVA's tower is the packaged clip spec's

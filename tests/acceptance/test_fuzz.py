@@ -440,11 +440,11 @@ ADAPTERS: dict[str, object] = {}
 
 def _adapter(name: str):
     if name not in ADAPTERS:
-        from vitcg.lang import load_registry
+        from vitcg.lang import SpecSource
         from vitcg.runtime.adapter import adapter_for
         from vitcg.tools.encoders import build_encoder
 
-        spec = next(s for s in load_registry(["vitcg/specs"]) if s.name == name)
+        spec = next(s for s in SpecSource(["vitcg/specs"]) if s.name == name)
         ADAPTERS[name] = adapter_for(spec, build_encoder(spec))
     return ADAPTERS[name]
 
@@ -671,7 +671,7 @@ def write_folder(root: Path, files) -> Path:
 @settings(FUZZ, max_examples=EXAMPLES or 25, deadline=None)
 @given(files=spec_folder())
 def test_a_folder_of_related_specs_validates_the_same_whatever_the_order(files):
-    from vitcg.lang import load_specs
+    from vitcg.lang import SpecSource
     with tempfile.TemporaryDirectory() as root:
         folder = write_folder(Path(root), files)
         code, stdout, stderr = run_in_process("validate", str(folder))
@@ -683,7 +683,7 @@ def test_a_folder_of_related_specs_validates_the_same_whatever_the_order(files):
         resolved, out, err = run_in_process("validate", "--resolved", str(folder))
         assert resolved == code and "sekrit" not in out + err, (resolved, code, out)
         assert all(d is None or isinstance(d, dict) for d in yaml.safe_load_all(out))  # one YAML document a file
-        together = set(load_specs([folder], bindings=False).invalid_files)
+        together = set(SpecSource.of_files([folder], bindings=False).invalid_files)
         alone = {str(p) for p in sorted(folder.glob("*.yaml"), reverse=True) if not p.name.endswith(".tests.yaml")
-                 if not load_specs([p], bindings=False).ok}
+                 if not SpecSource.of_files([p], bindings=False).ok}
         assert together == alone

@@ -268,7 +268,7 @@ def test_check_unknown_device_is_a_usage_error():
 
 def _binding_keys(spec: Path) -> list[str]:
     """The cache keys ``vitcg validate`` looks up for ``spec``, recorded without importing transformers."""
-    from vitcg.lang import Bindings, load_specs
+    from vitcg.lang import Bindings, SpecSource
 
     class Recorder(Bindings):
         def __init__(self):
@@ -284,7 +284,7 @@ def _binding_keys(spec: Path) -> list[str]:
                     "signature": signature}.get(kind, {"ok": True, "snapshot": {}})
 
     recorder = Recorder()
-    load_specs([spec], bindings=recorder)
+    SpecSource.of_files([spec], bindings=recorder)
     return list(dict.fromkeys(recorder.keys))
 
 

@@ -138,10 +138,10 @@ def test_new_writes_into_the_working_folder_never_the_package(installed):
 
 ACCELERATE = """
 import json, numpy, torch, vitcg
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.tools.vlm import build_processor, build_vlm
 
-spec = load_registry()["qwen2_vl"]
+spec = SpecSource()["qwen2_vl"]
 vlm = build_vlm(spec)
 images = [numpy.random.default_rng(0).integers(0, 255, (56, 84, 3), dtype=numpy.uint8)]
 made = build_processor(spec, vlm)(images=images, return_tensors="pt")

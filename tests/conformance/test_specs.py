@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.cases import check_spec
@@ -23,7 +23,7 @@ from vitcg.tools.render import load_test_configs
 from vitcg.tools.workloads import relative_error
 
 REPO = Path(__file__).resolve().parents[2]
-REGISTRY = load_registry([REPO / "vitcg" / "specs"])
+REGISTRY = SpecSource([REPO / "vitcg" / "specs"])
 CONFIGS = load_test_configs(REPO / "registry")
 
 

@@ -18,7 +18,7 @@ from eager_check import assert_matches_eager
 from vllm_consumer import ProtocolConsumer
 
 from vitcg.errors import UnsupportedError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime import protocol
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.engine import engine_config
@@ -26,7 +26,7 @@ from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
 REPO = Path(__file__).resolve().parents[2]
-REGISTRY = load_registry([REPO / "vitcg" / "specs"])
+REGISTRY = SpecSource([REPO / "vitcg" / "specs"])
 PLAIN = [spec.name for spec in REGISTRY if not spec.graph_scope]
 SCOPED = [spec.name for spec in REGISTRY if spec.graph_scope]
 

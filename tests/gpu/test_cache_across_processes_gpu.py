@@ -33,12 +33,12 @@ LOADER = """
 import json, sys, warnings
 import torch
 import vitcg
-from vitcg.runtime.accelerate import registry_for
+from vitcg.runtime.accelerate import source_for
 from vitcg.tools.vlm import build_vlm
 from vitcg.tools.workloads import relative_error
 
 folder, limits = sys.argv[1], json.loads(sys.argv[2])
-spec = registry_for(folder)["qwen2_vl_wide"]
+spec = source_for(folder)["qwen2_vl_wide"]
 vlm = build_vlm(spec, device="cuda").to(torch.bfloat16)
 pixels = torch.randn(256, 1176, device="cuda", dtype=torch.bfloat16)  # one 224x224 image: 16x16 patches
 grid = torch.tensor([[1, 16, 16]], device="cuda")

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.graphs import capture_graph
 from vitcg.runtime.manager import EncoderCudaGraphManager
@@ -20,7 +20,7 @@ from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder, on_device, relative_error
 
 pytestmark = pytest.mark.gpu
-REGISTRY = load_registry(["vitcg/specs"])
+REGISTRY = SpecSource(["vitcg/specs"])
 
 
 @pytest.mark.parametrize("name", REGISTRY.names)

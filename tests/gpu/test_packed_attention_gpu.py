@@ -75,12 +75,12 @@ def real_head_dims() -> list[int]:
     """Every head dim of every packaged spec's encoder at real size: each encoder built from its ``real_config`` on
     the meta device (no memory), reading its modules' ``head_dim`` (pix2struct names none: its 768 / 12 = 64 is
     covered by the others)."""
-    from vitcg.lang import load_registry
+    from vitcg.lang import SpecSource
     from vitcg.lang.bindings import import_object
     from vitcg.tools.encoders import build_config
 
     dims = set()
-    for spec in load_registry(["vitcg/specs"]):
+    for spec in SpecSource(["vitcg/specs"]):
         if spec.unavailable:
             continue
         with torch.device("meta"):

@@ -242,10 +242,10 @@ def test_routed_calls_keep_their_signatures(model):
 
 def test_internvl_generate_routes_its_get_image_features():
     """InternVL's captured call is the base model's get_image_features, which generate() calls by keyword."""
-    from vitcg.lang import load_registry
+    from vitcg.lang import SpecSource
     from vitcg.lang.model import thaw
 
-    spec = load_registry(["vitcg/specs/internvl.yaml"], bindings=False)["internvl"]
+    spec = SpecSource(["vitcg/specs/internvl.yaml"], bindings=False)["internvl"]
     overrides = thaw(spec.tests.tiny_config)
     overrides["text_config"]["vocab_size"] = 151680  # the image token id must be a valid embedding
     torch.manual_seed(0)
@@ -267,10 +267,10 @@ def test_internvl_generate_routes_its_get_image_features():
 
 def _tiny_vlm(spec_path: str, name: str, keys: tuple[str, ...] = ("pixel_values", "image_grid_thw")):
     """The tiny VLM of a spec's tests.vlm, its processor's ``keys`` for three images, and the spec."""
-    from vitcg.lang import load_registry
+    from vitcg.lang import SpecSource
     from vitcg.tools.vlm import build_processor, build_vlm
 
-    spec = load_registry([spec_path], bindings=False)[name]
+    spec = SpecSource([spec_path], bindings=False)[name]
     if spec.unavailable:
         pytest.skip(f"{name}: {spec.unavailable}")
     vlm = build_vlm(spec)

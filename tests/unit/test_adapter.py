@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from vitcg.errors import InputError, SpecRuntimeError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.runtime.protocol import SupportsEncoderCudaGraph
 from vitcg.tools.encoders import build_encoder
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, _item_size, make_inputs, on_device
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 
 
 @pytest.mark.parametrize("name", SPECS.names)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime import extension, scope
 from vitcg.runtime.adapter import ScopedSpecAdapter, SpecAdapter, WholeCall, adapter_for
 from vitcg.runtime.scope import Boundary, Scope
 from vitcg.tools.encoders import build_encoder
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 
 
 @pytest.fixture(scope="module")

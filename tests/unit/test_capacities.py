@@ -12,13 +12,13 @@ from spec_files import skip_unavailable
 
 from vitcg.errors import SpecRuntimeError
 from vitcg.lang import catalogue as cat
-from vitcg.lang import load_registry, load_specs
+from vitcg.lang import SpecSource
 from vitcg.lang.formulas import parse
 from vitcg.runtime.adapter import adapter_for
 from vitcg.tools.encoders import build_encoder
 
 REPO = Path(__file__).resolve().parents[2]
-SPECS = load_registry([REPO / "vitcg/specs"])
+SPECS = SpecSource([REPO / "vitcg/specs"])
 
 
 INVALID = REPO / "tests/specs/invalid"
@@ -34,7 +34,7 @@ INVALID = REPO / "tests/specs/invalid"
 ])
 def test_a_written_capacity_short_of_what_a_pack_needs_is_a_diagnostic_at_its_line(case, message):
     path = INVALID / f"{case}.yaml"
-    (found,) = load_specs([path]).diagnostics
+    (found,) = SpecSource.of_files([path]).diagnostics
     line = next(i for i, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "shape: [" in text
                 and "#" in text.split("shape: [", 1)[1])  # the example marks its short shape with a comment
     assert (found.file, found.line, found.code) == (str(path), line, "semantic")
@@ -46,7 +46,7 @@ def test_a_written_capacity_above_the_need_is_valid(tmp_path):
     text = (INVALID / "capacity_segment_cap.yaml").read_text(encoding="utf-8")
     roomy = tmp_path / "roomy.yaml"
     roomy.write_text(text.replace('"min(max_items, 32) + 2"', "max_items + 8"), encoding="utf-8")
-    assert load_specs([roomy]).diagnostics == []
+    assert SpecSource.of_files([roomy]).diagnostics == []
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "glm4v", "inkling2"])

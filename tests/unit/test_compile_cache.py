@@ -9,7 +9,7 @@ import torch
 from spec_files import spec_text
 from torch.utils._appending_byte_serializer import BytesWriter
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime import compile_cache
 from vitcg.runtime.compile_cache import compile_key, persistent_compile_cache
 
@@ -45,7 +45,7 @@ def artifacts(monkeypatch):
 
 
 def test_the_key_follows_spec_shapes_dtype_and_file(repo, tmp_path):
-    registry = load_registry([repo / "vitcg" / "specs"])
+    registry = SpecSource([repo / "vitcg" / "specs"])
     spec = registry.get("qwen2_vl")
     key = compile_key(spec, torch.device("cpu"), torch.float32, budgets=[64, 128])
     assert key == compile_key(spec, torch.device("cpu"), torch.float32, budgets=[64, 128])
@@ -54,7 +54,7 @@ def test_the_key_follows_spec_shapes_dtype_and_file(repo, tmp_path):
     assert key != compile_key(registry.get("qwen2_5_vl"), torch.device("cpu"), torch.float32, budgets=[64, 128])
     copy = tmp_path / "qwen2_vl.yaml"
     copy.write_text(spec_text("qwen2_vl").replace("\nbuffers:\n", "\nbudget: {min: 128}\n\nbuffers:\n"))
-    edited = load_registry([copy]).get("qwen2_vl")
+    edited = SpecSource([copy]).get("qwen2_vl")
     assert compile_key(edited, torch.device("cpu"), torch.float32, budgets=[64, 128]) != key
 
 

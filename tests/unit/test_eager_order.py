@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.costs import CostModel
 from vitcg.runtime.manager import EncoderCudaGraphManager
@@ -15,7 +15,7 @@ from vitcg.tools.workloads import InputBuilder
 
 
 def test_a_mixed_call_routed_eagerly_matches_eager_per_item():
-    spec = load_registry(["vitcg/specs/qwen2_vl.yaml"])["qwen2_vl"]
+    spec = SpecSource(["vitcg/specs/qwen2_vl.yaml"])["qwen2_vl"]
     adapter = adapter_for(spec, build_encoder(spec))
     builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(0))
     kwargs = {**builder.inputs("image", [builder.image(2, 2)]), **builder.inputs("video", [builder.video(2, 4, 4)])}

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from vitcg.errors import SpecRuntimeError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.tools.encoders import build_encoder
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 
 
 def test_complex_buffers_keep_their_dtype():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitcg.errors import HostSyncError, InputError, SpecRuntimeError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.epilogue import epilogue, kept_first, masked_rows
 from vitcg.runtime.manager import EncoderCudaGraphManager
@@ -16,7 +16,7 @@ from vitcg.runtime.syncs import no_host_syncs
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 
 
 def test_kept_first_puts_the_kept_rows_first_in_order():

@@ -1,8 +1,8 @@
 """Scope of a failure (DESIGN.md section 10): a broken, unreadable or missing user spec file or folder makes only
-that spec unusable. The host's registry (``load_registry(skip_invalid=True)``, what the vLLM plugin and
+that spec unusable. The host's source (``SpecSource(host=True)``, what the vLLM plugin and
 ``vitcg.accelerate`` load) warns once per broken file and keeps every other spec; only asking for the broken
-spec by name reports its diagnostics. ``load_registry()`` itself stays strict, and the commands keep their own
-rules (a named spec works beside a broken file; a ``$VITCG_SPECS_DIR`` entry that is not a folder is a usage
+spec by name reports its diagnostics. ``vitcg generate`` needs every file valid (``require_valid``), and the
+commands keep their own rules (a named spec works beside a broken file; a ``$VITCG_SPECS_DIR`` entry that is not a folder is a usage
 error)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from spec_files import spec_text
 
 from vitcg.errors import SpecError, UsageError
-from vitcg.lang import InvalidSpec, load_registry, select_specs, spec_folders
+from vitcg.lang import InvalidSpec, SpecSource, spec_folders
 
 PACKAGED = pathlib.Path(__file__).resolve().parents[2] / "vitcg" / "specs"
 
@@ -52,9 +52,9 @@ def test_a_broken_user_file_makes_only_its_spec_unusable(tmp_path, monkeypatch, 
     line = breaker(broken)
     monkeypatch.setenv("VITCG_SPECS_DIR", str(tmp_path))
     with caplog.at_level(logging.INFO, logger="vitcg"):
-        registry = load_registry(bindings=False, skip_invalid=True)
+        registry = SpecSource(host=True, bindings=False)
     with caplog.at_level(logging.INFO, logger="vitcg"):
-        load_registry(bindings=False, skip_invalid=True)  # a host builds a second model: no second warning
+        SpecSource(host=True, bindings=False)  # a host builds a second model: no second warning
     assert "qwen2_vl" in registry and registry["qwen2_vl"].file == str(PACKAGED / "qwen2_vl.yaml")
     assert registry.find("llama", ["LlamaForCausalLM"]) is None
     assert [entry.file for entry in registry.invalid] == [str(broken)]
@@ -75,11 +75,13 @@ def test_a_broken_user_file_makes_only_its_spec_unusable(tmp_path, monkeypatch, 
         assert str(PACKAGED / "clip.yaml") in warning.getMessage()
 
 
-def test_the_default_registry_stays_strict(tmp_path, monkeypatch):
+def test_a_source_that_must_be_whole_says_which_file_is_broken(tmp_path, monkeypatch):
     unparsable(tmp_path / "clip.yaml")
     monkeypatch.setenv("VITCG_SPECS_DIR", str(tmp_path))
+    source = SpecSource(bindings=False)
+    assert source["qwen2_vl"].name == "qwen2_vl" and not source.ok
     with pytest.raises(SpecError, match=re.escape(str(tmp_path / "clip.yaml"))):
-        load_registry(bindings=False)
+        source.require_valid()
 
 
 def test_a_later_valid_spec_replaces_an_earlier_broken_file_without_a_warning(tmp_path, monkeypatch, caplog):
@@ -90,7 +92,7 @@ def test_a_later_valid_spec_replaces_an_earlier_broken_file_without_a_warning(tm
                                                                         "display_name: Mine\n"))
     monkeypatch.setenv("VITCG_SPECS_DIR", os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")]))
     with caplog.at_level(logging.INFO, logger="vitcg"):
-        registry = load_registry(bindings=False, skip_invalid=True)
+        registry = SpecSource(host=True, bindings=False)
     assert registry["clip"].display_name == "Mine" and registry.invalid == []
     assert warnings_of(caplog) == []
 
@@ -103,7 +105,7 @@ def test_a_missing_environment_folder_is_skipped_by_the_host_with_one_warning(tm
                                                                       "display_name: Mine\n"))
     monkeypatch.setenv("VITCG_SPECS_DIR", os.pathsep.join([str(missing), str(mine)]))
     with caplog.at_level(logging.INFO, logger="vitcg"):
-        registry = load_registry(bindings=False, skip_invalid=True)
+        registry = SpecSource(host=True, bindings=False)
     assert registry["qwen2_vl"].display_name == "Mine" and "clip" in registry
     assert registry.find("llama", ["LlamaForCausalLM"]) is None
     (warning,) = warnings_of(caplog)
@@ -117,25 +119,25 @@ def test_a_folder_named_like_a_spec_file_is_a_folder(tmp_path, monkeypatch, capl
     (tmp_path / "clip.yaml").mkdir()
     monkeypatch.setenv("VITCG_SPECS_DIR", str(tmp_path))
     with caplog.at_level(logging.INFO, logger="vitcg"):
-        registry = load_registry(bindings=False, skip_invalid=True)
+        registry = SpecSource(host=True, bindings=False)
     assert registry["clip"].file == str(PACKAGED / "clip.yaml") and registry.invalid == []
     assert warnings_of(caplog) == []
 
 
 def test_accelerates_registry_is_the_hosts(tmp_path, monkeypatch, caplog):
-    from vitcg.runtime.accelerate import registry_for
+    from vitcg.runtime.accelerate import source_for
 
     unparsable(tmp_path / "clip.yaml")
     monkeypatch.setenv("VITCG_SPECS_DIR", os.pathsep.join([str(tmp_path), str(tmp_path / "nowhere")]))
     with caplog.at_level(logging.INFO, logger="vitcg"):
-        registry = registry_for()
+        registry = source_for()
     assert registry["qwen2_vl"].file == str(PACKAGED / "qwen2_vl.yaml")
     assert len(warnings_of(caplog)) == 2  # the broken file, the missing folder
     with pytest.raises(SpecError, match=re.escape(str(tmp_path / "clip.yaml"))):
         registry["clip"]
     # a folder the caller names is an explicit request: missing, it is still a usage error
     with pytest.raises(UsageError, match="no such file or folder"):
-        registry_for(tmp_path / "gone")
+        source_for(tmp_path / "gone")
 
 
 def test_a_named_spec_is_selected_beside_a_broken_file_in_the_environment_folder(tmp_path, monkeypatch):
@@ -143,7 +145,7 @@ def test_a_named_spec_is_selected_beside_a_broken_file_in_the_environment_folder
     (tests/acceptance/test_cli_check.py runs the command)."""
     unparsable(tmp_path / "clip.yaml")
     monkeypatch.setenv("VITCG_SPECS_DIR", str(tmp_path))
-    (chosen,) = select_specs(["qwen2_vl"])
+    (chosen,) = SpecSource().select(["qwen2_vl"])
     assert chosen.file == str(PACKAGED / "qwen2_vl.yaml")
-    (broken,) = select_specs(["clip"])
+    (broken,) = SpecSource().select(["clip"])
     assert isinstance(broken, InvalidSpec) and broken.file == str(tmp_path / "clip.yaml")

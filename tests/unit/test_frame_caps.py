@@ -9,14 +9,14 @@ import torch
 from eager_check import assert_matches_eager
 
 from vitcg.errors import InputError, VitcgError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.extension import Extension
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 
 
 def videos(*grids: list[int]) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vitcg.errors import InputError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.lang.model import Buffer
 from vitcg.runtime.accelerate import _Layout
 from vitcg.runtime.adapter import adapter_for
@@ -24,7 +24,7 @@ from vitcg.tools.workloads import relative_error
 
 kimi = pytest.importorskip("transformers.models.kimi_k25.modeling_kimi_k25")  # transformers >= 5.23
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 needs_kimi_spec = pytest.mark.skipif(bool(SPECS["kimi_k25"].unavailable), reason=str(SPECS["kimi_k25"].unavailable))
 """accelerate refuses, and check skips, a spec the installed transformers is too old for (5.17 has the module)."""
 GEOMETRY = {"spatial_merge_size": 2}

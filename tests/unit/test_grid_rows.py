@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vitcg.errors import InputError, SpecRuntimeError
-from vitcg.lang import load_registry, load_specs
+from vitcg.lang import SpecSource
 from vitcg.lang.formulas import parse
 from vitcg.lang.harness import Placeholder
 from vitcg.lang.model import Modality
@@ -21,9 +21,9 @@ from vitcg.tools import vlm
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import relative_error
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 ROW = 1176  # tiny glm4v and qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
-HW_GRID = load_specs(["tests/specs/valid/hw_grid.yaml"]).specs[0]
+HW_GRID = SpecSource.of_files(["tests/specs/valid/hw_grid.yaml"]).specs[0]
 
 
 @pytest.fixture(scope="module")

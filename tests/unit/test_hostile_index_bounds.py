@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from vitcg.errors import InputError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.lang.bindings import import_object
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.inputs import role_bounds
 from vitcg.tools.encoders import build_config, build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 
 
 def _word_embeddings(module):

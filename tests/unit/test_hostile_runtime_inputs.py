@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from vitcg.errors import InputError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.inputs import INDEX_DTYPES, dtype_problem, role_dtypes
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = {spec.name: spec for spec in load_registry(["vitcg/specs"])}
+SPECS = {spec.name: spec for spec in SpecSource(["vitcg/specs"])}
 NAMES = ("qwen2_vl", "video_llama_3", "gemma4", "instructblip", "idefics2", "mllama", "siglip2")
 
 
@@ -183,11 +183,11 @@ def test_gemma4_pools_three_by_three():
 @pytest.mark.parametrize("name", ["idefics2", "gemma4"])
 def test_an_empty_call_gets_empty_replay_buffers_even_with_aligned_roles(name):
     """Was KeyError: 'mask' (idefics2) from the aligned provider: no modality gave the role, and no item needs it."""
-    from vitcg.lang import load_registry
+    from vitcg.lang import SpecSource
     from vitcg.runtime.adapter import adapter_for
     from vitcg.tools.encoders import build_encoder
 
-    spec = load_registry()[name]
+    spec = SpecSource()[name]
     buffers = adapter_for(spec, build_encoder(spec)).prepare_encoder_cudagraph_replay_buffers({}, 4, 0)
     aligned = [b.name for b in spec.buffers if b.provider == "aligned"]
     assert aligned and all(buffers.values[n].numel() == 0 for n in aligned)
@@ -197,10 +197,10 @@ def test_an_empty_call_gets_empty_replay_buffers_even_with_aligned_roles(name):
 def test_capture_sizes_are_refused_by_name(sizes):
     """Was a RuntimeError from torch.zeros on every spec for a negative budget, items or frames."""
     from vitcg.errors import InputError
-    from vitcg.lang import load_registry
+    from vitcg.lang import SpecSource
     from vitcg.runtime.adapter import adapter_for
     from vitcg.tools.encoders import build_encoder
 
-    spec = load_registry()["qwen2_vl"]
+    spec = SpecSource()["qwen2_vl"]
     with pytest.raises(InputError, match=r"^(token_budget|max_batch_size|max_frames_per_batch): expected an integer"):
         adapter_for(spec, build_encoder(spec)).prepare_encoder_cudagraph_capture_inputs(*sizes)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 NAMES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl"]
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vitcg.errors import InputError, SpecRuntimeError
-from vitcg.lang import load_registry, load_specs
+from vitcg.lang import SpecSource
 from vitcg.lang.formulas import parse
 from vitcg.runtime.adapter import SpecAdapter, adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
@@ -21,8 +21,8 @@ from vitcg.tools import vlm
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder, relative_error
 
-SPECS = load_registry(["vitcg/specs"])
-PER_ITEM = load_specs(["tests/specs/valid/per_item_inputs.yaml"]).specs[0]
+SPECS = SpecSource(["vitcg/specs"])
+PER_ITEM = SpecSource.of_files(["tests/specs/valid/per_item_inputs.yaml"]).specs[0]
 ROW = 1176  # tiny qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
 VL3_ROW = 588  # tiny video_llama_3: 3 * 14 ** 2
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vitcg.errors import UsageError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.tools import plan as P
 from vitcg.tools.compile_config import compile_config
 
@@ -21,7 +21,7 @@ COSTS = REPO / "benchmarks" / "results-costs-2026-11-22-h100.json"
 
 @pytest.fixture(scope="module")
 def qwen():
-    spec = load_registry([REPO / "vitcg" / "specs" / "qwen2_vl.yaml"])["qwen2_vl"]
+    spec = SpecSource([REPO / "vitcg" / "specs" / "qwen2_vl.yaml"])["qwen2_vl"]
     geometry = P.spec_geometry(spec)
     return spec, geometry, P.target_of(spec, geometry, 8192, 32768)
 
@@ -177,7 +177,7 @@ def test_a_request_file_is_grouped(qwen, tmp_path):
 
 
 def test_a_video_for_an_image_only_spec_is_refused():
-    spec = load_registry([REPO / "vitcg" / "specs" / "siglip.yaml"])["siglip"]
+    spec = SpecSource([REPO / "vitcg" / "specs" / "siglip.yaml"])["siglip"]
     geometry = P.spec_geometry(spec)
     with pytest.raises(UsageError, match="siglip has no video modality"):
         P.request_items(spec, geometry, P.parse_request("4x224x224"))

@@ -1,4 +1,4 @@
-"""The Registry object: lookup by name with did-you-mean, by model type and architecture, file selection, and
+"""The SpecSource (the front door to spec files): lookup by name with did-you-mean, by model type and architecture, file selection, and
 the folder rule (packaged specs, then $VITCG_SPECS_DIR, then the caller's folders; later ones win by name)."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 from spec_files import spec_text
 
 from vitcg.errors import SpecError, UsageError
-from vitcg.lang import InvalidSpec, load_registry, packaged_specs_dir, select_specs, spec_folders
+from vitcg.lang import InvalidSpec, SpecSource, packaged_specs_dir, spec_folders
 from vitcg.lang import folders as folders_module
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGED = REPO / "vitcg" / "specs"
-REGISTRY = load_registry([PACKAGED], bindings=False)
+REGISTRY = SpecSource([PACKAGED], bindings=False)
 
 
 def test_iteration_is_sorted_by_name_and_complete():
@@ -43,9 +43,9 @@ def test_select_by_file_loads_only_that_file(tmp_path):
     broken.mkdir()
     (broken / "broken.yaml").write_text("name: [\n")
     good = REPO / "vitcg" / "specs" / "clip.yaml"
-    chosen = select_specs([str(good)], folders=[broken])
+    chosen = SpecSource([broken]).select([str(good)])
     assert [s.name for s in chosen] == ["clip"]
-    assert [s.name for s in select_specs(["siglip", "clip", "siglip"], folders=[PACKAGED])] == ["siglip", "clip"]
+    assert [s.name for s in SpecSource([PACKAGED]).select(["siglip", "clip", "siglip"])] == ["siglip", "clip"]
 
 
 def own_spec(folder: pathlib.Path, display_name: str, name: str = "qwen2_vl", file: str | None = None) -> pathlib.Path:
@@ -60,13 +60,13 @@ def own_spec(folder: pathlib.Path, display_name: str, name: str = "qwen2_vl", fi
 def test_the_packaged_specs_are_the_package_folder():
     assert packaged_specs_dir() == PACKAGED
     assert spec_folders() == [PACKAGED]
-    assert load_registry(bindings=False).names == REGISTRY.names
+    assert SpecSource(bindings=False).names == REGISTRY.names
 
 
 def test_a_user_folder_replaces_a_packaged_spec_by_name_and_says_so(tmp_path, caplog):
     mine = own_spec(tmp_path / "mine", "Mine")
     with caplog.at_level(logging.INFO, logger="vitcg"):
-        registry = load_registry(spec_folders([tmp_path / "mine"]), bindings=False)
+        registry = SpecSource(spec_folders([tmp_path / "mine"]), bindings=False)
     assert registry["qwen2_vl"].display_name == "Mine" and registry["qwen2_vl"].file == str(mine)
     assert registry.names == REGISTRY.names  # the other packaged specs stay
     (record,) = [r for r in caplog.records if "replaces" in r.getMessage()]
@@ -79,11 +79,11 @@ def test_environment_folders_come_after_the_packaged_ones_and_before_the_callers
         own_spec(tmp_path / folder, f"Qwen2-VL {folder}")
     monkeypatch.setenv("VITCG_SPECS_DIR", os.pathsep.join([str(tmp_path / "b"), "", str(tmp_path / "a")]))
     assert spec_folders([tmp_path / "c"]) == [PACKAGED, tmp_path / "b", tmp_path / "a", tmp_path / "c"]
-    assert load_registry(bindings=False)["qwen2_vl"].display_name == "Qwen2-VL a"
-    assert load_registry(spec_folders([tmp_path / "c"]), bindings=False)["qwen2_vl"].display_name == "Qwen2-VL c"
+    assert SpecSource(bindings=False)["qwen2_vl"].display_name == "Qwen2-VL a"
+    assert SpecSource(spec_folders([tmp_path / "c"]), bindings=False)["qwen2_vl"].display_name == "Qwen2-VL c"
     # a folder named twice keeps its later place
     assert spec_folders([tmp_path / "b"])[1:] == [tmp_path / "a", tmp_path / "b"]
-    assert load_registry(spec_folders([tmp_path / "b"]), bindings=False)["qwen2_vl"].display_name == "Qwen2-VL b"
+    assert SpecSource(spec_folders([tmp_path / "b"]), bindings=False)["qwen2_vl"].display_name == "Qwen2-VL b"
 
 
 def test_an_environment_entry_that_is_not_a_folder_is_a_usage_error(tmp_path, monkeypatch):
@@ -96,7 +96,7 @@ def test_two_specs_of_one_name_in_one_folder_stay_an_error_naming_both(tmp_path)
     first = own_spec(tmp_path / "mine", "One", file="a.yaml")
     second = own_spec(tmp_path / "mine", "Two", file="b.yaml")
     with pytest.raises(SpecError) as info:
-        load_registry(spec_folders([tmp_path / "mine"]), bindings=False)
+        SpecSource(spec_folders([tmp_path / "mine"]), bindings=False).require_valid()
     message = str(info.value)
     assert f"{second}:" in message and f"spec name 'qwen2_vl' is already used by {first}:" in message
 
@@ -107,12 +107,12 @@ def test_select_all_layers_the_folders_and_keeps_broken_files_as_rows(tmp_path):
         own_spec(base, "", name=name)
     mine = own_spec(tmp_path / "mine", "", name="clip")
     (tmp_path / "mine" / "broken.yaml").write_text("name: [\n")
-    chosen = select_specs(None, all_specs=True, folders=[base, tmp_path / "mine"])
+    chosen = SpecSource([base, tmp_path / "mine"]).all()
     assert [entry.name for entry in chosen] == ["broken", "clip", "siglip"]
     assert isinstance(chosen[0], InvalidSpec) and chosen[1].file == str(mine)
-    assert select_specs(["clip"], folders=[base, tmp_path / "mine"])[0].file == str(mine)
+    assert SpecSource([base, tmp_path / "mine"]).select(["clip"])[0].file == str(mine)
     with pytest.raises(UsageError, match=r"no spec named 'clipp' in .*base/, .*mine/; did you mean 'clip'"):
-        select_specs(["clipp"], folders=[base, tmp_path / "mine"])
+        SpecSource([base, tmp_path / "mine"]).select(["clipp"])
 
 
 def test_packaged_specs_that_are_not_a_folder_on_disk_are_a_usage_error(tmp_path, monkeypatch):
@@ -125,12 +125,12 @@ def test_packaged_specs_that_are_not_a_folder_on_disk_are_a_usage_error(tmp_path
         packaged_specs_dir()
 
 
-def test_accelerate_takes_a_folder_a_list_of_folders_or_a_registry(tmp_path):
-    from vitcg.runtime.accelerate import registry_for
+def test_accelerate_takes_a_folder_a_list_of_folders_or_a_source(tmp_path):
+    from vitcg.runtime.accelerate import source_for
 
     own_spec(tmp_path / "a", "Qwen2-VL a")
     own_spec(tmp_path / "b", "Qwen2-VL b")
-    assert registry_for()["qwen2_vl"].display_name == "Qwen2-VL"
-    assert registry_for(str(tmp_path / "a"))["qwen2_vl"].display_name == "Qwen2-VL a"
-    assert registry_for([tmp_path / "b", tmp_path / "a"])["qwen2_vl"].display_name == "Qwen2-VL a"
-    assert registry_for(REGISTRY) is REGISTRY
+    assert source_for()["qwen2_vl"].display_name == "Qwen2-VL"
+    assert source_for(str(tmp_path / "a"))["qwen2_vl"].display_name == "Qwen2-VL a"
+    assert source_for([tmp_path / "b", tmp_path / "a"])["qwen2_vl"].display_name == "Qwen2-VL a"
+    assert source_for(REGISTRY) is REGISTRY

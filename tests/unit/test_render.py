@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vitcg.errors import RenderError, SpecError, UsageError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.tools.render import (
     HEADER,
     build_context,
@@ -41,7 +41,7 @@ UPDATE = os.environ.get("VITCG_UPDATE_GOLDEN") == "1"
 
 @pytest.fixture(scope="module")
 def case_specs():
-    return load_registry([CASES / "specs"], bindings=False)
+    return SpecSource([CASES / "specs"], bindings=False)
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +301,7 @@ def test_repository_registry_is_current():
 
 def test_generated_test_configs_are_importable_and_match_specs():
     configs = load_test_configs(REPO / "registry")
-    specs = load_registry([REPO / "vitcg" / "specs"], bindings=False)
+    specs = SpecSource([REPO / "vitcg" / "specs"], bindings=False)
     assert list(configs) == specs.names
     for name, config in configs.items():
         spec = specs[name]

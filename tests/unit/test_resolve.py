@@ -9,7 +9,7 @@ import pytest
 from spec_files import copy_spec, spec_text
 
 from vitcg.lang import catalogue as cat
-from vitcg.lang import load_specs, resolve_file, resolver
+from vitcg.lang import SpecSource, resolve_file, resolver
 from vitcg.lang.resolve import merge
 
 
@@ -58,14 +58,14 @@ def test_a_diagnostic_points_at_the_file_and_line_that_wrote_the_value(tmp_path)
     # the child renames the eager call's pixel argument; the buffer that passes the old name is the parent's
     path = child(tmp_path, "name: child\nextends: qwen2_vl\n"
                            "encoder:\n  args: {pixel_values: pixels, grid_thw: grid}\n")
-    result = load_specs([path], bindings=False)
+    result = SpecSource.of_files([path], bindings=False)
     (d,) = result.diagnostics
     parent = tmp_path / "qwen2_vl.yaml"
     assert d.file == str(parent) and d.via == str(path) and d.path == "$.buffers[0].arg"
     assert d.line == parent.read_text().splitlines().index("  - {name: pixel_values, arg: hidden_states}") + 1
     assert d.format().startswith(f"{parent}:{d.line}:") and f"(checking {path})" in d.format()
     assert result.invalid_files == [str(path)]
-    assert load_specs([parent], bindings=False).ok
+    assert SpecSource.of_files([parent], bindings=False).ok
 
 
 def test_a_default_value_names_the_default_and_how_to_replace_it():
@@ -89,14 +89,14 @@ def test_a_harness_file_is_the_tests_section_and_may_not_be_written_twice(tmp_pa
     (tmp_path / "clip.yaml").write_text((tmp_path / "clip.yaml").read_text() + "tests: {budgets: [64]}\n")
     _, problems = resolve_file(tmp_path / "clip.yaml")
     assert [d.message for d in problems] == [f"the harness is written twice: here and in {tmp_path / 'clip.tests.yaml'}"]
-    assert load_specs([tmp_path], bindings=False).files == [str(tmp_path / "clip.yaml")]  # not a spec of its own
+    assert SpecSource.of_files([tmp_path], bindings=False).files == [str(tmp_path / "clip.yaml")]  # not a spec of its own
 
 
 def test_an_error_in_the_harness_file_names_it_and_the_spec(tmp_path):
     copy_spec("clip", tmp_path)
     harness = tmp_path / "clip.tests.yaml"
     harness.write_text(harness.read_text().replace("marks: [core_model]", "marks: [core_model]\nbudget: [1]"))
-    result = load_specs([tmp_path], bindings=False)
+    result = SpecSource.of_files([tmp_path], bindings=False)
     (d,) = result.diagnostics
     assert d.file == str(harness) and d.via == str(tmp_path / "clip.yaml") and d.message == "unknown key 'budget'"
     assert result.invalid_files == [str(tmp_path / "clip.yaml")]
@@ -150,7 +150,7 @@ def test_a_parent_found_by_file_name_must_carry_that_name(tmp_path):
 
 def test_a_packaged_parent_serves_a_spec_in_another_folder(tmp_path):
     path = child(tmp_path, "name: my_qwen\nextends: qwen2_vl\ndisplay_name: Mine\n")
-    result = load_specs([path])
+    result = SpecSource.of_files([path])
     assert result.ok, [d.format() for d in result.diagnostics]
     assert result.specs[0].name == "my_qwen" and result.specs[0].display_name == "Mine"
 
@@ -235,7 +235,7 @@ def test_a_link_that_leaves_the_spec_folder_is_refused_naming_the_link(tmp_path,
         child(folder, "name: child\nextends: qwen2_vl\n")
         link = folder / "child.tests.yaml"
         link.symlink_to(secret)
-    result = load_specs([folder / "child.yaml"], bindings=False)
+    result = SpecSource.of_files([folder / "child.yaml"], bindings=False)
     text = "\n".join(d.format() for d in result.diagnostics)
     assert str(link) in text and "outside" in text, text
     assert "sekrit" not in text and "19000" not in text
@@ -281,7 +281,7 @@ def test_a_tests_yml_harness_is_loaded_like_a_tests_yaml_one(tmp_path):
     loaded = resolved(tmp_path, "child")
     assert loaded.data["tests"]["max_model_len"] == 1234 and loaded.data["tests"]["budgets"] == [64]
     assert loaded.file_of(("tests", "budgets")) == str(tmp_path / "child.tests.yml")
-    assert load_specs([tmp_path], bindings=False).files == [str(tmp_path / "child.yaml"), str(tmp_path / "qwen2_vl.yaml")]
+    assert SpecSource.of_files([tmp_path], bindings=False).files == [str(tmp_path / "child.yaml"), str(tmp_path / "qwen2_vl.yaml")]
     (tmp_path / "child.tests.yaml").write_text("max_model_len: 99\n")
     _, problems = resolve_file(tmp_path / "child.yaml")
     assert [d.message for d in problems] == ["the harness is written twice: in child.tests.yaml and child.tests.yml"]
@@ -308,7 +308,7 @@ def test_the_chain_limit_fails_only_the_file_whose_own_chain_is_too_long_whateve
         (d,) = results[f"c{MAX_CHAIN}"][1]
         assert d.file == str(tmp_path / f"c{MAX_CHAIN}.yaml") and d.line == 2
         assert d.message.startswith(f"extends chain longer than {MAX_CHAIN} specs")
-    assert load_specs([tmp_path], bindings=False).invalid_files == [str(tmp_path / f"c{n}.yaml") for n in (8, 9)]
+    assert SpecSource.of_files([tmp_path], bindings=False).invalid_files == [str(tmp_path / f"c{n}.yaml") for n in (8, 9)]
 
 
 def test_a_two_spec_cycle_is_named_as_a_cycle_from_either_file(tmp_path):
@@ -332,7 +332,7 @@ def test_a_two_spec_cycle_is_named_as_a_cycle_from_either_file(tmp_path):
 def test_an_argument_the_encoder_call_needs_is_a_validate_error_where_it_was_removed(tmp_path, text, line, where, path):
     copy_spec("qwen2_vl", tmp_path)
     spec = child(tmp_path, text)
-    result = load_specs([spec])
+    result = SpecSource.of_files([spec])
     messages = [d.format() for d in result.diagnostics]
     (d,) = result.diagnostics
     assert (d.file, d.line, d.path, d.code) == (str(tmp_path / f"{where}.yaml"), line, path, "binding"), messages
@@ -355,7 +355,7 @@ def test_remove_entries_that_repeat_or_run_long_are_named_briefly(tmp_path):
 def test_budgets_of_the_harness_are_bounded(tmp_path):
     copy_spec("qwen2_vl", tmp_path)
     (tmp_path / "child.tests.yaml").write_text("budgets: [64, 100000000000000000000000]\n")
-    result = load_specs([child(tmp_path, "name: child\nextends: qwen2_vl\n")], bindings=False)
+    result = SpecSource.of_files([child(tmp_path, "name: child\nextends: qwen2_vl\n")], bindings=False)
     (d,) = result.diagnostics
     assert (d.file, d.line, d.path) == (str(tmp_path / "child.tests.yaml"), 1, "$.tests.budgets[1]")
     assert "maximum of 1048576" in d.message
@@ -364,6 +364,6 @@ def test_budgets_of_the_harness_are_bounded(tmp_path):
 def test_buffer_errors_in_a_child_point_at_its_own_entries(tmp_path):
     copy_spec("qwen2_vl", tmp_path)
     path = child(tmp_path, "name: child\nextends: qwen2_vl\nbuffers:\n  - {name: extra, provider: aligned, shape: [budget], padding: bogus}\n")
-    result = load_specs([path], bindings=False)
+    result = SpecSource.of_files([path], bindings=False)
     d = next(d for d in result.diagnostics if "bogus" in d.message)
     assert (d.file, d.line) == (str(path), 4) and d.via is None

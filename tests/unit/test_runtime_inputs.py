@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from vitcg.errors import InputError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.inputs import item_indices
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.encoders import build_encoder
 
-SPECS = load_registry(["vitcg/specs"])
+SPECS = SpecSource(["vitcg/specs"])
 ROW = 1176  # tiny qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
 
 

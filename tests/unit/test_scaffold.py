@@ -118,16 +118,16 @@ def test_a_default_buffer_the_encoder_does_not_take_is_removed():
 def test_a_family_member_is_drafted_as_extends_of_the_spec_of_its_tower(tmp_path):
     """VipLLaVA's tower is the CLIP tower of the packaged clip spec: the draft extends it and states only its own
     names and the guesses where clip's values may not fit; the resolved draft is clip's spec under the new name."""
-    from vitcg.lang import load_specs
+    from vitcg.lang import SpecSource
 
     text, guesses = scaffold.checked_draft("vipllava", tmp_path / "vipllava.yaml")
     assert "\nextends: clip   # GUESS: " in text and "\nencoder:" not in text and "\nbuffers:" not in text
     assert guesses == text.count("# GUESS: ")
     (tmp_path / "vipllava.yaml").write_text(text)
-    result = load_specs([tmp_path / "vipllava.yaml"])
+    result = SpecSource.of_files([tmp_path / "vipllava.yaml"])
     assert result.ok, [d.format() for d in result.diagnostics]
     spec = result.specs[0]
-    clip = load_specs([Path(scaffold.__file__).parents[1] / "specs" / "clip.yaml"]).specs[0]
+    clip = SpecSource.of_files([Path(scaffold.__file__).parents[1] / "specs" / "clip.yaml"]).specs[0]
     assert spec.name == "vipllava" and spec.architectures == ("VipLlavaForConditionalGeneration",)
     assert spec.encoder == clip.encoder and spec.buffers == clip.buffers and spec.tests.tiny_config == clip.tests.tiny_config
 

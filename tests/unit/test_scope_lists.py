@@ -10,7 +10,7 @@ import torch
 from spec_files import spec_text
 
 from vitcg.errors import SpecRuntimeError
-from vitcg.lang import load_registry, spec_from_text
+from vitcg.lang import SpecSource, spec_from_text
 from vitcg.runtime.scope import Scope
 from vitcg.tools.encoders import build_encoder
 
@@ -20,7 +20,7 @@ ROTARY = PIXTRAL[PIXTRAL.index("  - name: rotary_cos\n"):PIXTRAL.index("\ndocs:"
 
 @pytest.fixture(scope="module")
 def tower():
-    return build_encoder(load_registry(["vitcg/specs"])["pixtral"])
+    return build_encoder(SpecSource(["vitcg/specs"])["pixtral"])
 
 
 def scope_of(tower, rotary_buffers: str) -> Scope:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vitcg.lang import load_specs
+from vitcg.lang import SpecSource
 
 CASES = Path(__file__).resolve().parents[1] / "specs"
 VALID = sorted((CASES / "valid").glob("*.yaml"))
@@ -24,7 +24,7 @@ def test_there_are_enough_cases():
 
 @pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
 def test_valid_case(path):
-    result = load_specs([path])
+    result = SpecSource.of_files([path])
     assert result.ok, "\n".join(d.format() for d in result.diagnostics)
     assert [s.name for s in result.specs] == [path.stem]
 
@@ -35,7 +35,7 @@ def test_invalid_case(path):
     for line in path.with_suffix(".expected").read_text().splitlines():
         number, _, fragment = line.partition(": ")
         expected.append((int(number), fragment))
-    result = load_specs([path])
+    result = SpecSource.of_files([path])
     assert not result.ok
     assert not result.specs
     got = [(d.line, d.message) for d in result.diagnostics]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-REGISTRY = load_registry()
+REGISTRY = SpecSource()
 SPECS = len(REGISTRY.names)
 SKIPPED = sum(1 for n in REGISTRY.names if REGISTRY.get(n).tests.vlm is not None and REGISTRY.get(n).tests.vlm.skip)
 PROVEN = SPECS - SKIPPED

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from vitcg.errors import InputError, SpecRuntimeError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.lang.catalogue import PADDINGS
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.padding import EMPTY, fill, mask_values
@@ -98,7 +98,7 @@ def test_the_rule_is_no_row_buffer():
 
 @pytest.fixture(scope="module")
 def pixtral():
-    spec = load_registry(["vitcg/specs"])["pixtral"]
+    spec = SpecSource(["vitcg/specs"])["pixtral"]
     if spec.unavailable:
         pytest.skip(spec.unavailable)
     return spec, build_encoder(spec, seed=0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vitcg.errors import VitcgError
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.lang.model import freeze, thaw
 from vitcg.runtime.accelerate import AccelerateStats
 from vitcg.tools import vlm as stage
@@ -18,7 +18,7 @@ from vitcg.tools import vlm as stage
 
 def _qwen2_vl(**text_config):
     """The packaged qwen2_vl spec, its end-to-end stage's text_config updated with ``text_config``."""
-    spec = load_registry().get("qwen2_vl")
+    spec = SpecSource().get("qwen2_vl")
     config = thaw(spec.tests.vlm.config)
     config["text_config"] = {**config["text_config"], **text_config}
     test = dataclasses.replace(spec.tests.vlm, config=freeze(config))
@@ -48,7 +48,7 @@ def test_model_code_failing_while_the_vlm_is_built_names_the_step_the_place_and_
 
 def test_calls_that_never_reached_the_graphs_say_why():
     """Was "the VLM's calls ran the original encoder call: " with nothing after the colon."""
-    spec = load_registry().get("qwen2_vl")
+    spec = SpecSource().get("qwen2_vl")
     never = stage.not_routed(spec, AccelerateStats(), {})
     assert never.startswith("the VLM's feature calls never called model.visual.forward")
     assert "encoder.vlm_attribute and encoder.method" in never
@@ -62,7 +62,7 @@ def test_a_feature_call_without_rows_names_the_call_and_the_fix(monkeypatch: pyt
     """Was ``TypeError: 'NoneType' object is not iterable`` (a feature call whose pooler_output is None)."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    spec = load_registry().get("qwen2_vl")
+    spec = SpecSource().get("qwen2_vl")
     model = stage.build_vlm(spec)
     monkeypatch.setattr(model.base_model, "get_image_features",
                         lambda **_: BaseModelOutputWithPooling(last_hidden_state=torch.zeros(1, 4)))

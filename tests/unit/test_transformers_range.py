@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vitcg.errors import UsageError
-from vitcg.lang import load_specs
+from vitcg.lang import SpecSource
 from vitcg.lang.bindings import release, transformers_version
 from vitcg.tools.cases import check_spec
 from vitcg.tools.report import check_text, text_report
@@ -22,7 +22,7 @@ def testrelease_ordering():
 
 
 def test_a_spec_needing_a_newer_transformers_is_valid_and_unavailable():
-    result = load_specs([FUTURE], use_cache=False)
+    result = SpecSource.of_files([FUTURE], use_cache=False)
     assert result.ok and [s.name for s in result.unavailable] == ["needs_future_transformers"]
     text = text_report(result)
     assert f"{FUTURE}: note: unavailable in transformers {transformers_version()} (the spec needs >= 99.0)" in text
@@ -30,7 +30,7 @@ def test_a_spec_needing_a_newer_transformers_is_valid_and_unavailable():
 
 
 def test_an_unavailable_spec_is_skipped_by_check_and_not_failed():
-    (spec,) = load_specs([FUTURE], bindings=False).specs
+    (spec,) = SpecSource.of_files([FUTURE], bindings=False).specs
     report = check_spec(spec)
     assert report.ok and not report.cases and report.unavailable
     text = check_text([report])
@@ -43,14 +43,14 @@ def test_accelerate_refuses_an_unavailable_spec():
     torch = pytest.importorskip("torch")
     import vitcg
 
-    (spec,) = load_specs([FUTURE], bindings=False).specs
+    (spec,) = SpecSource.of_files([FUTURE], bindings=False).specs
     with pytest.raises(UsageError, match="unavailable in transformers"):
         vitcg.accelerate(torch.nn.Linear(2, 2), spec=spec)
 
 
 def test_specs_in_the_repository_state_their_oldestrelease_where_it_matters():
     """Every ``transformers`` key parses, and the pin in pyproject covers the oldest one CI runs (5.17)."""
-    pins = [s.transformers for s in load_specs([REPO / "vitcg" / "specs"], bindings=False).specs if s.transformers]
+    pins = [s.transformers for s in SpecSource.of_files([REPO / "vitcg" / "specs"], bindings=False).specs if s.transformers]
     assert all(release(p) > release("5.17") for p in pins)
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '"transformers>=5.17,<5.25"' in pyproject

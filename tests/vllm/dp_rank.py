@@ -138,14 +138,14 @@ def main(argv: list[str]) -> int:
     )
     from vllm.plugins import load_general_plugins
 
-    from vitcg.lang import load_registry
+    from vitcg.lang import SpecSource
 
     rank, world, port = int(argv[0]), int(argv[1]), int(argv[2])
     workdir, names = Path(argv[3]), argv[4:]
     torch.set_num_threads(1)
     logging.getLogger("vitcg").setLevel(logging.INFO)
     logging.getLogger("vitcg").addHandler(_Keep())
-    registry = load_registry()
+    registry = SpecSource()
     load_general_plugins()  # as every vLLM process does: vitcg's classes replace the backend's
     with set_current_vllm_config(VllmConfig(parallel_config=_parallel(world))):
         init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",

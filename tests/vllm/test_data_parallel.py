@@ -35,10 +35,10 @@ import pytest
 import torch
 from eager_check import assert_items_match
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.tools.vlm import backend_batches, build_vlm
 
-REGISTRY = load_registry()
+REGISTRY = SpecSource()
 SCRIPT = Path(__file__).with_name("dp_rank.py")
 ROOT = Path(__file__).resolve().parents[2]
 REPLICATED = ["qwen2_vl", "qwen3_vl"]

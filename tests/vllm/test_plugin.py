@@ -26,10 +26,10 @@ import torch
 from doubles import CpuCaptureManager, modalities_from_model, no_accelerator_empty_cache
 from eager_check import assert_items_match
 
-from vitcg.lang import load_registry
+from vitcg.lang import SpecSource
 from vitcg.tools.vlm import Unavailable, backend_batches, build_vlm
 
-REGISTRY = load_registry()
+REGISTRY = SpecSource()
 STOCK_CLASSES = ("TransformersMultiModalForCausalLM", "TransformersMultiModalMoEForCausalLM")
 DECLINED = {
     "blip_2": "not the spec's Blip2ForConditionalGeneration",

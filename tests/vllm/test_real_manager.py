@@ -30,13 +30,13 @@ from eager_check import assert_matches_eager
 from spec_files import spec_text
 
 from vitcg.errors import InputError
-from vitcg.lang import load_registry, spec_from_text
+from vitcg.lang import SpecSource, spec_from_text
 from vitcg.runtime.adapter import SpecAdapter, adapter_for
 from vitcg.runtime.inputs import BACKEND_ROW_KEYS
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-REGISTRY = load_registry()
+REGISTRY = SpecSource()
 PLAIN = [spec.name for spec in REGISTRY if not spec.graph_scope]
 ITEMS_PER_BATCH = 3
 """Fewer than a modality's items in :func:`sizes_for`: every call spans several packs."""

@@ -4,7 +4,7 @@ The rule, one place for every caller (``vitcg.accelerate``, every command): the 
 (``vitcg/specs/``, installed with the package) come first; then each entry of ``$VITCG_SPECS_DIR``
 (``os.pathsep``-separated, in order); then the folders the caller passes (``specs=`` of ``vitcg.accelerate``,
 ``--specs DIR`` of the commands, in order). A spec in a later folder replaces the spec of the same ``name``
-from an earlier one (:func:`vitcg.lang.load_layers` logs it at INFO, naming both files); two specs of one name
+from an earlier one (:class:`vitcg.lang.SpecSource` logs it at INFO, naming both files); two specs of one name
 inside one folder stay an error naming both files.
 """
 

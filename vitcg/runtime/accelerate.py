@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError, SpecRuntimeError, UsageError
-from ..lang import Registry, load_registry, spec_folders
+from ..lang import SpecSource, spec_folders
 from ..lang.bindings import import_object
 from ..lang.model import Modality, Spec
 from .adapter import adapter_for, output_entry, per_item, pixels_to_rows
@@ -53,20 +53,20 @@ vision encoder keeps no cache, though older transformers pass ``generate``'s ``u
 
 
 SpecFolders = str | Path | Sequence[str | Path]
-"""What ``specs=`` takes besides a Registry: one folder of the user's, or several in override order."""
+"""What ``specs=`` takes besides a SpecSource: one folder of the user's, or several in override order."""
 
 
-def registry_for(specs: Registry | SpecFolders | None = None) -> Registry:
-    """``specs`` if it is a Registry; else the packaged specs, then ``$VITCG_SPECS_DIR``, then the folder or folders
+def source_for(specs: SpecSource | SpecFolders | None = None) -> SpecSource:
+    """``specs`` if it is a SpecSource; else the packaged specs, then ``$VITCG_SPECS_DIR``, then the folder or folders
     ``specs`` names, a later folder's spec replacing an earlier one of the same name
-    (:mod:`vitcg.lang.folders`). This is the host's registry (``load_registry(skip_invalid=True)``): a spec file
-    that does not validate, or a ``$VITCG_SPECS_DIR`` entry that is not a folder, is logged at WARNING and makes
-    only its own spec unusable (asking the registry for that name raises SpecError). Raises UsageError for a
+    (:mod:`vitcg.lang.folders`). This is a host's source (``SpecSource(host=True)``): a spec file that does not
+    validate, or a ``$VITCG_SPECS_DIR`` entry that is not a folder, is logged at WARNING and makes only its own
+    spec unusable (asking the source for that name raises SpecError). Raises UsageError for a
     folder of ``specs`` that does not exist."""
-    if isinstance(specs, Registry):
+    if isinstance(specs, SpecSource):
         return specs
     extra = [] if specs is None else [specs] if isinstance(specs, (str, Path)) else list(specs)
-    return load_registry(spec_folders(extra, skip_missing=True), skip_invalid=True, bindings=False)
+    return SpecSource(spec_folders(extra, skip_missing=True), host=True, bindings=False)
 
 
 @dataclass
@@ -245,18 +245,18 @@ def encoder_of(model: nn.Module, spec: Spec) -> tuple[list[Any], nn.Module]:
     return owners, encoder
 
 
-def _spec_for(model: nn.Module, spec: Spec | str | None, specs: Registry | SpecFolders | None) -> Spec:
+def _spec_for(model: nn.Module, spec: Spec | str | None, specs: SpecSource | SpecFolders | None) -> Spec:
     if isinstance(spec, Spec):
         return spec
-    registry = registry_for(specs)
+    source = source_for(specs)
     if isinstance(spec, str):
-        return registry[spec]
+        return source[spec]
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    found = registry.find(model_type, [type(model).__name__, *(getattr(config, "architectures", None) or ())])
+    found = source.find(model_type, [type(model).__name__, *(getattr(config, "architectures", None) or ())])
     if found is None:
-        known = sorted({t for s in registry for t in s.model_types})
-        broken = "".join(f"; {entry.file} does not validate (spec={entry.name!r} says why)" for entry in registry.invalid)
+        known = sorted({t for s in source for t in s.model_types})
+        broken = "".join(f"; {entry.file} does not validate (spec={entry.name!r} says why)" for entry in source.invalid)
         raise UsageError(f"no spec for {type(model).__name__} (model_type {model_type!r}); supported model types: "
                          f"{', '.join(known)}{broken}")
     return found
@@ -595,15 +595,15 @@ def _with_modality(method: Callable, modality: str, known: tuple[str, ...]) -> C
     return call
 
 
-def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: Registry | SpecFolders | None = None,
+def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: SpecSource | SpecFolders | None = None,
                progress: bool | None = None, compile: bool | None = None, options: ManagerOptions | None = None,
                **engine_limits: Any) -> Accelerated:
     """Route ``model``'s vision encoder through budget CUDA graphs (on CUDA; the static path elsewhere).
 
     ``model``: a loaded transformers VLM (a class in a spec's ``architectures``, or its inner model).
     ``spec``: a spec or spec name; by default the spec whose architectures or model types match the model,
-    from :func:`registry_for` ``specs``: the packaged specs, then ``$VITCG_SPECS_DIR``, then ``specs`` (a folder
-    or a list of folders, whose specs replace packaged ones of the same name), or a :class:`~vitcg.lang.Registry`.
+    from :func:`source_for` ``specs``: the packaged specs, then ``$VITCG_SPECS_DIR``, then ``specs`` (a folder
+    or a list of folders, whose specs replace packaged ones of the same name), or a :class:`~vitcg.lang.SpecSource`.
     ``engine_limits``: the manager's engine options (``max_num_batched_tokens``, ``token_budgets``,
     ``max_items_per_batch``...); ``options``: the manager's packing and routing
     (:class:`~vitcg.runtime.manager.ManagerOptions`). ``progress``: a capture progress bar (default: when stderr is a terminal).

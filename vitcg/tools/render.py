@@ -19,7 +19,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import RenderError, UsageError
-from ..lang import Spec, load_registry, packaged_specs_dir, spec_folders
+from ..lang import Spec, SpecSource, packaged_specs_dir, spec_folders
 from ..lang.catalogue import vocabulary
 from ..lang.folders import packaged_folder
 from ..lang.gaps import GAPS
@@ -356,7 +356,7 @@ def generate(folders: Sequence[Path] | None = None, templates_dir: Path | None =
              out_dir: Path = Path("registry"), *, check: bool = False, force: bool = False) -> GenerateResult:
     """Render every template from the specs of ``folders`` and compare with ``out_dir``.
 
-    ``folders`` are layered as the registry rule says (:func:`vitcg.lang.load_layers`: a later folder's spec
+    ``folders`` are layered as the registry rule says (:class:`vitcg.lang.SpecSource`: a later folder's spec
     replaces an earlier one of the same name); default :func:`vitcg.lang.spec_folders`, the packaged specs
     then ``$VITCG_SPECS_DIR``. ``templates_dir`` defaults to :func:`packaged_templates_dir`.
 
@@ -374,7 +374,7 @@ def generate(folders: Sequence[Path] | None = None, templates_dir: Path | None =
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"output folder {out_dir} is a file")
     # Bindings (imports of transformers classes) are `vitcg validate`'s job; skipping them keeps this torch-free.
-    specs = load_registry(folders, bindings=False)
+    specs = SpecSource(folders, bindings=False).require_valid()
     templates_dir = packaged_templates_dir() if templates_dir is None else templates_dir
     rendered = render_templates(build_context(specs, folders), templates_dir)
     result = GenerateResult(out_dir, len(specs), rendered, find_stale(rendered, out_dir),

@@ -1,4 +1,4 @@
-"""Reporters: a :class:`~vitcg.lang.LoadResult` (``validate``) and the spec reports of ``check``, as text for
+"""Reporters: a :class:`~vitcg.lang.SpecSource` (``validate``) and the spec reports of ``check``, as text for
 people or JSON for machines."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import enum
 import json
 from typing import TYPE_CHECKING
 
-from ..lang import LoadResult
+from ..lang import SpecSource
 
 if TYPE_CHECKING:
     from .cases import SpecReport
 
 
-def summary_line(result: LoadResult) -> str:
+def summary_line(result: SpecSource) -> str:
     invalid = len(result.invalid_files)
     valid = len(result.files) - invalid
     errors = len(result.diagnostics)
@@ -26,7 +26,7 @@ def summary_line(result: LoadResult) -> str:
             f"({errors} error{'s' if errors != 1 else ''}){aside}")
 
 
-def text_report(result: LoadResult) -> str:
+def text_report(result: SpecSource) -> str:
     """One ``file:line:col: path: message`` block per diagnostic, then the summary line."""
     lines = [d.format() for d in result.diagnostics]
     lines += [f"{s.file}: note: {s.unavailable}" for s in result.unavailable]
@@ -34,7 +34,7 @@ def text_report(result: LoadResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def json_report(result: LoadResult) -> str:
+def json_report(result: SpecSource) -> str:
     """The same facts as :func:`text_report`, as one JSON document."""
     invalid = set(result.invalid_files)
     document = {

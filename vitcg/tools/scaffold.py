@@ -379,14 +379,14 @@ def family_parent(d: Draft) -> Any:
 def _towers(folders: tuple[str, ...]) -> dict[tuple[str, str], list]:
     """The specs of ``folders`` by ``(encoder class, config class)``, in name order (one registry load for every
     draft of a process)."""
-    from ..lang import load_registry
+    from ..lang import SpecSource
 
     try:
-        registry = load_registry(list(folders))
+        specs = SpecSource(list(folders)).specs  # a broken file of the user's hides only its own spec
     except VitcgError:
         return {}
     towers: dict[tuple[str, str], list] = {}
-    for spec in registry:
+    for spec in specs:
         towers.setdefault((spec.encoder.class_path, spec.encoder.config_class), []).append(spec)
     return towers
 

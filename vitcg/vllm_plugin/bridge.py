@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from ..errors import InputError, UsageError, VitcgError
-from ..lang import load_registry
+from ..lang import SpecSource
 from ..lang.model import Spec
 from ..runtime.accelerate import _Layout, call_inputs, encoder_of
 from ..runtime.adapter import SpecAdapter, adapter_for, pixels_to_rows
@@ -68,10 +68,10 @@ def describe(value: Any) -> str:
 def find_spec(hf_config: Any) -> Spec:
     """The spec for a Hugging Face config (its ``model_type`` and ``architectures``), from the packaged specs
     and ``$VITCG_SPECS_DIR``. Raises Declined saying why none can be used."""
-    registry = load_registry(bindings=False, skip_invalid=True)
+    source = SpecSource(host=True, bindings=False)
     model_type = getattr(hf_config, "model_type", None)
     architectures = list(getattr(hf_config, "architectures", None) or ())
-    spec = registry.find(model_type, architectures)
+    spec = source.find(model_type, architectures)
     if spec is None:
         raise Declined(f"no vitcg spec for model_type {model_type!r} ({', '.join(architectures) or 'no architectures'})")
     if spec.unavailable:
