@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,6 @@ from vitcg.tools.render import (
     find_stale,
     foreign_files,
     generate,
-    load_test_configs,
     markdown_cell,
     python_literal,
     render_templates,
@@ -37,6 +37,25 @@ TEMPLATES = REPO / "vitcg" / "templates"
 CASES = REPO / "tests" / "specs" / "render"
 GOLDEN = CASES / "golden"
 UPDATE = os.environ.get("VITCG_UPDATE_GOLDEN") == "1"
+
+
+def load_test_configs(out_dir: Path = Path("registry")) -> dict[str, Any]:
+    """``VIT_CUDAGRAPH_TEST_CONFIGS`` of the generated ``test_configs.py`` in ``out_dir``, keyed by spec name.
+
+    Imports the file by path, so tests need no ``sys.path`` changes. Fails the test if it is missing.
+    """
+    import importlib.util
+    import sys
+
+    path = out_dir / "test_configs.py"
+    if not path.is_file():
+        pytest.fail(f"no generated test configs at {path}; run `vitcg generate`")
+    module_spec = importlib.util.spec_from_file_location("vitcg_registry_test_configs", path)
+    module = importlib.util.module_from_spec(module_spec)
+    # dataclasses look their module up in sys.modules while the class body is created.
+    sys.modules[module_spec.name] = module
+    module_spec.loader.exec_module(module)
+    return module.VIT_CUDAGRAPH_TEST_CONFIGS
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,7 @@ def test_the_draft_writes_only_what_differs_from_the_style_defaults():
         ("pixel_values", "pixels"), ("grid_thw", "grid"), ("cu_seqlens", "cu_seqlens"), ("max_seqlen", "max_seqlen"),
         ("position_ids", "position_ids"), ("window_index", "window_index"),
         ("cu_window_seqlens", "cu_window_seqlens"), ("max_window_seqlen", "max_window_seqlen")]
-    assert spec.buffer("pixel_values").arg == "hidden_states"
+    assert next(b for b in spec.buffers if b.name == "pixel_values").arg == "hidden_states"
 
 
 def test_a_default_buffer_the_encoder_does_not_take_is_removed():

@@ -34,8 +34,6 @@ MAX_BUFFER_ELEMENTS = 2**30
 largest spec in ``vitcg/specs/`` needs 2.0e8)."""
 GRID_COLUMNS = ("t", "h", "w")
 """The full columns of a grid row; a modality's ``grid_columns`` may leave ``t`` out (then t is 1)."""
-SPLITS = {"frames": "the encoder receives one grid row (1, h, w) per frame of each (t, h, w) item row"}
-"""Values of a modality's ``split``: how the grid rows the encoder receives derive from the item rows."""
 SHAPING_NAMES = {"image": ("height", "width"), "video": ("frames", "height", "width")}
 """What a ``tests.shaping`` formula may read besides geometry: the size of one image or video in pixels."""
 

@@ -273,9 +273,6 @@ class Spec:
         """The columns of the grid the encoder receives (every modality with a grid agrees on them)."""
         return next((m.grid_columns for m in self.modalities if "grid" in m.inputs), GRID_COLUMNS)
 
-    def buffer(self, name: str) -> Buffer | None:
-        return next((b for b in self.buffers if b.name == name), None)
-
     @property
     def rows_buffer(self) -> Buffer:
         """The buffer whose first dimension is the row (or tile) capacity, where padding segments end and

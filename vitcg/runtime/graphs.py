@@ -91,6 +91,8 @@ class BudgetGraph:
 class CaptureReport:
     seconds: float
     per_budget: dict[int, float]
+    """Capture seconds by budget (summed over axis keys): where start-up goes, as benchmarks/compile_start.py
+    reports it."""
     pool_bytes: int
     """GPU memory held after capture beyond what was held before (graph pool plus buffers)."""
     replay_ms: dict[int, float] = field(default_factory=dict)

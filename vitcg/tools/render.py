@@ -396,22 +396,3 @@ def generate(folders: Sequence[Path] | None = None, templates_dir: Path | None =
         result.written = True
     return result
 
-
-def load_test_configs(out_dir: Path = Path("registry")) -> dict[str, Any]:
-    """``VIT_CUDAGRAPH_TEST_CONFIGS`` of the generated ``test_configs.py`` in ``out_dir``, keyed by spec name.
-
-    Imports the file by path, so tests need no ``sys.path`` changes. Raises UsageError if it is missing.
-    """
-    import importlib.util
-    import sys
-
-    path = out_dir / "test_configs.py"
-    if not path.is_file():
-        raise UsageError(f"no generated test configs at {path}; run `vitcg generate`")
-    module_spec = importlib.util.spec_from_file_location("vitcg_registry_test_configs", path)
-    module = importlib.util.module_from_spec(module_spec)
-    # dataclasses look their module up in sys.modules while the class body is created.
-    sys.modules[module_spec.name] = module
-    module_spec.loader.exec_module(module)
-    return module.VIT_CUDAGRAPH_TEST_CONFIGS
-
