@@ -17,7 +17,7 @@ import copy
 import inspect
 import os
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,10 +65,12 @@ def _refuse_large(config: Any) -> None:
                              f"(at most {limit}); set it in tests.vlm.config.text_config")
 
 
-def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> torch.nn.Module:
+def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0, size: str = "tiny") -> torch.nn.Module:
     """The spec's tiny full VLM with seeded random weights, float32, eval mode: ``tests.vlm.architecture`` (or
     the first of the spec's architectures transformers has), built from its own config class with the tiny
-    vision config and ``tests.vlm.config``. Raises Unavailable when transformers has no such class."""
+    vision config and ``tests.vlm.config``. ``size="real"`` takes the real vision config (``tests.real_config``,
+    a checkpoint's tower) instead, the language model still the tiny one (benchmarks of the encoder).
+    Raises Unavailable when transformers has no such class."""
     import transformers
 
     names = [spec.tests.vlm.architecture] if spec.tests.vlm.architecture else list(spec.architectures)
@@ -79,8 +81,10 @@ def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> torch.nn.Module
                          f"({'tests.vlm.architecture' if spec.tests.vlm.architecture else 'architectures'})"
                          + (f"; {hint}" if hint else ""))
     config_cls = cls.config_class
-    tiny = thaw(spec.tests.tiny_config)
-    overrides = tiny if issubclass(import_object(spec.encoder.config_class), config_cls) else {"vision_config": tiny}
+    if size not in ("tiny", "real"):
+        raise ValueError(f"size must be 'tiny' or 'real', got {size!r}")
+    vision = thaw(spec.tests.tiny_config if size == "tiny" else spec.tests.real_config)
+    overrides = vision if issubclass(import_object(spec.encoder.config_class), config_cls) else {"vision_config": vision}
     config = config_cls(**_merge(overrides, spec.tests.vlm.config))
     _refuse_large(config)
     # sdpa where the class supports it (the usual serving choice), else its own eager attention
@@ -93,10 +97,10 @@ def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0) -> torch.nn.Module
     return cls(config).eval().to(device)
 
 
-def build_processor(spec: Spec, vlm: torch.nn.Module):
-    """The model's image processor from its defaults and ``tests.vlm.processor``: ``tests.vlm.processor_class``,
-    or the one transformers maps to the spec's model types or the VLM's (PIL backend first). Raises
-    Unavailable when there is none."""
+def build_processor(spec: Spec, vlm: torch.nn.Module, kwargs: Mapping[str, Any] | None = None):
+    """The model's image processor from its defaults and ``tests.vlm.processor`` (or ``kwargs`` instead, such as
+    a real checkpoint's settings): ``tests.vlm.processor_class``, or the one transformers maps to the spec's
+    model types or the VLM's (PIL backend first). Raises Unavailable when there is none."""
     import transformers
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
@@ -118,7 +122,7 @@ def build_processor(spec: Spec, vlm: torch.nn.Module):
                          "the image processor class of the checkpoint's processor_config.json"
                          + (f"; {hint}" if hint else ""))
     try:
-        return getattr(transformers, name)(**thaw(spec.tests.vlm.processor))
+        return getattr(transformers, name)(**thaw(spec.tests.vlm.processor if kwargs is None else kwargs))
     except ImportError as exc:  # some releases need torchvision even for the PIL backend
         raise Unavailable(f"{name} cannot be built here: {str(exc).strip().splitlines()[0]}") from None
 
@@ -510,19 +514,31 @@ def _backend_batch(processed: Mapping[str, Any], modality: str, items: int) -> d
     return batch
 
 
-def backend_batches(spec: Spec, vlm: torch.nn.Module, seed: int = 5) -> dict[str, dict[str, torch.Tensor]]:
+def backend_batches(spec: Spec, vlm: torch.nn.Module, seed: int = 5, *,
+                    images: Sequence[tuple[int, int]] | None = None,
+                    videos: Sequence[tuple[int, int, int]] | None = None,
+                    processor: Mapping[str, Any] | None = None) -> dict[str, dict[str, torch.Tensor]]:
     """Per modality the spec proves end to end: images (videos) of several sizes made by the VLM's own image
     processor (videos composed from frames, :func:`compose_videos`), laid out as vLLM's Transformers backend
-    passes them to ``embed_multimodal`` (the engine's inputs for the vLLM plugin's tests). Raises Unavailable
-    when the processor cannot be built here or its outputs cannot be split into items."""
-    processor = build_processor(spec, vlm)
+    passes them to ``embed_multimodal`` (the engine's inputs for the vLLM plugin's tests). Given ``images``
+    ((height, width) in pixels) and ``videos`` ((frames, height, width)), exactly those, and videos wherever the
+    spec has a video modality; ``processor``: the image processor's settings instead of ``tests.vlm.processor``.
+    Raises Unavailable when the processor cannot be built here or its outputs cannot be split into items."""
+    made_by = build_processor(spec, vlm, processor)
     rng = np.random.default_rng(seed)
-    images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in (*IMAGE_SIZES, (140, 84), (56, 56))]
-    made = {"image": _backend_batch(dict(processor(images=images, return_tensors="pt")), "image", len(images))}
+    given = images is not None or videos is not None
+    image_sizes = images if given else (*IMAGE_SIZES, (140, 84), (56, 56))
+    made = {}
+    if image_sizes:
+        pictures = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in image_sizes]
+        made["image"] = _backend_batch(dict(made_by(images=pictures, return_tensors="pt")), "image", len(pictures))
     video = spec.modality("video")
-    if spec.tests.vlm.video is not None and video is not None:
-        videos = [rng.integers(0, 255, (f, h, w, 3), dtype=np.uint8) for f, h, w in VIDEO_SIZES]
-        composed = compose_videos(spec, processor, videos)
+    video_sizes = videos if given else VIDEO_SIZES if spec.tests.vlm.video is not None else ()
+    if video_sizes and video is not None:
+        clips = [rng.integers(0, 255, (f, h, w, 3), dtype=np.uint8) for f, h, w in video_sizes]
+        composed = compose_videos(spec, made_by, clips)
         composed["pixel_values_videos"] = composed.pop(video.pixels_key)  # the backend's key for video pixels
-        made["video"] = _backend_batch(composed, "video", len(videos))
+        made["video"] = _backend_batch(composed, "video", len(clips))
+    elif video_sizes and given:
+        raise Unavailable(f"spec {spec.name} has no video modality")
     return made
