@@ -144,18 +144,23 @@ class ProtocolConsumer:
                                                   batch_mm_kwargs=selected)
         return [dest[i] for i in range(len(specs))]
 
-    def execute_dp(self, mm_kwargs: dict, ranks: int) -> list[torch.Tensor]:
-        """Each rank's share by load balance (largest input first onto the least loaded rank); a rank's
-        index list is in assignment order, not sorted."""
-        sizes = [s.input_size for s in self.model.get_encoder_cudagraph_item_specs(mm_kwargs)]
+    @staticmethod
+    def shares(sizes: list[int], ranks: int) -> list[list[int]]:
+        """Each rank's items by load balance of their input ``sizes`` (largest first onto the least loaded
+        rank); a rank's index list is in assignment order, not sorted."""
         shares: list[list[int]] = [[] for _ in range(ranks)]
         load = [0] * ranks
         for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
             r = min(range(ranks), key=lambda r: (load[r], r))
             shares[r].append(i)
             load[r] += sizes[i]
+        return shares
+
+    def execute_dp(self, mm_kwargs: dict, ranks: int) -> list[torch.Tensor]:
+        """Every rank's share (:meth:`shares`) run locally, one after another, results in item order."""
+        sizes = [s.input_size for s in self.model.get_encoder_cudagraph_item_specs(mm_kwargs)]
         results: dict[int, torch.Tensor] = {}
-        for share in shares:
+        for share in self.shares(sizes, ranks):
             local = self.execute(self.select(mm_kwargs, share)[0])
             results.update(zip(share, local))
         return [results[i] for i in range(len(sizes))]
