@@ -213,6 +213,10 @@ class Bridge:
         _, self.encoder = encoder_of(model, spec)
         self.method = spec.encoder.method
         self._adapter: SpecAdapter | None = None
+        self.compile_forward = False
+        """Whether the adapter, when it is built, runs the tower's repeated blocks through ``torch.compile`` inside
+        the graphs (:mod:`vitcg.runtime.regions`). The plugin never sets it (no option of vLLM's reaches it);
+        benchmarks/plugin_encode.py sets it to measure what compiled blocks would give there."""
         self.layout: _Layout | None = None
         self.off: str | None = None
         """Why the graphs stopped serving this model (:meth:`turn_off`), or None while they serve it."""
@@ -281,7 +285,7 @@ class Bridge:
     @property
     def adapter(self) -> SpecAdapter:
         if self._adapter is None:
-            self._adapter = adapter_for(self.spec, self.encoder)
+            self._adapter = adapter_for(self.spec, self.encoder, compile_forward=self.compile_forward)
         return self._adapter
 
     def _modality(self, mm_kwargs: Mapping[str, Any]) -> Any:
