@@ -29,8 +29,10 @@ Equality. float32 (TF32 off): each item's relative error ``||got - want|| / ||wa
 baseline (the stock item; with ``--ranks``, the replicated item). bfloat16: both sides are judged against a
 float32 reference (the stock backend on the float32 model, before the cast): an item is equal when its error is
 at most BF16_FACTOR (2) times the baseline's own error (and at most 1e-5 where that is smaller). Exit status 1 on
-any inequality; a model that cannot be built, a workload it has no modality for, or a model the plugin declines
-prints one line why and is skipped.
+any inequality, else 0: a model that cannot be built or a workload it has no modality for prints one line why and
+is skipped; a model the plugin declines (a graph-scoped spec: hunyuan_vl, pixtral) prints the plugin's reason and
+is timed on the stock backend alone; a path whose graphs turned off (the plugin's fail-safe: the stock path then
+answers, so its rows measure nothing of the plugin) is marked GRAPHS OFF.
 
 Usage (GPU machine, repository root):
   python benchmarks/plugin_encode.py qwen2_vl qwen3_vl glm4v hunyuan_vl pixtral --iters 10 --json OUT.json
