@@ -321,6 +321,7 @@ def run_gain(args: argparse.Namespace, results: dict[str, Any]) -> bool:
     """Mode A over every model; whether every item was equal."""
     device = torch.device(args.device)
     if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)
     equal = True
     workloads = args.workload or list(WORKLOADS)
