@@ -4,8 +4,13 @@ harness written in as a ``tests:`` section (the other form the language accepts)
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
+import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 SPECS = Path(__file__).resolve().parents[1] / "vitcg" / "specs"
 
@@ -52,3 +57,19 @@ def skip_unavailable(name: str) -> None:
     spec = SpecSource().get(name)
     if spec is not None and spec.unavailable:
         pytest.skip(f"{name}: {spec.unavailable}")
+
+
+def load_test_configs(out_dir: Path) -> dict[str, Any]:
+    """``VIT_CUDAGRAPH_TEST_CONFIGS`` of the generated ``test_configs.py`` in ``out_dir``, keyed by spec name.
+
+    Imports the file by path, so tests need no ``sys.path`` changes. Fails the test if it is missing.
+    """
+    path = out_dir / "test_configs.py"
+    if not path.is_file():
+        pytest.fail(f"no generated test configs at {path}; run `vitcg generate`")
+    module_spec = importlib.util.spec_from_file_location("vitcg_registry_test_configs", path)
+    module = importlib.util.module_from_spec(module_spec)
+    # dataclasses look their module up in sys.modules while the class body is created.
+    sys.modules[module_spec.name] = module
+    module_spec.loader.exec_module(module)
+    return module.VIT_CUDAGRAPH_TEST_CONFIGS

@@ -13,13 +13,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from spec_files import load_test_configs
 
 from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.cases import check_spec
 from vitcg.tools.encoders import build_encoder
-from vitcg.tools.render import load_test_configs
 from vitcg.tools.workloads import relative_error
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from spec_files import load_test_configs
 from vitcg.errors import RenderError, SpecError, UsageError
 from vitcg.lang import SpecSource
 from vitcg.tools.render import (
@@ -37,25 +38,6 @@ TEMPLATES = REPO / "vitcg" / "templates"
 CASES = REPO / "tests" / "specs" / "render"
 GOLDEN = CASES / "golden"
 UPDATE = os.environ.get("VITCG_UPDATE_GOLDEN") == "1"
-
-
-def load_test_configs(out_dir: Path = Path("registry")) -> dict[str, Any]:
-    """``VIT_CUDAGRAPH_TEST_CONFIGS`` of the generated ``test_configs.py`` in ``out_dir``, keyed by spec name.
-
-    Imports the file by path, so tests need no ``sys.path`` changes. Fails the test if it is missing.
-    """
-    import importlib.util
-    import sys
-
-    path = out_dir / "test_configs.py"
-    if not path.is_file():
-        pytest.fail(f"no generated test configs at {path}; run `vitcg generate`")
-    module_spec = importlib.util.spec_from_file_location("vitcg_registry_test_configs", path)
-    module = importlib.util.module_from_spec(module_spec)
-    # dataclasses look their module up in sys.modules while the class body is created.
-    sys.modules[module_spec.name] = module
-    module_spec.loader.exec_module(module)
-    return module.VIT_CUDAGRAPH_TEST_CONFIGS
 
 
 @pytest.fixture(scope="module")
