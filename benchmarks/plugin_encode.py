@@ -51,6 +51,7 @@ import logging
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -205,7 +206,7 @@ def plugin_path(subject: Subject, args: argparse.Namespace, device: torch.device
     if not getattr(type(model), "supports_encoder_cudagraph", False):
         raise Skip(f"the plugin declines: {lines[-1] if lines else 'no reason logged'}")
     dtype = getattr(torch, args.dtype)
-    consumer = ProtocolConsumer(engine_limits(subject.spec, args.size), device, dtype, model,
+    consumer = ProtocolConsumer(engine_limits(subject.spec, args.size, args.plan), device, dtype, model,
                                 cuda_graphs=device.type == "cuda")
     start = time.perf_counter()
     consumer.capture()
@@ -213,12 +214,22 @@ def plugin_path(subject: Subject, args: argparse.Namespace, device: torch.device
     return consumer, model, time.perf_counter() - start
 
 
-def engine_limits(spec: Any, size: str) -> Any:
+def engine_limits(spec: Any, size: str, plan: bool = False) -> Any:
     """The engine's settings: at real size vLLM's defaults (8192 batched tokens, the auto ladder and item cap, as
-    ``vitcg bench``); tiny, the spec's test budgets and 8 items a pack (as tests/engine)."""
-    if size == "real":
+    ``vitcg bench``), or with ``plan`` the budgets, items and frames per batch that ``vitcg plan NAME --manager
+    vllm`` prints for the bench workloads (what the README tells a vLLM user to pass); tiny, the spec's test
+    budgets and 8 items a pack (as tests/engine)."""
+    if size != "real":
+        return engine_config(1 << 14, 1 << 14, token_budgets=list(spec.tests.budgets), max_items_per_batch=8)
+    if not plan:
         return engine_config(8192, 32768)
-    return engine_config(1 << 14, 1 << 14, token_budgets=list(spec.tests.budgets), max_items_per_batch=8)
+    done = subprocess.run([sys.executable, "-m", "vitcg", "plan", spec.name, "--manager", "vllm", "--json"],
+                          capture_output=True, text=True, check=True)
+    config = json.loads(done.stdout)["compilation_config"]
+    print(f"{spec.name}: planned {json.dumps(config)}", flush=True)
+    return engine_config(8192, 32768, token_budgets=config["encoder_cudagraph_token_budgets"],
+                         max_items_per_batch=config["encoder_cudagraph_max_vision_items_per_batch"],
+                         max_frames_per_batch=config.get("encoder_cudagraph_max_frames_per_batch"))
 
 
 def judge(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
@@ -525,6 +536,9 @@ def parser() -> argparse.ArgumentParser:
                                                         "(and GPU) a rank")
     p.add_argument("--compiled", action="store_true",
                    help="also the plugin's path with the tower's repeated blocks compiled inside its graphs")
+    p.add_argument("--plan", action="store_true",
+                   help="at real size, each model's budgets, items and frames per batch from `vitcg plan NAME --manager "
+                        "vllm` (the bench workloads) instead of vLLM's default ladder")
     p.add_argument("--json", default=None)
     return p
 
@@ -537,7 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     results = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if args.device == "cuda"
                else "cpu", "torch": torch.__version__, "transformers": transformers.__version__, "dtype": args.dtype,
-               "size": args.size, "iters": args.iters, "ranks": args.ranks,
+               "size": args.size, "iters": args.iters, "ranks": args.ranks, "planned": args.plan,
                "equality": (f"float32: relative error <= {TOLERANCE:g}" if args.dtype == "float32" else
                             f"bfloat16: error against the float32 reference <= {BF16_FACTOR:g}x the baseline's"),
                "models": {}}
