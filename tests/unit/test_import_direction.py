@@ -24,10 +24,11 @@ ROOMS = ("lang", "runtime", "tools")
 SHARED = {"vitcg", "vitcg.errors"}
 PROTOCOL_SIDE = SHARED | {"vitcg.runtime", "vitcg.runtime.budgets", "vitcg.runtime.costs", "vitcg.runtime.engine",
                           "vitcg.runtime.extension", "vitcg.runtime.graphs", "vitcg.runtime.manager",
-                          "vitcg.runtime.nonfinite", "vitcg.runtime.packing", "vitcg.runtime.padding",
+                          "vitcg.runtime.nonfinite", "vitcg.runtime.options", "vitcg.runtime.packing", "vitcg.runtime.padding",
                           "vitcg.runtime.protocol", "vitcg.runtime.stats", "vitcg.runtime.syncs", "vitcg.runtime.timing"}
 POLICY = {"vitcg.runtime.packing": {"vitcg.runtime.budgets"},
-          "vitcg.runtime.costs": {"vitcg.runtime.budgets", "vitcg.runtime.packing"}}
+          "vitcg.runtime.costs": {"vitcg.runtime.budgets", "vitcg.runtime.packing"},
+          "vitcg.runtime.options": {"vitcg.runtime.budgets", "vitcg.runtime.packing"}}
 """The manager's policies: torch-free, each importing only these vitcg modules (besides the shared ones)."""
 
 

@@ -26,7 +26,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,7 +37,8 @@ from .engine import EngineConfig, engine_config
 from .extension import MIXED, Extension
 from .graphs import BudgetGraphs, CaptureReport, ScopedReplay, WholeReplay, progress_bar
 from .nonfinite import nonfinite_items
-from .packing import PACKING, PackPlan, plan_except
+from .options import ManagerOptions
+from .packing import PackPlan, plan_except
 from .protocol import DEFAULT_PATH, ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, SupportsEncoderCudaGraph, postprocess_by_rows
 from .stats import ManagerStats
 
@@ -48,29 +48,6 @@ log = logging.getLogger("vitcg.runtime")
 
 ENGINE_LIMITS = frozenset(inspect.signature(engine_config).parameters)
 """The keyword arguments the manager takes in place of a ``vllm_config``."""
-
-@dataclass(frozen=True)
-class ManagerOptions:
-    """How the manager packs and routes. ``packing``: :data:`~vitcg.runtime.packing.PACKING`. ``ladder``: budgets
-    generated as vLLM does, or ``pow2``. ``lean``: when items or frames per pack are left to be inferred, use
-    :data:`~vitcg.runtime.budgets.LEAN_ITEMS` and one video's frames instead of vLLM's larger values.
-    ``route_eager``: on CUDA, time replays and eager calls and run each call on the side measured cheaper
-    (:mod:`vitcg.runtime.costs`).
-    ``isolate_nonfinite``: run items with NaN or inf inputs eagerly, each alone (:mod:`vitcg.runtime.nonfinite`).
-    ``use_cuda_graphs``: None follows the device. ``progress``: a progress bar while capturing."""
-
-    packing: str = "tight"
-    ladder: str = "vllm"
-    lean: bool = True
-    route_eager: bool = True
-    isolate_nonfinite: bool = True
-    use_cuda_graphs: bool | None = None
-    progress: bool = False
-
-    def __post_init__(self) -> None:
-        if self.packing not in PACKING:
-            raise BudgetError(f"packing must be one of {', '.join(PACKING)}, got {self.packing!r}")
-
 
 class EncoderCudaGraphManager:
     """Captures one graph per token budget and serves batches of items through them.

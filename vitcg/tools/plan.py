@@ -30,13 +30,14 @@ from ..lang.catalogue import buffer_names
 from ..lang.model import Spec, thaw
 from ..runtime.budgets import BudgetPlan, doubling_budgets, interpolate, lean_caps, plan_budgets
 from ..runtime.costs import CostModel, route
+from ..runtime.options import ManagerOptions
 from ..runtime.packing import plan_packs
 from .compile_config import compile_config
 from .files import read_json
 from .sizes import WORKLOADS
 
-MANAGERS = {"vitcg": ("tight", True, True), "vllm": ("greedy", False, False)}
-"""Which manager the plan is for: (packing, eager routing, lean inferred caps). ``vitcg``: vitcg's manager
+MANAGERS = {"vitcg": ManagerOptions(), "vllm": ManagerOptions(packing="greedy", lean=False, route_eager=False)}
+"""Which manager the plan is for, as the options it packs and routes by. ``vitcg``: vitcg's manager's defaults
 (tight packing, eager routing, lean caps); ``vllm``: vLLM's (greedy packing, no routing, inferred caps)."""
 
 # Measured on an H100 (benchmarks/results-costs-2026-11-22-h100.json, Qwen2-VL-7B tower, bf16).
@@ -429,7 +430,7 @@ class Planner:
         if manager not in MANAGERS:
             raise UsageError(f"--manager must be one of {', '.join(MANAGERS)}, got {manager!r}")
         self.target, self.requests, self.costs, self.manager = target, list(requests), costs, manager
-        self.packing, self.route_eager, self.lean = MANAGERS[manager]
+        self.options = MANAGERS[manager]
         self.total = sum(count for _, count, _ in self.requests)
         self._cache: dict[Config, Evaluation | None] = {}
 
@@ -439,7 +440,7 @@ class Planner:
         t = self.target
         plan = plan_budgets(t.min_budget, t.max_budget, list(budgets) if budgets else None, items, frames,
                             t.max_frames_per_video, video=t.video)
-        return lean_caps(plan, t.max_frames_per_video, frames is None) if self.lean and not items else plan
+        return lean_caps(plan, t.max_frames_per_video, frames is None) if self.options.lean and not items else plan
 
     def default_config(self) -> Config:
         """What the manager captures with no options: vLLM's ladder and the manager's inferred caps."""
@@ -462,9 +463,9 @@ class Planner:
         per_request, total, replays, eager_items = [], 0.0, 0, 0
         for _, count, items in self.requests:
             tokens = [n for n, _ in items]
-            packs, eager = plan_packs(tokens, plan, frames=[f for _, f in items], policy=self.packing,
+            packs, eager = plan_packs(tokens, plan, frames=[f for _, f in items], policy=self.options.packing,
                                       price=costs.replay.__getitem__)
-            if self.route_eager:
+            if self.options.route_eager:
                 routed = route(tokens, packs, eager, costs)
                 packs, eager = routed.packs, routed.eager
             ms = sum(costs.replay[p.budget] for p in packs) + costs.eager_cost(sum(tokens[i] for i in eager))
@@ -634,13 +635,14 @@ def plan_text(plan: Plan, *, source: str, limits: tuple[int, int], seconds: floa
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
                                 enumerate(zip(row, widths))) for row in rows)
-    packing, routing, _ = MANAGERS[plan.manager]
+    options = MANAGERS[plan.manager]
     lines = [
         f"vitcg plan {plan.target.name}: {len(plan.requests)} distinct requests ({source}); budget range "
         f"{plan.target.min_budget}..{plan.target.max_budget} (max_num_batched_tokens {limits[0]}, "
         f"max_model_len {limits[1]})",
         f"costs: {plan.costs.describe()}",
-        f"manager: {plan.manager} ({packing} packing, {'eager routing' if routing else 'no eager routing'}); "
+        f"manager: {plan.manager} ({options.packing} packing, "
+        f"{'eager routing' if options.route_eager else 'no eager routing'}); "
         f"graph memory cap {plan.memory_cap_mib:.0f} MiB",
         "",
         table,
