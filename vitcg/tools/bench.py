@@ -150,92 +150,177 @@ def bench_spec(spec: Spec, *, workloads: list[str], device: str = "cuda", size: 
                log: Callable[[str], None] = print) -> SpecBench:
     """Measure every method on every workload for one spec. Raises on a correctness failure. ``token_budgets``:
     the ladder of the vitcg managers (default: the manager's own). With ``ceilings``, each workload also gets its
-    roofline floor."""
-    torch_device = torch.device(device)
-    cuda = torch_device.type == "cuda"
+    roofline floor. Each workload runs :data:`STAGES` in order."""
     module = build_encoder(spec, size, device=device, dtype=dtype)
     adapter = adapter_for(spec, module)
     limits = {"max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
               "token_budgets": list(token_budgets) if token_budgets else None}
     manager = EncoderCudaGraphManager(adapter, **limits, device=device, dtype=dtype)
     report = manager.capture()
-    default = manager.options
     result = SpecBench(spec.name, size, str(dtype).removeprefix("torch."), list(manager.budgets),
                        manager.plan.max_items, round(report.seconds, 3), round(report.pool_bytes / 2**20, 1),
                        round(sum(p.numel() for p in module.parameters()) / 1e6, 1),
                        {b: round(ms, 3) for b, ms in report.replay_ms.items()})
     log(f"{spec.name}: {len(manager.budgets)} budgets captured in {report.seconds:.1f} s, "
         f"pool {result.pool_mib:.0f} MiB")
-    compiled = inductor = None
-    if compile_eager and cuda:
-        compiled = torch.compile(getattr(module, spec.encoder.method), mode="reduce-overhead")
-        inductor = _inductor_manager(spec, module, limits, device, dtype, result, log)
+    run = _Run(spec, module, adapter, manager, torch.device(device), dtype, iters, warmup, ceilings, log)
+    if compile_eager and run.cuda:
+        run.compiled = torch.compile(getattr(module, spec.encoder.method), mode="reduce-overhead")
+        run.inductor = _inductor_manager(spec, module, limits, device, dtype, result, log)
     generator = torch.Generator().manual_seed(0)
     for name in workloads:
-        workload = WORKLOADS[name]
-        cpu_inputs = make_inputs(adapter, workload, generator)
-        if cpu_inputs is None:
+        w = _start(run, name, make_inputs(adapter, WORKLOADS[name], generator))
+        if w is None:
             result.skipped.append(name)
-            missing = [m for m, entries in (("image", workload.images), ("video", workload.videos))
-                       if entries and spec.modality(m) is None]
-            log(f"  {name:<12} skipped: {spec.name} has no {' or '.join(missing)} modality")
             continue
-        inputs = on_device(adapter, cpu_inputs, dtype)
-        items = adapter.get_encoder_cudagraph_item_specs(inputs)
-        row = WorkloadResult(name, workload.description, len(items), sum(i.output_tokens for i in items))
-        eager_out = adapter.encoder_eager_forward(inputs)
-        if ceilings is not None:
-            flops = forward_flops(lambda inputs=inputs: adapter.encoder_eager_forward(inputs))
-            row.gflops = round(flops / 1e9, 2)
-            row.floor_ms = round(ceilings.floor_ms(flops, weight_bytes(module)), 3)
-        got = torch.cat(manager.execute(inputs))
-        if got.shape != eager_out.shape:
-            raise InputError(f"{spec.name}, workload {name}: manager output {tuple(got.shape)} but eager output "
-                             f"{tuple(eager_out.shape)}; check the spec's items.output_tokens formula and its "
-                             f"merge geometry (vitcg check {spec.name} names the item)")
-        row.max_rel_error = relative_error(got, eager_out)
-        # eager is host-bound and noisy on a shared VM: three times the runs for a stable median
-        row.ms["eager"] = timed(lambda inputs=inputs: adapter.encoder_eager_forward(inputs), 3 * iters, warmup, torch_device)
+        for stage in STAGES:
+            stage(run, w)
+        _log_row(run, w.row)
+        result.workloads.append(w.row)
+    return result
+
+
+@dataclass
+class _Run:
+    """One spec's bench: what every stage of a workload reads."""
+
+    spec: Spec
+    module: torch.nn.Module
+    adapter: SpecAdapter
+    manager: EncoderCudaGraphManager
+    device: torch.device
+    dtype: torch.dtype
+    iters: int
+    warmup: int
+    ceilings: Ceilings | None
+    log: Callable[[str], None]
+    compiled: Callable | None = None
+    """The encoder method under ``torch.compile`` (the baseline), on CUDA with ``compile_eager``."""
+    inductor: EncoderCudaGraphManager | None = None
+    """The vitcg+inductor variant's manager, on CUDA with ``compile_eager``."""
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def timed(self, fn: Callable[[], Any], iters: int | None = None) -> float:
+        return timed(fn, iters or self.iters, self.warmup, self.device)
+
+
+@dataclass
+class _Workload:
+    """One workload in flight: its inputs, the eager output each method is compared with, and its row."""
+
+    name: str
+    inputs: Mapping[str, torch.Tensor]
+    items: list
+    eager_out: torch.Tensor
+    row: WorkloadResult
+
+
+def _start(run: _Run, name: str, cpu_inputs: Mapping[str, torch.Tensor] | None) -> _Workload | None:
+    """The workload on the device with its eager output; None (logged) where the spec lacks its modality."""
+    workload = WORKLOADS[name]
+    if cpu_inputs is None:
+        missing = [m for m, entries in (("image", workload.images), ("video", workload.videos))
+                   if entries and run.spec.modality(m) is None]
+        run.log(f"  {name:<12} skipped: {run.spec.name} has no {' or '.join(missing)} modality")
+        return None
+    inputs = on_device(run.adapter, cpu_inputs, run.dtype)
+    items = run.adapter.get_encoder_cudagraph_item_specs(inputs)
+    row = WorkloadResult(name, workload.description, len(items), sum(i.output_tokens for i in items))
+    return _Workload(name, inputs, items, run.adapter.encoder_eager_forward(inputs), row)
+
+
+def _roofline(run: _Run, w: _Workload) -> None:
+    """With ceilings: the forward's FLOPs and its floor."""
+    if run.ceilings is None:
+        return
+    flops = forward_flops(lambda: run.adapter.encoder_eager_forward(w.inputs))
+    w.row.gflops = round(flops / 1e9, 2)
+    w.row.floor_ms = round(run.ceilings.floor_ms(flops, weight_bytes(run.module)), 3)
+
+
+def _compare(run: _Run, w: _Workload) -> None:
+    """The manager's output against eager: its shape (an error naming the spec's likely culprit) and its error."""
+    got = torch.cat(run.manager.execute(w.inputs))
+    if got.shape != w.eager_out.shape:
+        raise InputError(f"{run.spec.name}, workload {w.name}: manager output {tuple(got.shape)} but eager output "
+                         f"{tuple(w.eager_out.shape)}; check the spec's items.output_tokens formula and its "
+                         f"merge geometry (vitcg check {run.spec.name} names the item)")
+    w.row.max_rel_error = relative_error(got, w.eager_out)
+
+
+def _eager(run: _Run, w: _Workload) -> None:
+    # eager is host-bound and noisy on a shared VM: three times the runs for a stable median
+    w.row.ms["eager"] = run.timed(lambda: run.adapter.encoder_eager_forward(w.inputs), 3 * run.iters)
+
+
+def _packings(run: _Run, w: _Workload) -> None:
+    """The manager under each packing policy, then with routing off (the router's other side: every fitting
+    pack replays); its options are restored."""
+    default = run.manager.options
+    try:
         for packing in PACKINGS:
-            manager.options = replace(default, packing=packing)
-            row.packing[packing] = _measure(manager, inputs, iters, warmup, torch_device)
-            row.ms[f"vitcg_{packing}"] = row.packing[packing].pop("ms")
-        manager.options = replace(default, route_eager=False)  # the router's other side: every fitting pack replays
-        row.ms["vitcg_graphs"] = timed(lambda inputs=inputs: manager.execute(inputs), iters, warmup, torch_device)
-        manager.options = default
-        if inductor is not None:
-            got = inductor.execute(inputs)
-            row.max_rel_error = max(row.max_rel_error, relative_error(torch.cat(got), eager_out))
-            row.ms["vitcg_inductor"] = timed(lambda inputs=inputs: inductor.execute(inputs), iters, warmup, torch_device)
-        if cuda:
-            if spec.graph_scope:
-                exact = exact_scope_manager(adapter, items, sum(adapter.get_encoder_cudagraph_item_frames(inputs)),
-                                            device, dtype)
-                run_exact = lambda exact=exact, inputs=inputs: torch.cat(exact.execute(inputs))  # noqa: E731
-            else:
-                exact = ExactGraph(adapter, inputs)
-                exact.capture()
-                run_exact = exact.replay
-            row.ms["exact"] = timed(run_exact, iters, warmup, torch_device)
-            row.max_rel_error = max(row.max_rel_error, relative_error(run_exact(), eager_out))
-            del exact, run_exact
-        if compiled is not None:
-            call = _eager_call(adapter, inputs, compiled)
-            try:
-                tic = time.perf_counter()
-                call()
-                torch.cuda.synchronize(torch_device)
-                row.compile_first_call_s = round(time.perf_counter() - tic, 2)
-                row.ms["compile"] = timed(call, iters, warmup, torch_device)
-            except Exception as exc:  # a compiler failure is a result to report, not a reason to stop
-                row.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                log(f"  {name}: torch.compile failed: {row.compile_error}")
-        log(f"  {name:<12} {row.tokens:>6} tokens  " + "  ".join(f"{k} {v:.2f}" for k, v in row.ms.items())
+            run.manager.options = replace(default, packing=packing)
+            w.row.packing[packing] = _measure(run.manager, w.inputs, run.iters, run.warmup, run.device)
+            w.row.ms[f"vitcg_{packing}"] = w.row.packing[packing].pop("ms")
+        run.manager.options = replace(default, route_eager=False)
+        w.row.ms["vitcg_graphs"] = run.timed(lambda: run.manager.execute(w.inputs))
+    finally:
+        run.manager.options = default
+
+
+def _inductor(run: _Run, w: _Workload) -> None:
+    if run.inductor is None:
+        return
+    got = run.inductor.execute(w.inputs)
+    w.row.max_rel_error = max(w.row.max_rel_error, relative_error(torch.cat(got), w.eager_out))
+    w.row.ms["vitcg_inductor"] = run.timed(lambda: run.inductor.execute(w.inputs))
+
+
+def _exact(run: _Run, w: _Workload) -> None:
+    """On CUDA: a graph captured for this very input (the floor a budget graph can approach)."""
+    if not run.cuda:
+        return
+    if run.spec.graph_scope:
+        frames = sum(run.adapter.get_encoder_cudagraph_item_frames(w.inputs))
+        exact = exact_scope_manager(run.adapter, w.items, frames, str(run.device), run.dtype)
+        replay = lambda: torch.cat(exact.execute(w.inputs))  # noqa: E731
+    else:
+        exact = ExactGraph(run.adapter, w.inputs)
+        exact.capture()
+        replay = exact.replay
+    w.row.ms["exact"] = run.timed(replay)
+    w.row.max_rel_error = max(w.row.max_rel_error, relative_error(replay(), w.eager_out))
+
+
+def _torch_compile(run: _Run, w: _Workload) -> None:
+    """``torch.compile`` of the encoder method: its first call's time and its latency, or its error."""
+    if run.compiled is None:
+        return
+    call = _eager_call(run.adapter, w.inputs, run.compiled)
+    try:
+        tic = time.perf_counter()
+        call()
+        torch.cuda.synchronize(run.device)
+        w.row.compile_first_call_s = round(time.perf_counter() - tic, 2)
+        w.row.ms["compile"] = run.timed(call)
+    except Exception as exc:  # a compiler failure is a result to report, not a reason to stop
+        w.row.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        run.log(f"  {w.name}: torch.compile failed: {w.row.compile_error}")
+
+
+STAGES: tuple[Callable[[_Run, _Workload], None], ...] = (_roofline, _compare, _eager, _packings, _inductor, _exact,
+                                                         _torch_compile)
+"""What each workload measures, in order (the eager output every stage compares with is taken first)."""
+
+
+def _log_row(run: _Run, row: WorkloadResult) -> None:
+    run.log(f"  {row.workload:<12} {row.tokens:>6} tokens  " + "  ".join(f"{k} {v:.2f}" for k, v in row.ms.items())
             + " ms  " + "  ".join(f"{p}: {d['budgets']} waste {d['padding_waste']:.0%} host/replay "
                                   f"{d['host_ms_per_replay']:.3f} ms" for p, d in row.packing.items())
             + f"  err {row.max_rel_error:.1e}" + (f"  floor {row.floor_ms:.2f} ms" if row.floor_ms else ""))
-        result.workloads.append(row)
-    return result
 
 
 PACKINGS = ("tight", "greedy")  # the default first
