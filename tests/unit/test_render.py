@@ -14,11 +14,10 @@ import random
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-
 from spec_files import load_test_configs
+
 from vitcg.errors import RenderError, SpecError, UsageError
 from vitcg.lang import SpecSource
 from vitcg.tools.render import (
