@@ -442,6 +442,9 @@ def new(
     write_text_atomic(path, text, overwrite=force)
     typer.echo(f"wrote {path}: {guesses} guesses to verify (lines ending in '# GUESS:'). "
                f"Next: vitcg validate {path} && vitcg check {path}")
+    for line in text.splitlines():  # what vitcg already knows of the model type, repeated from the draft's header
+        if line.startswith(("# NOTE: ", "#   ")) or line.startswith("# Other specs of this tower"):
+            typer.echo(line.removeprefix("# "))
 
 
 def _read_results(path: Path) -> list[dict]:

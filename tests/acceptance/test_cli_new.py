@@ -22,6 +22,11 @@ VISION = ("florence2", "kimi_k25", "minicpmv4_6", "glm_ocr", "qwen2_vl", "qwen2_
 NOT_VISION = ("llama", "whisper", "bert", "qwen2_audio", "t5")
 
 
+def _without_notes(text: str) -> list[str]:
+    """A draft's lines but the header's notes (known coverage, gaps, the tower's other specs)."""
+    return [line for line in text.splitlines() if not line.startswith(("# NOTE: ", "# Other specs of ", "#   "))]
+
+
 def _guessed_keys(text: str) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^\s*-?\s*([a-z_]+):.*# GUESS: \S", text, re.M)}
 
@@ -46,8 +51,9 @@ def test_every_model_type_is_drafted_valid_or_refused():
         spec_from_text(text, f"<draft of {model_type}>", bindings)  # raises SpecError naming every problem
         assert set(GUESSED) <= _guessed_keys(text), (model_type, set(GUESSED) - _guessed_keys(text))
         family = render(d).text()  # an extends draft where a spec has the tower
-        if family != text:
-            assert "\nextends: " in family
+        if "\nextends: " not in family:  # the same draft, with what vitcg knows of the model type in its header
+            assert _without_notes(family) == _without_notes(text), model_type
+        else:
             try:
                 spec_from_text(family, f"<extends draft of {model_type}>", bindings)
                 extended.append(model_type)

@@ -141,11 +141,73 @@ def test_an_extends_draft_that_does_not_validate_falls_back_to_the_whole_draft(m
     written instead (it validates on its own)."""
     real = scaffold._render_extends
 
-    def unfit(d, parent, path, schema):
-        lines = real(d, parent, path, schema)
+    def unfit(d, ranked, path, schema):
+        lines = real(d, ranked, path, schema)
         lines.lines.append("geometry: {patch_size: config.no_such_field}")
         return lines
 
     monkeypatch.setattr(scaffold, "_render_extends", unfit)
     text, _ = scaffold.checked_draft("vipllava")
     assert "\nextends:" not in text and "\nencoder:" in text
+
+
+def _model_type(name: str) -> str:
+    """``name`` where this transformers has the model type, else the test is skipped."""
+    from transformers import CONFIG_MAPPING
+
+    if name not in CONFIG_MAPPING:
+        pytest.skip(f"transformers has no model type {name!r} here")
+    return name
+
+
+def test_the_parent_is_the_models_family_and_the_other_candidates_are_named():
+    """Mistral Large 4's modular code derives from mistral3, which the pixtral spec lists: it extends pixtral, not
+    lighton_ocr (first by name, same tower, another family), and the draft says why lighton_ocr was not taken."""
+    d = scaffold.draft(_model_type("mistral_large4"))
+    assert "mistral3" in scaffold.lineage(d)
+    ranked = scaffold.parent_candidates(d)
+    assert [c.spec.name for c in ranked] == ["pixtral", "lighton_ocr"] and ranked[0].rank > ranked[1].rank
+    text, _ = scaffold.checked_draft("mistral_large4")
+    assert "\nextends: pixtral   # GUESS: " in text and "derives from mistral3" in text
+    assert "#   lighton_ocr: the same tower in another family" in text
+
+
+def test_a_spec_whose_notes_exclude_the_model_is_never_its_parent():
+    """idefics3's notes say Aria reuses its tower but is not covered: Aria's draft is whole, naming why."""
+    d = scaffold.draft(_model_type("aria"))
+    assert scaffold.family_parent(d) is None
+    text, _ = scaffold.checked_draft("aria")
+    assert "\nextends:" not in text and "\nencoder:" in text
+    assert "#   idefics3: its notes exclude it: \"Aria reuses this tower class" in text
+
+
+def test_a_covered_model_type_and_a_known_gap_are_said(tmp_path):
+    """radio_packed lists nemotron_h_omni: the draft names it and extends it (not radio, the tower's own spec);
+    lfm3_vl is a gap of the spec language: its draft says so, with the reason. `vitcg new` repeats both."""
+    from typer.testing import CliRunner
+
+    from vitcg.cli import app
+
+    d = scaffold.draft(_model_type("nemotron_h_omni"))
+    assert scaffold.family_parent(d).name == "radio_packed"
+    assert any(n.startswith("radio_packed (") and "already covers nemotron_h_omni" in n for n in scaffold.notices(d))
+    lfm = scaffold.draft(_model_type("lfm3_vl"))
+    assert any(n.startswith("lfm3_vl is a known gap of the spec language: Every conv layer")
+               for n in scaffold.notices(lfm))
+    out = tmp_path / "lfm3_vl.yaml"
+    result = CliRunner().invoke(app, ["new", "lfm3_vl", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "NOTE: lfm3_vl is a known gap" in result.output and "# NOTE: lfm3_vl is a known gap" in out.read_text()
+
+
+def test_checkpoints_come_from_the_configs_documentation():
+    from transformers import Qwen2VLConfig
+
+    assert scaffold.checkpoints_named(Qwen2VLConfig) == ["Qwen/Qwen2-VL-7B-Instruct"]
+    text, _ = scaffold.checked_draft("qwen2_vl")
+    assert "\ncheckpoints: [Qwen/Qwen2-VL-7B-Instruct]   # GUESS: named by Qwen2VLConfig's documentation" in text
+
+    class Undocumented:
+        """No link here."""
+
+    assert scaffold.checkpoints_named(Undocumented) == []

@@ -10,8 +10,10 @@ writing); ``vitcg check`` then says whether the guesses hold.
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import importlib.resources
 import inspect
 import os
 import re
@@ -366,29 +368,155 @@ def _tiny_image_size(defaults: dict[str, Any]) -> dict[str, int]:
     return {"image_size": 4 * patch} if _int(patch) and isinstance(defaults.get("image_size"), int) else {}
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A spec whose encoder is the draft's tower, and how well it fits as the draft's parent."""
+
+    spec: Any
+    rank: int
+    """3: the spec already lists the model type; 2: the model's own code derives from one of the spec's model
+    types; 1: the spec of the tower's own model type; 0: the same tower in another family; -1: the spec's notes
+    say it does not cover this model."""
+    why: str
+
+
 def family_parent(d: Draft) -> Any:
-    """The packaged spec (or one of ``$VITCG_SPECS_DIR``) whose encoder is this draft's tower: the same module class
-    built from the same config class; None when no spec has it. The draft of a family member extends it."""
+    """The spec the draft extends: the best of :func:`parent_candidates`, unless its notes exclude the model;
+    None when no spec has the draft's tower."""
+    ranked = parent_candidates(d)
+    return ranked[0].spec if ranked and ranked[0].rank >= 0 else None
+
+
+def parent_candidates(d: Draft) -> list[Candidate]:
+    """The specs (packaged and ``$VITCG_SPECS_DIR``'s) whose encoder is this draft's tower, the same module class
+    built from the same config class, best first: a spec that already lists the model type, the model's family
+    (its model code derives from the spec's model type, :func:`lineage`), the spec of the tower's own model type,
+    then the rest by name; a spec whose notes say it does not cover the model comes last."""
     from ..lang import spec_folders
 
     tower = (_path(d.encoder), _path(d.vision_config))
-    return next((s for s in _towers(tuple(map(str, spec_folders()))).get(tower, ()) if s.name != d.name), None)
+    family, home = lineage(d), _model_type_of(d.encoder)
+    names = _names_of(d)
+    ranked = []
+    for spec in _towers(tuple(map(str, spec_folders()))).get(tower, ()):
+        if spec.name == d.name:
+            continue
+        types = {spec_name(t) for t in spec.model_types}
+        excluded = _excluding_sentence(spec.docs.notes, names)
+        if excluded:
+            ranked.append(Candidate(spec, -1, f"its notes exclude it: \"{excluded}\""))
+        elif d.name in types:
+            ranked.append(Candidate(spec, 3, f"which already lists {d.model_type} in its model_types"))
+        elif types & family:
+            ranked.append(Candidate(spec, 2, f"{d.model_type}'s model code derives from "
+                                             f"{', '.join(sorted(types & family))}"))
+        elif home in types:
+            ranked.append(Candidate(spec, 1, f"the spec of the tower's own model type ({home})"))
+        else:
+            ranked.append(Candidate(spec, 0, "the same tower in another family"))
+    return sorted(ranked, key=lambda c: (-c.rank, c.spec.name))
+
+
+def lineage(d: Draft) -> frozenset[str]:
+    """The model types (in snake case) the model's own code derives from: those whose modules its modular file
+    (``modular_NAME.py``, the source transformers generates the model from) imports (``from ..X.modeling_X`` or
+    ``from transformers.models.X...``), or where it has none, its modeling and configuration files."""
+    package = d.vlm_config.__module__.rpartition(".")[0]
+    own = package.rpartition(".")[2]
+    try:
+        files = [f for f in importlib.resources.files(package).iterdir() if f.name.endswith(".py")]
+    except (ModuleNotFoundError, OSError, TypeError):
+        return frozenset()
+    sources = ([f for f in files if f.name.startswith("modular_")]
+               or [f for f in files if f.name.startswith(("modeling_", "configuration_"))])
+    found = set().union(*(_imported_models(source) for source in sources))
+    return frozenset(spec_name(name) for name in found - {"auto", own})
+
+
+def _imported_models(source: Any) -> set[str]:
+    """The ``transformers.models`` folders a model source file imports from (none where it cannot be read)."""
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        parts = node.module.split(".") if isinstance(node, ast.ImportFrom) and node.module else []
+        if parts and node.level == 2:  # from ..X.modeling_X import ...
+            found.add(parts[0])
+        elif parts[:2] == ["transformers", "models"] and len(parts) > 2 and node.level == 0:
+            found.add(parts[2])
+    return found
+
+
+def _model_type_of(cls: type) -> str:
+    """The model type whose folder of ``transformers.models`` defines ``cls`` (snake case), or ''."""
+    parts = cls.__module__.split(".")
+    return spec_name(parts[2]) if len(parts) > 3 and parts[:2] == ["transformers", "models"] else ""
+
+
+def _names_of(d: Draft) -> set[str]:
+    """How a spec's notes may name the draft's model: its model type, and its architecture's prefix (``Aria`` of
+    ``AriaForConditionalGeneration``)."""
+    prefix = re.split(r"For[A-Z]|Model\b", _architecture(d))[0]
+    return {n for n in (d.model_type, d.name, prefix) if len(n) > 2}
+
+
+def _excluding_sentence(notes: str, names: set[str]) -> str:
+    """The sentence of ``notes`` that names one of ``names`` and says it is not covered (or ''), shortened."""
+    for sentence in re.split(r"(?<=[.;])\s+", " ".join(notes.split())):
+        named = any(re.search(rf"\b{re.escape(n)}\b", sentence, re.IGNORECASE) for n in names)
+        if named and re.search(r"\bnot\b", sentence):
+            return sentence if len(sentence) <= 160 else sentence[:157] + "..."
+    return ""
+
+
+def notices(d: Draft) -> list[str]:
+    """What vitcg already knows about the model type: the specs that already cover it (``model_types``) and the
+    known gap of the spec language that names it (:data:`vitcg.lang.gaps.GAPS`)."""
+    from ..lang import spec_folders
+    from ..lang.gaps import GAPS
+
+    said = [f"{spec.name} ({_from_here(spec.file)}) already covers {d.model_type}: use it (`vitcg check "
+            f"{spec.name}`), or keep this draft only for a variant of your own"
+            for spec in _specs(tuple(map(str, spec_folders())))
+            if d.name in {spec_name(t) for t in spec.model_types}]
+    said += [f"{d.model_type} is a known gap of the spec language: {gap.reason}"
+             for gap in GAPS if d.name in {spec_name(t) for t in gap.model_types}]
+    return said
 
 
 @functools.lru_cache(maxsize=4)
-def _towers(folders: tuple[str, ...]) -> dict[tuple[str, str], list]:
-    """The specs of ``folders`` by ``(encoder class, config class)``, in name order (one registry load for every
-    draft of a process)."""
+def _specs(folders: tuple[str, ...]) -> tuple:
+    """The valid specs of ``folders`` (one registry load for every draft of a process; a broken file of the
+    user's hides only its own spec)."""
     from ..lang import SpecSource
 
     try:
-        specs = SpecSource(list(folders)).specs  # a broken file of the user's hides only its own spec
+        return tuple(SpecSource(list(folders)).specs)
     except VitcgError:
-        return {}
+        return ()
+
+
+def _towers(folders: tuple[str, ...]) -> dict[tuple[str, str], list]:
+    """The specs of ``folders`` by ``(encoder class, config class)``, in name order."""
     towers: dict[tuple[str, str], list] = {}
-    for spec in specs:
+    for spec in _specs(folders):
         towers.setdefault((spec.encoder.class_path, spec.encoder.config_class), []).append(spec)
     return towers
+
+
+def _header_notes(out: _Lines, d: Draft, ranked: list[Candidate] | None = None,
+                  parent: Any = None) -> None:
+    """Comment lines under a draft's header: :func:`notices`, and the tower's specs not taken as the parent, one
+    line each on why not."""
+    for notice in notices(d):
+        out.add(f"# NOTE: {notice}")
+    others = [c for c in ranked or () if c.spec is not parent]
+    if others:
+        out.add(f"# Other specs of this tower ({d.encoder.__name__}), not extended:")
+        for c in others:
+            out.add(f"#   {c.spec.name}: {c.why}")
 
 
 def _identity(out: _Lines, d: Draft, extends: tuple[str, str] | None = None) -> None:
@@ -399,21 +527,34 @@ def _identity(out: _Lines, d: Draft, extends: tuple[str, str] | None = None) -> 
     out.add(f"display_name: {d.name}", "the model's display name")
     out.add(f"architectures: [{_architecture(d)}]", "the architecture class name of the checkpoints")
     out.add(f"model_types: [{_quoted(d.model_type)}]")
-    out.add(f"checkpoints: [org/{d.name}]", "real checkpoint names")
+    named = checkpoints_named(d.vlm_config)
+    if named:
+        out.add(f"checkpoints: [{', '.join(named)}]", f"named by {d.vlm_config.__name__}'s documentation; add the "
+                                                       "others this spec serves")
+    else:
+        out.add(f"checkpoints: [org/{d.name}]", "real checkpoint names")
     out.add("")
 
 
-def _render_extends(d: Draft, parent: Any, path: str, schema: str) -> _Lines:
-    """A family member's draft: its own names, ``extends`` the spec of its tower, and guesses where the parent's
-    values may not fit (the harness's VLM config, the notes)."""
+def checkpoints_named(config: type) -> list[str]:
+    """The Hub checkpoints (``org/name``) a config class's documentation links to, in order, without repeats."""
+    found = re.findall(r"huggingface\.co/([\w.-]+/[\w.-]+)", config.__doc__ or "")
+    return list(dict.fromkeys(name.rstrip(".") for name in found if not name.startswith(("docs/", "papers/"))))
+
+
+def _render_extends(d: Draft, ranked: list[Candidate], path: str, schema: str) -> _Lines:
+    """A family member's draft: its own names, ``extends`` the best spec of its tower (``ranked[0]``), and
+    guesses where the parent's values may not fit (the harness's VLM config, the notes)."""
+    parent = ranked[0].spec
     out = _Lines()
     out.add("# yaml-language-server: $schema=" + schema)
     out.add(f"# Draft written by `vitcg new {d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
     out.add(f"# confirm it, then run `vitcg validate --resolved {path}` (the whole spec it means),")
     out.add(f"# `vitcg validate {path}` and `vitcg check {path}`.")
+    _header_notes(out, d, ranked, parent)
     tower = f"{d.encoder.__name__} from {d.vision_config.__name__}"
-    _identity(out, d, (parent.name, f"{_from_here(parent.file)} describes the same tower ({tower}); check its "
-                                    "geometry, buffers and outputs hold here"))
+    _identity(out, d, (parent.name, f"{_from_here(parent.file)} describes the same tower ({tower}), "
+                                    f"{ranked[0].why}; check its geometry, buffers and outputs hold here"))
     if d.vlm_attribute and d.vlm_attribute != parent.encoder.vlm_attribute:
         out.add("encoder:")
         out.add(f"  vlm_attribute: {d.vlm_attribute}", f"where the VLM holds this encoder (read off "
@@ -447,9 +588,9 @@ def render(d: Draft, path: str | None = None, schema: str | None = None, *, fami
     drafted as ``extends:`` of that spec (:func:`family_parent`); False drafts the whole spec anyway."""
     path = path or f"{d.name}.yaml"
     schema = schema or schema_reference(path)
-    parent = family_parent(d) if family else None
-    if parent is not None:
-        return _render_extends(d, parent, path, schema)
+    ranked = parent_candidates(d) if family else []
+    if ranked and ranked[0].rank >= 0:
+        return _render_extends(d, ranked, path, schema)
     style = STYLES[d.style]
     packed = style.segmented
     out = _Lines()
@@ -467,6 +608,7 @@ def render(d: Draft, path: str | None = None, schema: str | None = None, *, fami
     out.add(f"# Draft written by `vitcg new {d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
     out.add("# confirm what it names (docs/writing-specs.md), then run")
     out.add(f"# `vitcg validate {path}` and `vitcg check {path}`.")
+    _header_notes(out, d, ranked)
     _identity(out, d)
     out.add("encoder:")
     others = f"; other classes built from {d.vision_config.__name__}: {', '.join(d.alternatives)}" if d.alternatives else ""
