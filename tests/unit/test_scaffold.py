@@ -170,6 +170,9 @@ def test_the_parent_is_the_models_family_and_the_other_candidates_are_named():
     text, _ = scaffold.checked_draft("mistral_large4")
     assert "\nextends: pixtral   # GUESS: " in text and "derives from mistral3" in text
     assert "#   lighton_ocr: the same tower in another family" in text
+    # its language model is not Mistral 3's: the harness gets a tiny one of its own (vipllava's is llava's: none)
+    assert "\n      text_config: {hidden_size: " in text and "which is not pixtral's" in text
+    assert "\n    config: {}   # GUESS: " in scaffold.checked_draft("vipllava")[0]
 
 
 def test_a_spec_whose_notes_exclude_the_model_is_never_its_parent():

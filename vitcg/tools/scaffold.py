@@ -536,6 +536,23 @@ def _identity(out: _Lines, d: Draft, extends: tuple[str, str] | None = None) -> 
     out.add("")
 
 
+def _child_text_config(out: _Lines, d: Draft, parent: Any) -> None:
+    """An extends draft's ``tests.vlm.config``: empty where the model's text config class is the parent's (the
+    parent's tiny language model fits), else a tiny one of the model's own."""
+    from transformers import CONFIG_MAPPING
+
+    mine = type(_text_config(d.vlm_config))
+    theirs = {type(_text_config(CONFIG_MAPPING[t])) for t in parent.model_types if t in CONFIG_MAPPING}
+    fields = _tiny_text_fields(d.vlm_config) if mine not in theirs and mine is not type(None) else ""
+    if not fields:
+        out.add("    config: {}", f"the text config and token ids {_architecture(d)} needs, where {parent.name}'s "
+                                  "differ")
+        return
+    out.add("    config:")
+    out.add(f"      text_config: {{{fields}}}", f"a tiny language model from {d.vlm_config.__name__}'s text config "
+            f"({mine.__name__}), which is not {parent.name}'s; and the token ids it needs")
+
+
 def checkpoints_named(config: type) -> list[str]:
     """The Hub checkpoints (``org/name``) a config class's documentation links to, in order, without repeats."""
     found = re.findall(r"huggingface\.co/([\w.-]+/[\w.-]+)", config.__doc__ or "")
@@ -567,7 +584,7 @@ def _render_extends(d: Draft, ranked: list[Candidate], path: str, schema: str) -
     out.add("tests:", f"the harness merges over {parent.name}'s: its tiny VLM config was written for "
                       f"{parent.architectures[0] if parent.architectures else parent.name}")
     out.add("  vlm:")
-    out.add("    config: {}", f"the text config and token ids {_architecture(d)} needs, where {parent.name}'s differ")
+    _child_text_config(out, d, parent)
     _omits_line(out, _left_out(d, parent.modality_names))
     return out
 
@@ -707,15 +724,20 @@ def _source(config: type) -> str:
         return ""
 
 
-def _vlm_lines(out: _Lines, d: Draft) -> None:
-    """``tests.vlm``: the tiny full VLM of the end-to-end stage, so a fresh draft is checked against the real
-    model from its first run (a tiny language model from the VLM's own text config, the placeholder tokens
-    its config names)."""
-    try:  # the VLM config's own default text config (a sub-config class may be AutoConfig, which builds nothing)
-        text = getattr(d.vlm_config(), "text_config", None)
-        defaults = text.to_dict() if hasattr(text, "to_dict") else {}
+def _text_config(vlm_config: type) -> Any:
+    """The VLM config's own default text config (None where it has none or cannot build with its defaults; a
+    sub-config class may be AutoConfig, which builds nothing)."""
+    try:
+        return getattr(vlm_config(), "text_config", None)
     except Exception:  # noqa: BLE001 - a config that cannot build with its defaults: nothing to read
-        defaults = {}
+        return None
+
+
+def _tiny_text_fields(vlm_config: type) -> str:
+    """The flow mapping's fields of a tiny language model from the VLM config's own text config (rope sections
+    scaled to its head size)."""
+    text = _text_config(vlm_config)
+    defaults = text.to_dict() if hasattr(text, "to_dict") else {}
     tiny = {k: v for k, v in TEXT_TINY.items() if _int(defaults.get(k))}
     if "head_dim" in defaults and tiny:
         tiny["head_dim"] = TEXT_TINY["hidden_size"] // TEXT_TINY["num_attention_heads"]
@@ -723,11 +745,19 @@ def _vlm_lines(out: _Lines, d: Draft) -> None:
     rope = defaults.get("rope_parameters")
     flat = isinstance(rope, dict) and "rope_type" in rope  # not one rope per layer type
     section = _mrope(rope, head_dim) if flat else None
-    if section is None and flat and tiny and "mrope_section" in _source(d.vlm_config):
+    if section is None and flat and tiny and "mrope_section" in _source(vlm_config):
         section = _mrope({"mrope_section": [1, 1, 1]}, head_dim)  # the modeling code's own default, shrunk
     fields = ", ".join(f"{k}: {v}" for k, v in tiny.items())
     if section:
         fields += f", rope_parameters: {{rope_type: default, mrope_section: {section}}}"
+    return fields
+
+
+def _vlm_lines(out: _Lines, d: Draft) -> None:
+    """``tests.vlm``: the tiny full VLM of the end-to-end stage, so a fresh draft is checked against the real
+    model from its first run (a tiny language model from the VLM's own text config, the placeholder tokens
+    its config names)."""
+    fields = _tiny_text_fields(d.vlm_config)
     try:
         config = d.vlm_config().to_dict()
     except Exception:  # noqa: BLE001
