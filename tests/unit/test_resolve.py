@@ -339,6 +339,35 @@ def test_an_argument_the_encoder_call_needs_is_a_validate_error_where_it_was_rem
     assert "'grid_thw'" in d.message and "forward" in d.message
 
 
+def test_encoder_args_without_a_required_argument_is_an_error_at_encoder_args(tmp_path):
+    text = spec_text("qwen2_vl").replace("args: {hidden_states: pixels, grid_thw: grid}", "args: {hidden_states: pixels}")
+    path = copy_spec("qwen2_vl", tmp_path, text)
+    result = SpecSource.of_files([path])
+    (d,) = result.diagnostics
+    line = text.splitlines().index("  args: {hidden_states: pixels}") + 1
+    assert (d.file, d.line, d.path) == (str(path), line, "$.encoder.args") and "'grid_thw'" in d.message
+    assert "encoder.args" in d.hint and "outputs" not in d.hint
+
+
+def test_a_childs_own_encoder_args_without_a_required_argument_is_an_error_at_its_args(tmp_path):
+    """The override form: the parent's args removed whole and written afresh without grid_thw."""
+    copy_spec("qwen2_vl", tmp_path)
+    spec = child(tmp_path, "name: child\nextends: qwen2_vl\nremove: [encoder.args]\nencoder:\n"
+                           "  args: {hidden_states: pixels}\n")
+    (d,) = SpecSource.of_files([spec]).diagnostics
+    assert (d.file, d.line, d.path, d.code) == (str(spec), 5, "$.encoder.args", "binding")
+    assert d.message.endswith("needs the argument 'grid_thw', which the eager call does not pass")
+
+
+def test_a_child_whose_class_needs_more_than_its_inherited_args_is_an_error_at_its_class(tmp_path):
+    copy_spec("siglip", tmp_path)  # pixel_values only; Siglip2VisionModel needs two more
+    spec = child(tmp_path, "name: child\nextends: siglip\nencoder:\n"
+                           "  class: transformers.models.siglip2.modeling_siglip2.Siglip2VisionModel\n"
+                           "  config_class: transformers.models.siglip2.configuration_siglip2.Siglip2VisionConfig\n")
+    problems = [d for d in SpecSource.of_files([spec]).diagnostics if "needs the argument" in d.message]
+    assert problems and {(d.file, d.line) for d in problems} == {(str(spec), 4)}, [d.format() for d in problems]
+
+
 def test_remove_entries_that_repeat_or_run_long_are_named_briefly(tmp_path):
     copy_spec("pixtral", tmp_path)
     long = "encoder." + "x" * 10_000
