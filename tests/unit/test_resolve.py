@@ -395,4 +395,29 @@ def test_buffer_errors_in_a_child_point_at_its_own_entries(tmp_path):
     path = child(tmp_path, "name: child\nextends: qwen2_vl\nbuffers:\n  - {name: extra, provider: aligned, shape: [budget], padding: bogus}\n")
     result = SpecSource.of_files([path], bindings=False)
     d = next(d for d in result.diagnostics if "bogus" in d.message)
-    assert (d.file, d.line) == (str(path), 4) and d.via is None
+    assert (d.file, d.line, d.path) == (str(path), 4, "$.buffers[0].padding") and d.via is None  # not buffers[5]
+
+
+def test_buffer_rules_in_a_child_show_its_own_index_and_name_the_parents_entry_by_its_file(tmp_path):
+    """Issue 37, item 7: a child's buffer errors printed the merged index ($.buffers[5] for the file's first entry),
+    and a clash with an inherited buffer named that one by its merged index too, in no file."""
+    parent = child(tmp_path, "name: par\nextends: qwen2_vl\nbuffers:\n"
+                             "  - {name: cu2, provider: cu_seqlens, shape: [max_segments + 2], padding: trailing_segment}\n"
+                             "  - {name: cu_seqlens, remove: true}\n", "par")
+    copy_spec("qwen2_vl", tmp_path)
+    path = child(tmp_path, "name: child\nextends: par\nbuffers:\n"
+                           "  - {name: position_ids, shape: [budget * spatial_merge_size ** 2, 2]}\n"
+                           "  - {name: other, arg: cu2, provider: aligned, shape: [budget], padding: zeros}\n")
+    result = SpecSource.of_files([path], bindings=False)
+    clash = next(d for d in result.diagnostics if "already used" in d.message)
+    assert (clash.file, clash.line, clash.path) == (str(path), 5, "$.buffers[1].arg")
+    assert clash.message == f"buffer arg 'cu2' is already used by buffers[0] of {parent}:4, buffer 'cu2'"
+    role = next(d for d in result.diagnostics if "params.role" in d.message)
+    assert (role.line, role.path) == (5, "$.buffers[1].params")
+    default = next(d for d in SpecSource.of_files([child(tmp_path, "name: c2\nextends: qwen2_vl\nbuffers:\n"
+                   "  - {name: g2, arg: grid_thw, provider: aligned, shape: [budget], padding: zeros}\n", "c2")],
+                                              bindings=False).diagnostics if "already used" in d.message)
+    style = spec_text("qwen2_vl").splitlines().index("  style: packed") + 1
+    assert default.path == "$.buffers[0].arg" and default.message == (
+        "buffer arg 'grid_thw' is already used by the 'packed' style's default "
+        f"({tmp_path / 'qwen2_vl.yaml'}:{style} chose it), buffer 'grid_thw'")
