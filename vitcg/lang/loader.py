@@ -352,6 +352,11 @@ def load_file(path: str | Path, display: str | None = None, *,
         return fail(f"the file is {exc.kind}, not a regular file", "a spec, a parent and a harness are regular files")
     except OversizedFile as exc:
         return fail(_too_big(exc.size) if exc.size is not None else _too_big(MAX_FILE_BYTES + 1) + " (or more)")
+    except FileNotFoundError as exc:
+        if target is not None:  # the link is there (discovery found it), what it names is not
+            return fail(f"the file is a link to {shown(os.readlink(path))}, which does not exist",
+                        "a spec, a parent and a harness are regular files: put the file there, or delete the link")
+        return fail(f"cannot read file: {exc.strerror or exc}")
     except OSError as exc:
         return fail(f"cannot read file: {exc.strerror or exc}")
     try:
