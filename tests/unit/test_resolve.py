@@ -360,6 +360,14 @@ def test_a_childs_own_encoder_args_without_a_required_argument_is_an_error_at_it
     assert d.message.endswith("needs the argument 'grid_thw', which the eager call does not pass")
 
 
+def test_a_required_key_removed_and_not_written_afresh_is_an_error_at_the_remove_entry(tmp_path):
+    """It pointed at the parent's encoder: line, a file the user need not change."""
+    copy_spec("qwen2_vl", tmp_path)
+    spec = child(tmp_path, "name: child\nextends: qwen2_vl\nremove: [encoder.args]\n")
+    (d,) = SpecSource.of_files([spec], bindings=False).diagnostics
+    assert (d.file, d.line, d.path, d.message) == (str(spec), 3, "$.encoder", "missing required key 'args' (removed here)")
+
+
 def test_a_child_whose_class_needs_more_than_its_inherited_args_is_an_error_at_its_class(tmp_path):
     copy_spec("siglip", tmp_path)  # pixel_values only; Siglip2VisionModel needs two more
     spec = child(tmp_path, "name: child\nextends: siglip\nencoder:\n"
