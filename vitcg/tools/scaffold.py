@@ -15,6 +15,7 @@ import importlib
 import inspect
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -502,7 +503,7 @@ def render(d: Draft, path: str | None = None, schema: str | None = None, *, fami
     extras = required_arguments(d, passed, (*drafted, *(b["name"] for b in STYLE_DEFAULTS[d.style]["buffers"])))
     roles = "".join(f", {e.arg}: {e.role}" for e in extras)
     required = (f"; {', '.join(e.arg for e in extras)}: required by forward, each passed as an extra input role "
-                "of the same name (what does the processor give for it?)") if extras else ""
+                "(what does the processor give for it?)") if extras else ""
 
     out.add("# yaml-language-server: $schema=" + schema)
     out.add(f"# Draft written by `vitcg new {d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
@@ -714,7 +715,7 @@ def _section(out: _Lines, style: str, key: str, values: dict[str, tuple[str, str
 
 
 def _buffer_entries(d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str, m: str | None,
-                    extras: list[Required] = ()) -> list[tuple[dict[str, Any], dict[str, str]]]:
+                    extras: Sequence[Required] = ()) -> list[tuple[dict[str, Any], dict[str, str]]]:
     """The buffers the draft's style needs, then one ``aligned`` buffer per required argument beyond them:
     ``(entry, guess per key)``, in the order they are written."""
     unit = f" * {m} ** 2" if m else ""
@@ -794,7 +795,7 @@ def _flow(value: Any) -> str:
 
 
 def _buffers(out: _Lines, d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str, m: str | None,
-             extras: list[Required] = ()) -> None:
+             extras: Sequence[Required] = ()) -> None:
     """``buffers``: only what differs from the style's default buffers (``vitcg validate --resolved`` shows all)."""
     call = f"{d.encoder.__name__}.forward"
     entries = _buffer_entries(d, style, geometry, pixels_arg, grid_arg, m, extras)
