@@ -62,4 +62,4 @@ def test_a_grid_width_that_does_not_parse_is_a_diagnostic_not_a_crash():
     with pytest.raises(SpecError) as caught:
         spec_from_text(text, "qwen2_vl.yaml", Bindings())
     (problem,) = caught.value.diagnostics
-    assert problem.path == "$.buffers[1].shape[1]" and "unknown name 'qwen2_vl'" in problem.message
+    assert problem.path == "$.buffers[0].shape[1]" and "unknown name 'qwen2_vl'" in problem.message

@@ -270,7 +270,8 @@ def test_a_parent_or_harness_that_is_not_a_regular_file_says_what_it_is(tmp_path
     _, problems = resolve_file(tmp_path / "child.yaml")
     text = "\n".join(d.format() for d in problems)
     assert problems and str(path) in text and "did you mean" not in text, text
-    want = {"fifo": "a FIFO", "folder": "a folder", "dangling": "no such file", "device": "outside"}[kind]
+    want = {"fifo": "a FIFO", "folder": "a folder", "device": "outside",
+            "dangling": "which does not exist"}[kind]  # the file is a link to '.../gone.yaml', which does not exist
     assert want in text.lower() or want in text, text
 
 
@@ -339,6 +340,43 @@ def test_an_argument_the_encoder_call_needs_is_a_validate_error_where_it_was_rem
     assert "'grid_thw'" in d.message and "forward" in d.message
 
 
+def test_encoder_args_without_a_required_argument_is_an_error_at_encoder_args(tmp_path):
+    text = spec_text("qwen2_vl").replace("args: {hidden_states: pixels, grid_thw: grid}", "args: {hidden_states: pixels}")
+    path = copy_spec("qwen2_vl", tmp_path, text)
+    result = SpecSource.of_files([path])
+    (d,) = result.diagnostics
+    line = text.splitlines().index("  args: {hidden_states: pixels}") + 1
+    assert (d.file, d.line, d.path) == (str(path), line, "$.encoder.args") and "'grid_thw'" in d.message
+    assert "encoder.args" in d.hint and "outputs" not in d.hint
+
+
+def test_a_childs_own_encoder_args_without_a_required_argument_is_an_error_at_its_args(tmp_path):
+    """The override form: the parent's args removed whole and written afresh without grid_thw."""
+    copy_spec("qwen2_vl", tmp_path)
+    spec = child(tmp_path, "name: child\nextends: qwen2_vl\nremove: [encoder.args]\nencoder:\n"
+                           "  args: {hidden_states: pixels}\n")
+    (d,) = SpecSource.of_files([spec]).diagnostics
+    assert (d.file, d.line, d.path, d.code) == (str(spec), 5, "$.encoder.args", "binding")
+    assert d.message.endswith("needs the argument 'grid_thw', which the eager call does not pass")
+
+
+def test_a_required_key_removed_and_not_written_afresh_is_an_error_at_the_remove_entry(tmp_path):
+    """It pointed at the parent's encoder: line, a file the user need not change."""
+    copy_spec("qwen2_vl", tmp_path)
+    spec = child(tmp_path, "name: child\nextends: qwen2_vl\nremove: [encoder.args]\n")
+    (d,) = SpecSource.of_files([spec], bindings=False).diagnostics
+    assert (d.file, d.line, d.path, d.message) == (str(spec), 3, "$.encoder", "missing required key 'args' (removed here)")
+
+
+def test_a_child_whose_class_needs_more_than_its_inherited_args_is_an_error_at_its_class(tmp_path):
+    copy_spec("siglip", tmp_path)  # pixel_values only; Siglip2VisionModel needs two more
+    spec = child(tmp_path, "name: child\nextends: siglip\nencoder:\n"
+                           "  class: transformers.models.siglip2.modeling_siglip2.Siglip2VisionModel\n"
+                           "  config_class: transformers.models.siglip2.configuration_siglip2.Siglip2VisionConfig\n")
+    problems = [d for d in SpecSource.of_files([spec]).diagnostics if "needs the argument" in d.message]
+    assert problems and {(d.file, d.line) for d in problems} == {(str(spec), 4)}, [d.format() for d in problems]
+
+
 def test_remove_entries_that_repeat_or_run_long_are_named_briefly(tmp_path):
     copy_spec("pixtral", tmp_path)
     long = "encoder." + "x" * 10_000
@@ -366,4 +404,29 @@ def test_buffer_errors_in_a_child_point_at_its_own_entries(tmp_path):
     path = child(tmp_path, "name: child\nextends: qwen2_vl\nbuffers:\n  - {name: extra, provider: aligned, shape: [budget], padding: bogus}\n")
     result = SpecSource.of_files([path], bindings=False)
     d = next(d for d in result.diagnostics if "bogus" in d.message)
-    assert (d.file, d.line) == (str(path), 4) and d.via is None
+    assert (d.file, d.line, d.path) == (str(path), 4, "$.buffers[0].padding") and d.via is None  # not buffers[5]
+
+
+def test_buffer_rules_in_a_child_show_its_own_index_and_name_the_parents_entry_by_its_file(tmp_path):
+    """Issue 37, item 7: a child's buffer errors printed the merged index ($.buffers[5] for the file's first entry),
+    and a clash with an inherited buffer named that one by its merged index too, in no file."""
+    parent = child(tmp_path, "name: par\nextends: qwen2_vl\nbuffers:\n"
+                             "  - {name: cu2, provider: cu_seqlens, shape: [max_segments + 2], padding: trailing_segment}\n"
+                             "  - {name: cu_seqlens, remove: true}\n", "par")
+    copy_spec("qwen2_vl", tmp_path)
+    path = child(tmp_path, "name: child\nextends: par\nbuffers:\n"
+                           "  - {name: position_ids, shape: [budget * spatial_merge_size ** 2, 2]}\n"
+                           "  - {name: other, arg: cu2, provider: aligned, shape: [budget], padding: zeros}\n")
+    result = SpecSource.of_files([path], bindings=False)
+    clash = next(d for d in result.diagnostics if "already used" in d.message)
+    assert (clash.file, clash.line, clash.path) == (str(path), 5, "$.buffers[1].arg")
+    assert clash.message == f"buffer arg 'cu2' is already used by buffers[0] of {parent}:4, buffer 'cu2'"
+    role = next(d for d in result.diagnostics if "params.role" in d.message)
+    assert (role.line, role.path) == (5, "$.buffers[1].params")
+    default = next(d for d in SpecSource.of_files([child(tmp_path, "name: c2\nextends: qwen2_vl\nbuffers:\n"
+                   "  - {name: g2, arg: grid_thw, provider: aligned, shape: [budget], padding: zeros}\n", "c2")],
+                                              bindings=False).diagnostics if "already used" in d.message)
+    style = spec_text("qwen2_vl").splitlines().index("  style: packed") + 1
+    assert default.path == "$.buffers[0].arg" and default.message == (
+        "buffer arg 'grid_thw' is already used by the 'packed' style's default "
+        f"({tmp_path / 'qwen2_vl.yaml'}:{style} chose it), buffer 'grid_thw'")

@@ -41,8 +41,8 @@ buffers:
 def test_duplicate_buffer_name_and_provider_point_at_the_later_entry():
     loaded = loaded_from(BUFFERS)
     found = list(buf.unique_buffers(loaded, loaded.data["buffers"]))
-    assert messages(found) == ["buffer name 'pixel_values' is already used by buffers[0]",
-                               "buffer provider 'grid' is already used by buffers[1]"]
+    assert messages(found) == ["buffer name 'pixel_values' is already used by buffers[0] (line 2)",
+                               "buffer provider 'grid' is already used by buffers[1] (line 3), buffer 'grid_thw'"]
     assert [(d.path, d.line) for d in found] == [("$.buffers[2].name", 4), ("$.buffers[2].provider", 4)]
     assert all(d.code == "semantic" for d in found)
 

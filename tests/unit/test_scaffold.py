@@ -214,3 +214,25 @@ def test_checkpoints_come_from_the_configs_documentation():
         """No link here."""
 
     assert scaffold.checkpoints_named(Undocumented) == []
+
+
+@pytest.mark.parametrize("model_type, extra", [
+    ("mllama", ("aspect_ratio_ids", "aspect_ratio_mask")), ("siglip2", ("pixel_attention_mask", "spatial_shapes")),
+    ("gemma4", ("pixel_position_ids",)), ("video_llama_3", ("merge_sizes",))])
+def test_a_draft_passes_every_required_argument_of_the_tower(model_type, extra):
+    """Issue 37, item 6: validate refuses a spec whose calls leave out a required forward argument, so a draft passes
+    each one beyond pixels and grid: an extra input role of its name, an aligned buffer and tests.inputs, each
+    a marked guess."""
+    from vitcg.lang import Bindings, spec_from_text
+    from vitcg.lang.bindings import method_signature
+
+    skip_unavailable(model_type)
+    text = _draft_text(model_type)
+    spec = spec_from_text(text, f"<draft of {model_type}>", Bindings())
+    required = method_signature(spec.encoder.class_path, spec.encoder.method)["required"]
+    assert set(extra) <= set(required) <= set(spec.encoder.args) & {b.arg for b in spec.buffers}
+    args = next(line for line in text.splitlines() if line.startswith("  args: "))
+    assert all(f"{name}: {name}" in args for name in extra) and f"{', '.join(extra)}: required by forward" in args
+    assert all(m.inputs[name] for m in spec.modalities for name in extra)
+    inputs = next(line for line in text.splitlines() if line.startswith("  inputs: "))
+    assert "# GUESS: how vitcg check builds each required argument" in inputs

@@ -71,3 +71,20 @@ def test_a_feature_call_without_rows_names_the_call_and_the_fix(monkeypatch: pyt
     message = str(raised.value)
     assert "get_image_features returned BaseModelOutputWithPooling whose pooler_output holds NoneType" in message
     assert "(it has last_hidden_state)" in message and "tests.vlm.architecture" in message
+
+
+def test_a_call_missing_a_required_argument_points_at_the_arguments_not_the_outputs():
+    """Issue 37, item 6: a TypeError for a missing argument after the graphs' call said "check encoder.outputs"."""
+    def forward(hidden_states, grid_thw):
+        return hidden_states
+
+    spec = SpecSource().get("qwen2_vl")
+    with pytest.raises(VitcgError) as raised, stage._step("the feature call", stage._uncaptured(spec, {})):
+        forward(torch.zeros(1))
+    message = str(raised.value)
+    assert "check encoder.args (the eager call) and the buffers' arg (the captured call): the call misses " \
+           "'grid_thw'" in message
+    assert "encoder.outputs" not in message
+    with pytest.raises(VitcgError, match="check encoder.outputs"), stage._step("the feature call",
+                                                                              stage._uncaptured(spec, {})):
+        raise TypeError("'NoneType' object is not subscriptable")

@@ -139,9 +139,12 @@ def _has_method(path: str, method: str) -> bool:
         return False
 
 
-def _signature(path: str, method: str) -> dict[str, Any]:
-    """The parameters of ``method`` of the class at ``path`` (``self`` left out): ``required`` (no default),
-    ``accepted`` (every name a keyword may bind) and ``var_keyword`` (it takes ``**kwargs``)."""
+def method_signature(path: str, method: str) -> dict[str, Any]:
+    """The parameters of ``method`` of the class at ``path`` (``self`` left out): ``{"ok": True, "required": [...],
+    "accepted": [...], "var_keyword": bool}``, ``required`` naming those without a default in call order,
+    ``accepted`` every name a keyword may bind, ``var_keyword`` whether it takes ``**kwargs``; or ``{"ok": False,
+    "error": ...}`` when the class does not import or the method has no signature. The validate rule on required
+    arguments and ``vitcg new``'s drafts both read it, so a draft passes what the rule asks for."""
     try:
         function = getattr(import_object(path), method)
         parameters = list(inspect.signature(function).parameters.values())
@@ -507,7 +510,7 @@ class Bindings:
     def check_signature(self, path: str, method: str) -> dict[str, Any]:
         """``{"ok": True, "required": [...], "accepted": [...], "var_keyword": bool}``: the parameters of
         ``method`` of the class at ``path``, ``self`` left out; or ``{"ok": False, "error": ...}``."""
-        return self._lookup(f"signature:{path}:{method}", lambda: _signature(path, method))
+        return self._lookup(f"signature:{path}:{method}", lambda: method_signature(path, method))
 
     def check_config(self, path: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """``{"ok": True, "snapshot": {...}}``, or ``ok: False`` with ``error`` or ``unknown_keys``."""

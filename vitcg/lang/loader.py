@@ -119,6 +119,10 @@ class LoadedYaml:
     """The file of each path whose value was written in another file than :attr:`file`."""
     defaults: dict[Path_, str] = field(default_factory=dict)
     """Paths whose value no file wrote: what supplied it (``the 'tiles' style's default``)."""
+    own_paths: dict[Path_, Path_] = field(default_factory=dict)
+    """The path each value has in the file that wrote it, where a merge placed it elsewhere (a child's first
+    buffer at ``buffers[5]`` of the merged spec is ``buffers[0]`` of its file): diagnostics show that one, the path
+    the user finds in the file they open. Paths not listed (a file's own, as loaded) are their own."""
     removed: dict[tuple[str, str], tuple[str, Position]] = field(default_factory=dict)
     """What a ``remove`` of an inheriting spec took out, and the file and position of the entry that did:
     ``("buffer", ARG)`` for a buffer passed as ``ARG``, ``("key", DOTTED)`` for an entry of ``remove:``. A check
@@ -146,6 +150,29 @@ class LoadedYaml:
         probe, _ = self.locate(path)
         return self.origins.get(probe, self.file)
 
+    def own_path(self, path: Path_) -> Path_:
+        """``path`` as written in the file that wrote its value (:attr:`own_paths`; below a listed path, the rest
+        follows it)."""
+        path = tuple(path)
+        for n in range(len(path), 0, -1):
+            own = self.own_paths.get(path[:n])
+            if own is not None:
+                return own + path[n:]
+        return path
+
+    def where(self, path: Path_, seen_from: str) -> str:
+        """The value at ``path`` named for a message printed at a line of ``seen_from``: its own path and line
+        (``buffers[1] (line 12)``), its file too where another file wrote it (``buffers[1] of parent.yaml:12``), or
+        what supplied it and the line that chose that (a default)."""
+        own = format_path(self.own_path(path))[2:]
+        probe, pos = self.locate(path)
+        file = self.origins.get(probe, self.file)
+        at = f"line {pos.line}" if file == seen_from else f"{file}:{pos.line}"
+        source = next((self.defaults[p] for p in _prefixes(probe) if p in self.defaults), None)
+        if source is not None:
+            return f"{source} ({at} chose it)"
+        return f"{own} ({at})" if file == seen_from else f"{own} of {at}"
+
     def diagnostic(self, path: Path_, message: str, *, hint: str | None = None, code: str = "schema",
                    key: bool = False, col_offset: int = 0) -> Diagnostic:
         probe, pos = self.locate(path, key=key)
@@ -160,8 +187,8 @@ class LoadedYaml:
         if source is not None:
             hint = f"{hint}; " if hint else ""
             hint += f"this value is {source}: write {format_path(path)[2:] or 'it'} in the spec to replace it"
-        return Diagnostic(file, pos.line, pos.col + col_offset, format_path(path), message, hint, code,
-                          None if file == self.file else self.file)
+        return Diagnostic(file, pos.line, pos.col + col_offset, format_path(self.own_path(path)), message, hint,
+                          code, None if file == self.file else self.file)
 
 
 def _prefixes(path: Path_):
@@ -325,6 +352,11 @@ def load_file(path: str | Path, display: str | None = None, *,
         return fail(f"the file is {exc.kind}, not a regular file", "a spec, a parent and a harness are regular files")
     except OversizedFile as exc:
         return fail(_too_big(exc.size) if exc.size is not None else _too_big(MAX_FILE_BYTES + 1) + " (or more)")
+    except FileNotFoundError as exc:
+        if target is not None:  # the link is there (discovery found it), what it names is not
+            return fail(f"the file is a link to {shown(os.readlink(path))}, which does not exist",
+                        "a spec, a parent and a harness are regular files: put the file there, or delete the link")
+        return fail(f"cannot read file: {exc.strerror or exc}")
     except OSError as exc:
         return fail(f"cannot read file: {exc.strerror or exc}")
     try:

@@ -59,8 +59,12 @@ class _Copy:
     def __init__(self, file: str):
         self.out = LoadedYaml(file, None)
 
-    def place(self, source: LoadedYaml, src: Path_, dst: Path_) -> Any:
-        """The value of ``source`` at ``src``, copied to ``dst`` with the positions of its whole subtree."""
+    def place(self, source: LoadedYaml, src: Path_, dst: Path_, own_root: Path_ = ()) -> Any:
+        """The value of ``source`` at ``src``, copied to ``dst`` with the positions of its whole subtree, and the path
+        each value has in its own file (under ``own_root``: ``tests`` for a harness file's values)."""
+        for path in {*source.values, *source.keys}:
+            if path[:len(src)] == src:
+                self.out.own_paths[dst + path[len(src):]] = own_root + source.own_path(path)
         for table, target in ((source.values, self.out.values), (source.keys, self.out.keys),
                               (source.styles, self.out.styles)):
             for path, value in table.items():
@@ -80,7 +84,8 @@ class _Copy:
         return _copy(_at(source.data, src))
 
     def mark(self, source: LoadedYaml, src: Path_, dst: Path_) -> None:
-        """Record the position of the node at ``src`` (not its subtree) for ``dst``."""
+        """Record the position of the node at ``src`` (not its subtree) for ``dst``, and its own path."""
+        self.out.own_paths[dst] = source.own_path(src)
         if src in source.values:
             self.out.values[dst] = source.values[src]
             file = source.origins.get(src, source.file)
@@ -329,7 +334,7 @@ class Resolver:
                                             code="extends", key=True)]
         grafted = _Copy(loaded.file)
         grafted.out.data = grafted.place(loaded, (), ())
-        tests = grafted.place(harness, (), ("tests",))
+        tests = grafted.place(harness, (), ("tests",), ("tests",))  # shown as tests.KEY, as written inline
         grafted.out.keys[("tests",)] = Position(1, 1)  # line 1 of the harness file, its origin
         grafted.out.data["tests"] = tests
         return grafted.out, []

@@ -17,12 +17,13 @@ import importlib.resources
 import inspect
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError, VitcgError, suggest
-from ..lang.catalogue import PROVIDERS, STYLE_DEFAULTS, STYLES, style_of
+from ..lang.catalogue import PROVIDERS, STANDARD_ROLES, STYLE_DEFAULTS, STYLES, style_of
 
 MARK = "# GUESS: "
 """How a guessed line of a draft ends: ``key: value   # GUESS: what to verify``."""
@@ -68,6 +69,41 @@ class Draft:
     def name(self) -> str:
         """The spec name: the model type in snake case (``kosmos-2.5`` -> ``kosmos_2_5``)."""
         return spec_name(self.model_type)
+
+
+@dataclass(frozen=True)
+class Required:
+    """A parameter of the encoder's ``forward`` without a default, beyond the pixels and grid a draft passes: drafted
+    as an extra input role (``encoder.args``, each modality's ``inputs``, ``tests.inputs``) and an ``aligned``
+    buffer, every line a guess. Without it the draft would not validate: ``vitcg validate`` refuses a spec whose
+    calls leave out a required argument, since every case of ``vitcg check`` would fail on it."""
+
+    arg: str
+    """The parameter's name (``aspect_ratio_ids``)."""
+    role: str
+    """The input role that holds it: the parameter's name, unless that is a standard role."""
+    buffer: str
+    """The name of the buffer passed as it: the parameter's name, unless a drafted buffer has that name."""
+
+    def key(self, modality: str) -> str:
+        """The processor output key guessed for ``modality``: the parameter's name for images, ``video_...`` (an
+        ``image_`` prefix swapped) for videos, as transformers' processors name them; keys differ per modality."""
+        if modality == "image":
+            return self.arg
+        return "video_" + self.arg.removeprefix("image_")
+
+
+def required_arguments(d: Draft, passed: tuple[str, ...], taken: tuple[str, ...] = ()) -> list[Required]:
+    """The parameters of ``d.encoder.forward`` without a default that ``passed`` leaves out, in call order; the
+    buffer of each avoids the names in ``taken``. Read by :func:`vitcg.lang.bindings.method_signature`, as the
+    validate rule reads them."""
+    from ..lang.bindings import method_signature
+
+    signature = method_signature(_path(d.encoder), "forward")
+    required = signature["required"] if signature["ok"] else []
+    return [Required(arg=name, role=name if name not in STANDARD_ROLES else f"{name}_input",
+                     buffer=name if name not in taken else f"{name}_input")
+            for name in required if name not in passed]
 
 
 def spec_name(model_type: str) -> str:
@@ -620,6 +656,12 @@ def render(d: Draft, path: str | None = None, schema: str | None = None, *, fami
     pixels_arg = signature[0] if signature else "pixel_values"
     grid_arg = next((p for p in signature if "grid" in p), "grid_thw")
     call = f"{d.encoder.__name__}.forward({', '.join(signature[:4])}{', ...' if len(signature) > 4 else ''})"
+    passed = (pixels_arg, grid_arg) if packed else (pixels_arg,)
+    drafted = [e["name"] for e, _ in _buffer_entries(d, style, geometry, pixels_arg, grid_arg, m)]
+    extras = required_arguments(d, passed, (*drafted, *(b["name"] for b in STYLE_DEFAULTS[d.style]["buffers"])))
+    roles = "".join(f", {e.arg}: {e.role}" for e in extras)
+    required = (f"; {', '.join(e.arg for e in extras)}: required by forward, each passed as an extra input role "
+                "(what does the processor give for it?)") if extras else ""
 
     out.add("# yaml-language-server: $schema=" + schema)
     out.add(f"# Draft written by `vitcg new {d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
@@ -640,11 +682,12 @@ def render(d: Draft, path: str | None = None, schema: str | None = None, *, fami
         out.add("  vlm_attribute: model.visual",
                 "where the VLM holds this encoder: not found in the modeling code, model.visual is a placeholder")
     if packed:
-        out.add(f"  args: {{{pixels_arg}: pixels, {grid_arg}: grid}}",
-                f"the eager call's arguments and the input role of each: {call}")
+        out.add(f"  args: {{{pixels_arg}: pixels, {grid_arg}: grid{roles}}}",
+                f"the eager call's arguments and the input role of each: {call}{required}")
         out.add("  outputs: [pooler_output]", "the output field holding the merged tokens")
     else:
-        out.add(f"  args: {{{pixels_arg}: pixels}}", f"the eager call's arguments and the input role of each: {call}")
+        out.add(f"  args: {{{pixels_arg}: pixels{roles}}}",
+                f"the eager call's arguments and the input role of each: {call}{required}")
         out.add("  outputs: [last_hidden_state]",
                 "the output field holding the tokens (or call the VLM's get_image_features: encoder.method)")
     tiny = _tiny_config(d.vision_config, d.defaults)
@@ -667,18 +710,19 @@ def render(d: Draft, path: str | None = None, schema: str | None = None, *, fami
     out.add("modalities:")
     for modality in d.modalities:
         out.add(f"  {modality}:")
+        keys = "".join(f", {e.role}: {e.key(modality)}" for e in extras)
         if packed:
             pixels_key = "pixel_values" if modality == "image" else "pixel_values_videos"
-            out.add(f"    inputs: {{pixels: {pixels_key}, grid: {modality}_grid_thw}}",
+            out.add(f"    inputs: {{pixels: {pixels_key}, grid: {modality}_grid_thw{keys}}}",
                     "the processor's output keys for this modality")
         else:
-            out.add(f"    inputs: {{pixels: pixel_values{'' if modality == 'image' else '_videos'}}}",
+            out.add(f"    inputs: {{pixels: pixel_values{'' if modality == 'image' else '_videos'}{keys}}}",
                     "the processor's output keys; add `tiles: <key>` if an image carries a tile count")
         if modality == "video":
             out.add("    max_frames_per_video: 32", "largest grid t of one video")
     _items_and_budget(out, d.style, packed, geometry, m)
     out.add("")
-    _buffers(out, d, style, geometry, pixels_arg, grid_arg, m)
+    _buffers(out, d, style, geometry, pixels_arg, grid_arg, m, extras)
     out.add("")
     out.add("docs:")
     out.add(f"  notes: \"Drafted by vitcg new from {d.encoder.__name__} ({d.style} attention).\"",
@@ -688,6 +732,10 @@ def render(d: Draft, path: str | None = None, schema: str | None = None, *, fami
     out.add("  tiny_config: {" + ", ".join(f"{k}: {v}" for k, v in tiny.items()) + "}",
             "small dimensions for CPU checks: 2 layers, hidden <= 64")
     out.add("  real_config: {}", "overrides for a real checkpoint's dimensions, where the defaults differ")
+    if extras:
+        described = ", ".join(f"{e.role}: {{shape: [], fill: ones, dtype: int64}}" for e in extras)
+        out.add(f"  inputs: {{{described}}}", "how vitcg check builds each required argument for one pixel row (or "
+                "tile): its shape past dim 0, its values and dtype, as the processor gives them")
     out.add('  prompt_template: "USER: {placeholders}{question} ASSISTANT:"', "the chat template")
     out.add('  image_placeholder: "<image>"', "the image placeholder token")
     if "video" in d.modalities:
@@ -838,14 +886,20 @@ def _section(out: _Lines, style: str, key: str, values: dict[str, tuple[str, str
         out.add(f"  {k}: {formula}", guess)
 
 
-def _buffer_entries(d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str,
-                    m: str | None) -> list[tuple[dict[str, Any], dict[str, str]]]:
-    """The buffers the draft's style needs: ``(entry, guess per key)``, in the order they are written."""
+def _buffer_entries(d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str, m: str | None,
+                    extras: Sequence[Required] = ()) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """The buffers the draft's style needs, then one ``aligned`` buffer per required argument beyond them:
+    ``(entry, guess per key)``, in the order they are written."""
     unit = f" * {m} ** 2" if m else ""
+    rows = f"budget{unit}" if style.segmented else "budget // tokens_per_tile"
+    required = [({"name": e.buffer, "arg": e.arg, "provider": "aligned", "shape": [rows], "padding": "zeros",
+                  "params": {"role": e.role, "dtype": "int64"}},
+                 {"shape": f"{e.arg}, a required argument of {d.encoder.__name__}.forward: a row per pixel row (or "
+                           "tile)? its other dims?", "params": "the dtype the encoder reads"}) for e in extras]
     if not style.segmented:
         return [({"name": "pixel_values", "arg": pixels_arg, "provider": "pixels",
                   "shape": ["budget // tokens_per_tile", "in_channels", "image_size", "image_size"],
-                  "padding": "zeros"}, {})]
+                  "padding": "zeros"}, {}), *required]
     row = "in_channels" + (" * temporal_patch_size" if "temporal_patch_size" in geometry else "") + " * patch_size ** 2"
     entries = [
         ({"name": "pixel_values", "arg": pixels_arg, "provider": "pixels", "shape": [f"budget{unit}", row],
@@ -871,7 +925,7 @@ def _buffer_entries(d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: 
             entries.append(({"name": name, "provider": name, "shape": [f"budget{unit}", 4], "padding": "zeros",
                              "params": {"mode": "bilinear", "align_corners": True}},
                             {"params": "as the encoder calls the helper"}))
-    return entries
+    return entries + required
 
 
 def _buffer_changes(entries: list[tuple[dict[str, Any], dict[str, str]]],
@@ -912,10 +966,11 @@ def _flow(value: Any) -> str:
     return str(value)
 
 
-def _buffers(out: _Lines, d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str, m: str | None) -> None:
+def _buffers(out: _Lines, d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str, m: str | None,
+             extras: Sequence[Required] = ()) -> None:
     """``buffers``: only what differs from the style's default buffers (``vitcg validate --resolved`` shows all)."""
     call = f"{d.encoder.__name__}.forward"
-    entries = _buffer_entries(d, style, geometry, pixels_arg, grid_arg, m)
+    entries = _buffer_entries(d, style, geometry, pixels_arg, grid_arg, m, extras)
     changes = _buffer_changes(entries, STYLE_DEFAULTS[d.style]["buffers"])
     for kept in _kept_guesses(entries, changes):
         out.add(f"# buffers: {kept.split(':', 1)[0]} is the {d.style} style's default", kept.split(": ", 1)[1])

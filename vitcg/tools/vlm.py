@@ -16,6 +16,7 @@ import contextlib
 import copy
 import inspect
 import os
+import re
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -279,17 +280,34 @@ def _frame(frame: traceback.FrameSummary) -> str:
     return f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
+_MISSING_ARGUMENT = re.compile(r"missing \d+ required (?:positional |keyword-only )?arguments?: (.+)$")
+"""Python's message for a call without a required argument (``forward() missing 1 required positional argument:
+'grid_thw'``)."""
+
+
+def _likely(exc: Exception, message: str, likely: str) -> str:
+    """The spec fields to check for ``exc``: a call that misses a required argument was given too few arguments,
+    whatever the step (``likely``) would otherwise suspect (``encoder.outputs`` after the graphs' call)."""
+    found = _MISSING_ARGUMENT.search(message) if isinstance(exc, TypeError) else None
+    if found is None:
+        return likely
+    return (f"encoder.args (the eager call) and the buffers' arg (the captured call): the call misses "
+            f"{found.group(1)}")
+
+
 @contextlib.contextmanager
 def _step(what: str, likely: str) -> Iterator[None]:
     """Model code that fails inside the block raises VitcgError naming the step (``what``), where it failed and the
-    spec fields most likely at fault (``likely``); vitcg's own errors pass through unchanged."""
+    spec fields most likely at fault (``likely``, unless the failure says which: :func:`_likely`); vitcg's own
+    errors pass through unchanged."""
     try:
         yield
     except (VitcgError, UsageError):
         raise
     except Exception as exc:  # noqa: BLE001 - the model and processor code may fail in any way
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else "(no message)"
-        raise VitcgError(f"{what} failed: {type(exc).__name__}: {message}{_where(exc)}; check {likely}") from None
+        raise VitcgError(f"{what} failed: {type(exc).__name__}: {message}{_where(exc)}; "
+                         f"check {_likely(exc, message, likely)}") from None
 
 
 @contextlib.contextmanager

@@ -42,28 +42,52 @@ def calls_pass_required_arguments(loaded: LoadedYaml, spec: Spec, bindings: Bind
     """Each parameter of the encoder's method without a default is passed by both calls: the eager one
     (``encoder.args`` and ``call_kwargs``) and, for a spec without ``graph_scope``, the captured one (every buffer
     under its ``arg`` and ``call_kwargs``). Else every case of ``vitcg check`` fails with ``forward() missing 1
-    required positional argument``. Reported where a ``remove`` entry of an inheriting spec took the argument
-    away, at that entry. (A spec that never passed it, such as some of ``vitcg new``'s whole drafts, whose tower
-    arguments are guesses, is left to ``vitcg check``: its drafts would otherwise be refused.)"""
+    required positional argument``. Reported at the line that left it out (:func:`_missing_at`). ``vitcg new``'s
+    drafts pass every such parameter, as a guessed input role and buffer where the tower needs more than pixels
+    and a grid."""
     signature = bindings.check_signature(spec.encoder.class_path, spec.encoder.method)
     if not signature["ok"]:
         return
     short = f"{spec.encoder.class_path.rsplit('.', 1)[1]}.{spec.encoder.method}()"
     constant = set(spec.encoder.call_kwargs)
-    calls = [("the eager call", set(spec.encoder.args), ("encoder", "args"), "key", "encoder.args.")]
+    calls = [("the eager call", set(spec.encoder.args), ("encoder", "args"))]
     if spec.graph_scope is None:
-        calls.append(("the captured call", {b.arg for b in spec.buffers}, ("buffers",), "buffer", ""))
-    for call, passed, path, kind, prefix in calls:
+        calls.append(("the captured call", {b.arg for b in spec.buffers}, ("buffers",)))
+    for call, passed, path in calls:
         for name in signature["required"]:
-            if name in passed or name in constant:
-                continue
-            message = f"{short} needs the argument {name!r}, which {call} does not pass"
-            removal = loaded.removed.get((kind, prefix + name))
-            if removal is not None:
-                file, pos = removal
-                yield Diagnostic(file, pos.line, pos.col, format_path(path), message + " (removed here)",
-                                 "keep it: every case would fail with a missing argument", "binding",
-                                 None if file == loaded.file else loaded.file)
+            if name not in passed and name not in constant:
+                yield _missing_at(loaded, path, name, f"{short} needs the argument {name!r}, which {call} does "
+                                  "not pass")
+
+
+def _missing_at(loaded: LoadedYaml, path: tuple[str, ...], name: str, message: str) -> Diagnostic:
+    """The diagnostic for a required argument ``name`` that the call written at ``path`` (``encoder.args`` or
+    ``buffers``) does not pass, at the line the user must change: the ``remove`` entry of an inheriting spec that
+    took that argument away; else the spec's own ``encoder.args`` or ``buffers``; else (both inherited unchanged)
+    a ``remove`` entry that took the whole mapping, or the spec's own ``encoder.class`` or ``method``, which asks
+    for more than its parent passes."""
+    eager = path == ("encoder", "args")
+    exact = [("key", f"encoder.args.{name}")] if eager else [("buffer", name)]
+    exact.append(("key", f"encoder.call_kwargs.{name}"))
+    wholesale = [("key", "encoder.args"), ("key", "encoder")] if eager else [("key", "buffers")]
+    wholesale.append(("key", "encoder.call_kwargs"))
+    hint = (f"add {name}: ROLE to encoder.args (the input role that holds it), or a constant to encoder.call_kwargs"
+            if eager else f"add a buffer passed as {name!r} (arg: {name}), or a constant to encoder.call_kwargs")
+    found = next((loaded.removed[k] for k in exact if k in loaded.removed), None)
+    if found is None and loaded.file_of(path) != loaded.file:
+        found = next((loaded.removed[k] for k in wholesale if k in loaded.removed), None)
+        if found is None:
+            own = [p for p in (("encoder", "class"), ("encoder", "method"))
+                   if p in loaded.values and loaded.file_of(p) == loaded.file]
+            if own:
+                return error(loaded, own[0], message + f" (as inherited, for the {own[0][1]} written here)",
+                             code="binding", hint=hint)
+    if found is None:
+        return error(loaded, path, message, code="binding", hint=hint)
+    file, pos = found
+    return Diagnostic(file, pos.line, pos.col, format_path(path), message + " (removed here)",
+                      "keep it: every case would fail with a missing argument", "binding",
+                      None if file == loaded.file else loaded.file)
 
 
 def architectures_exist(loaded: LoadedYaml, spec: Spec, bindings: Bindings) -> Iterator[Diagnostic]:

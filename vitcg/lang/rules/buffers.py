@@ -36,7 +36,9 @@ def _unique_providers(entries: Sequence[Entry]) -> dict[str, int]:
 
 
 def unique_buffers(loaded: LoadedYaml, entries: Sequence[Entry]) -> Iterator[Diagnostic]:
-    """Each buffer name and arg is used once, and each provider but aligned and scope_arg fills one buffer."""
+    """Each buffer name and arg is used once, and each provider but aligned and scope_arg fills one buffer. The
+    message names the other buffer by its own index and line, and its file (or the default that supplied it) where
+    that is not the file of the line reported: a child's buffer clashing with its parent's names the parent's."""
     tables: dict[str, dict[str, int]] = {"name": {}, "arg": {}, "provider": {}}
     for i, entry in enumerate(entries):
         keys = {"name": entry["name"], "arg": buffer_arg(entry)}
@@ -45,8 +47,10 @@ def unique_buffers(loaded: LoadedYaml, entries: Sequence[Entry]) -> Iterator[Dia
         for what, key in keys.items():
             table = tables[what]
             if key in table:
-                yield error(loaded, ("buffers", i, what) if what in entry else ("buffers", i),
-                            f"buffer {what} {key!r} is already used by buffers[{table[key]}]")
+                at = ("buffers", i, what) if what in entry else ("buffers", i)
+                other = loaded.where(("buffers", table[key]), loaded.file_of(at))
+                named = "" if what == "name" else f", buffer {entries[table[key]]['name']!r}"
+                yield error(loaded, at, f"buffer {what} {key!r} is already used by {other}{named}")
             table[key] = i
 
 

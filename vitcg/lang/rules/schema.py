@@ -19,7 +19,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from ...errors import Diagnostic, shown, suggest
 from .. import catalogue as cat
 from ..formulas import MAX_SOURCE_CHARS
-from ..loader import LoadedYaml, Path_, sexagesimal_hint
+from ..loader import LoadedYaml, Path_, format_path, sexagesimal_hint
 
 
 @lru_cache(maxsize=1)
@@ -75,10 +75,23 @@ def additional_properties(loaded: LoadedYaml, error: ValidationError) -> list[Di
 
 
 def required(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
-    """Each required key the mapping lacks (jsonschema reports them one error each; duplicates are dropped)."""
+    """Each required key the mapping lacks (jsonschema reports them one error each; duplicates are dropped): at the
+    ``remove`` entry of an inheriting spec that took it away, else at the mapping."""
     path: Path_ = tuple(error.absolute_path)
     present = error.instance if isinstance(error.instance, dict) else {}
-    return [loaded.diagnostic(path, f"missing required key {k!r}") for k in error.validator_value if k not in present]
+    problems = []
+    for k in error.validator_value:
+        if k in present:
+            continue
+        removal = loaded.removed.get(("key", ".".join(map(str, (*path, k)))))
+        if removal is None:
+            problems.append(loaded.diagnostic(path, f"missing required key {k!r}"))
+            continue
+        file, pos = removal
+        problems.append(Diagnostic(file, pos.line, pos.col, format_path(path), f"missing required key {k!r} (removed "
+                                   "here)", "a spec needs it: keep it, or write it afresh beside the remove: list",
+                                   "schema", None if file == loaded.file else loaded.file))
+    return problems
 
 
 def enum(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
