@@ -24,6 +24,7 @@ from ..runtime.adapter import adapter_for, output_entry
 from ..runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from .bounds import Watch, capture_overruns
 from .encoders import build_encoder
+from .guesses import Guess, guesses
 from .workloads import InputBuilder, Inputs, on_device, relative_error
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -74,6 +75,9 @@ class SpecReport:
     error: str | None = None
     unavailable: str | None = None
     """Why the installed transformers cannot run the spec (not a failure), or None."""
+    guesses: list[Guess] = field(default_factory=list)
+    """The lines of the spec's own files that are still guesses (:mod:`.guesses`): a draft's ``# GUESS:`` lines
+    and placeholder checkpoints."""
     warnings: list[str] = field(default_factory=list)
     """What transformers and torch warned while the spec was checked (:mod:`.quiet`), one line per distinct
     warning; filled by the caller that kept them."""
@@ -138,7 +142,8 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
     bounded by max_model_len alone would otherwise size the capture buffers for a huge engine).
     """
     dtype = _default_dtype(device, dtype)
-    report = SpecReport(spec.name, device, str(dtype).removeprefix("torch."), unavailable=spec.unavailable)
+    report = SpecReport(spec.name, device, str(dtype).removeprefix("torch."), unavailable=spec.unavailable,
+                        guesses=guesses(spec))
     if spec.unavailable:
         return report
     tolerance = TOLERANCE[dtype]

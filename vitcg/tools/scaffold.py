@@ -21,9 +21,8 @@ from typing import Any
 
 from ..errors import UsageError, VitcgError, suggest
 from ..lang.catalogue import PROVIDERS, STYLE_DEFAULTS, STYLES, style_of
+from .guesses import MARK, placeholder_checkpoint
 
-MARK = "# GUESS: "
-"""How a guessed line of a draft ends: ``key: value   # GUESS: what to verify``."""
 TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
         "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96, "out_hidden_size": 48,
         "num_position_embeddings": 64}
@@ -399,7 +398,7 @@ def _identity(out: _Lines, d: Draft, extends: tuple[str, str] | None = None) -> 
     out.add(f"display_name: {d.name}", "the model's display name")
     out.add(f"architectures: [{_architecture(d)}]", "the architecture class name of the checkpoints")
     out.add(f"model_types: [{_quoted(d.model_type)}]")
-    out.add(f"checkpoints: [org/{d.name}]", "real checkpoint names")
+    out.add(f"checkpoints: [{placeholder_checkpoint(d.name)}]", "real checkpoint names")
     out.add("")
 
 
