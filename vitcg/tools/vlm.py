@@ -15,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-import os
-import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +27,7 @@ from ..lang.harness import Placeholder
 from ..lang.model import Spec, thaw
 from ..runtime.accelerate import accelerate, encoder_of
 from ..runtime.adapter import adapter_for
+from .failures import describe, step, where
 from .workloads import relative_error
 
 IMAGE_SIZES = ((56, 84), (112, 56), (84, 84))
@@ -260,38 +259,6 @@ def _groups(vlm_test: Any, rows: list[int], items: int, frames: list[int] | None
     return [(placeholder, r // t, 2) for r, t in zip(rows, frames) for _ in range(t)]
 
 
-def _where(exc: BaseException) -> str:
-    """`` at FILE:LINE in FUNCTION`` of the innermost frame of the model's code (a file of ``transformers.models``)
-    that ``exc`` passed through, where the spec meets the model; the frame that raised it follows when it lies
-    elsewhere (torch, a helper). Empty without a traceback."""
-    import transformers.models
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    models = os.path.dirname(os.path.abspath(transformers.models.__file__)) + os.sep
-    model = next((f for f in reversed(frames) if os.path.abspath(f.filename).startswith(models)), frames[-1])
-    text = f" at {_frame(model)}"
-    return text if model is frames[-1] else f"{text} (raised at {_frame(frames[-1])})"
-
-
-def _frame(frame: traceback.FrameSummary) -> str:
-    return f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
-
-
-@contextlib.contextmanager
-def _step(what: str, likely: str) -> Iterator[None]:
-    """Model code that fails inside the block raises VitcgError naming the step (``what``), where it failed and the
-    spec fields most likely at fault (``likely``); vitcg's own errors pass through unchanged."""
-    try:
-        yield
-    except (VitcgError, UsageError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - the model and processor code may fail in any way
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else "(no message)"
-        raise VitcgError(f"{what} failed: {type(exc).__name__}: {message}{_where(exc)}; check {likely}") from None
-
-
 @contextlib.contextmanager
 def no_tf32() -> Iterator[None]:
     """float32 kernels without TF32 on CUDA, so 1e-5 is a fair bound there too."""
@@ -382,10 +349,10 @@ def _served_by_keys(spec: Spec, handle: Any, processed: Mapping[str, Mapping[str
 
 
 def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
-    with _step("building the tiny VLM", "tests.vlm.config (its text_config: fields the config class derives from "
+    with step("building the tiny VLM", "tests.vlm.config (its text_config: fields the config class derives from "
                "num_hidden_layers, such as layer_types and rope_parameters) and the spec's tiny vision config"):
         vlm = build_vlm(spec, device, seed)
-    with _step(f"running {type(vlm).__name__}'s image processor", "tests.vlm.processor and tests.vlm.processor_class"):
+    with step(f"running {type(vlm).__name__}'s image processor", "tests.vlm.processor and tests.vlm.processor_class"):
         processor = build_processor(spec, vlm)
         rng = np.random.default_rng(seed)
         images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in IMAGE_SIZES]
@@ -409,7 +376,7 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
             # the spec's tiny config does not describe what the processor makes (patch, frames, channels...)
             raise VitcgError(f"the VLM built from the spec's tiny config fails on its own processor's inputs "
                              f"({modality}: {', '.join(f'{k} {tuple(v.shape)}' for k, v in given.items())}): "
-                             f"{type(exc).__name__}: {exc}{_where(exc)}; check the tiny vision config against "
+                             f"{describe(exc)}{where(exc)}; check the tiny vision config against "
                              "tests.vlm.processor (patch size, merge size, frames, channels)") from None
     rows = {m: [t.numel() // t.shape[-1] for t in found] for m, found in want.items()}
     # one prompt per modality: some VLMs (GLM-4.1V) mark image and video rows with the same token, so a prompt
@@ -417,8 +384,9 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
     prompts = {m: _generate_kwargs(vlm, _groups(spec.tests.vlm, rows[m], counts[m],
                                                       frames if m == "video" else None), inputs[m], device)
                for m in inputs}
-    with torch.no_grad(), _step(f"greedy generate on the tiny {type(vlm).__name__}",
-                                "tests.vlm.placeholder and tests.vlm.config.text_config"):
+    with torch.no_grad(), step(f"greedy generate on the tiny {type(vlm).__name__}",
+                               "tests.vlm.placeholder and tests.vlm.config.text_config", config=vlm.config,
+                               vocabulary=_vocabulary(spec)):
         tokens = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
     total = sum(sum(r) for r in rows.values())
     try:
@@ -428,7 +396,7 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
         raise VitcgError(f"accelerate refused the VLM: {exc}") from None
     with handle:
         _features(vlm, inputs["image"])  # the first call runs the original and learns the output layout
-        with _step(f"{type(vlm).__name__}'s feature call on the graphs' outputs", _uncaptured(spec, own_calls)):
+        with step(f"{type(vlm).__name__}'s feature call on the graphs' outputs", _uncaptured(spec, own_calls)):
             got = {m: _features(vlm, given, m) for m, given in inputs.items()}
         with torch.no_grad():
             accelerated = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
@@ -458,6 +426,17 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
                              f"{want_tokens[0, -NEW_TOKENS:].tolist()}")
     keys = "; input keys not fed from the processor (tests.vlm.engine_keys)" if spec.tests.vlm.engine_keys else ""
     return sum(counts.values()), worst, route + keys
+
+
+def _vocabulary(spec: Spec) -> str:
+    """The spec fields behind a prompt token past the tiny vocabulary: the placeholder fields that put the ids in
+    the prompt, the config that sets them and the vocabulary size."""
+    test = spec.tests.vlm
+    fields = [test.token, *test.before, *test.after]
+    if test.video is not None:
+        fields += [test.video.token, *test.video.before, *test.video.after]
+    return (f"tests.vlm.placeholder (it puts {', '.join(dict.fromkeys(fields))} in the prompt) against "
+            "tests.vlm.config: set text_config.vocab_size above the largest id, or those token fields below it")
 
 
 def _uncaptured(spec: Spec, own_calls: Mapping[str, list[Any]]) -> str:
