@@ -85,7 +85,10 @@ def verdict(report: SpecReport) -> tuple[Verdict, str]:
         return Verdict.SPEC_ONLY, f"{cases}; no end-to-end stage: it runs at --size tiny only"
     if end_to_end.skipped:
         return Verdict.SPEC_ONLY, f"{cases}; no end-to-end stage: {_first_line(end_to_end.skipped)}"
-    keys = " (inputs as the VLM passes them: tests.vlm.engine_keys)" if "engine_keys" in (end_to_end.route or "") else ""
+    route = end_to_end.route or ""
+    keys = " (inputs as the VLM passes them: tests.vlm.engine_keys)" if "engine_keys" in route else ""
+    if "tests.vlm.features" in route:
+        keys += " (greedy tokens only: per-item features out of reach, tests.vlm.features)"
     return Verdict.PROVEN, f"{cases}, and the VLM end to end on {end_to_end.items} items{keys}"
 
 
