@@ -40,9 +40,12 @@ class StepFailed(VitcgError):
 
 def describe(exc: BaseException) -> str:
     """``Type: message``, the message whole on one line (at most :data:`MAX_MESSAGE` characters); a
-    :class:`StepFailed` is its own message; an exception without a message says where it was raised."""
+    :class:`StepFailed` is its own message, and vitcg's own errors keep their lines (a list of diagnostics); an
+    exception without a message says where it was raised."""
     if isinstance(exc, StepFailed):
         return str(exc)
+    if isinstance(exc, VitcgError) and str(exc).strip():
+        return f"{type(exc).__name__}: {str(exc).strip()}"
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     if not text:
         frames = traceback.extract_tb(exc.__traceback__)
