@@ -65,7 +65,7 @@ def test_the_verdict_says_only_the_tokens_were_compared():
 class _Kosmos25Like(torch.nn.Module):
     """A VLM whose forward takes the image size and a prompt-shaped mask of the image rows, as Kosmos-2.5's."""
 
-    config = SimpleNamespace(image_token_id=7)
+    config = SimpleNamespace(image_token_id=7, boi_token_id=8, eoi_token_id=9)
 
     def forward(self, input_ids=None, flattened_patches=None, width=None, height=None,
                 image_embeds_position_mask=None, attention_mask=None):
@@ -82,8 +82,10 @@ def test_the_processors_other_inputs_the_forward_names_reach_generate():
     taken = {"flattened_patches": patches}
     extra = stage.extra_inputs(vlm, made, taken)
     assert sorted(extra) == ["height", "width"]  # the processor's attention_mask is its patches', not the prompt's
-    kwargs = stage._generate_kwargs(vlm, [(Placeholder("image_token_id"), 3, 1)], taken, "cpu", extra)
-    assert kwargs["input_ids"].tolist() == [[1, 2, 3, 7, 7, 7, 4, 5]]
-    assert kwargs["image_embeds_position_mask"].tolist() == [[0, 0, 0, 1, 1, 1, 0, 0]]
-    assert kwargs["attention_mask"].tolist() == [[1] * 8]
+    placeholder = Placeholder("image_token_id", before=("boi_token_id",), after=("eoi_token_id",))
+    kwargs = stage._generate_kwargs(vlm, [(placeholder, 3, 1)], taken, "cpu", extra)
+    assert kwargs["input_ids"].tolist() == [[1, 2, 3, 8, 7, 7, 7, 9, 4, 5]]
+    # as Kosmos2_5Processor marks them: 1 on the image rows, -1 on the tokens around them
+    assert kwargs["image_embeds_position_mask"].tolist() == [[0, 0, 0, -1, 1, 1, 1, -1, 0, 0]]
+    assert kwargs["attention_mask"].tolist() == [[1] * 10]
     assert kwargs["width"].tolist() == [28] and kwargs["flattened_patches"] is patches

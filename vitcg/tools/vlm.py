@@ -201,10 +201,12 @@ def compose_videos(spec: Spec, processor: Any, videos: list[np.ndarray]) -> dict
             **{video.inputs[role]: torch.tensor(values, dtype=torch.int64) for role, values in per_item.items()}}
 
 
-def _prompt(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids as the processor's tokenizer would expand them, and their token types: per group (an image,
-    a video, or a video's frame) of ``(placeholder, rows, token type)`` its ``before`` tokens, one placeholder
-    token per output row (of that token type; 0 elsewhere), its ``after`` tokens."""
+def _prompt(vlm: torch.nn.Module,
+            groups: list[tuple[Placeholder, int, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids as the processor's tokenizer would expand them, their token types, and where the tokens around
+    each group lie: per group (an image, a video, or a video's frame) of ``(placeholder, rows, token type)`` its
+    ``before`` tokens, one placeholder token per output row (of that token type; 0 elsewhere), its ``after``
+    tokens (1 in the third tensor; 0 elsewhere)."""
     config = vlm.config
 
     def token(field: str) -> int:
@@ -227,26 +229,28 @@ def _prompt(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]]) ->
                              "tests.vlm.config")
         return value
 
-    ids, types = [1, 2, 3], [0, 0, 0]
+    ids, types, around = [1, 2, 3], [0, 0, 0], [0, 0, 0]
     for placeholder, rows, kind in groups:
         opening = [in_vocabulary(f) for f in placeholder.before]
         closing = [in_vocabulary(f) for f in placeholder.after]
         # the placeholder itself may lie past the text vocabulary: VLMs swap it out before the embedding lookup
         ids += opening + [token(placeholder.token)] * rows + closing
         types += [0] * len(opening) + [kind] * rows + [0] * len(closing)
-    return torch.tensor([[*ids, 4, 5]]), torch.tensor([[*types, 0, 0]])
+        around += [1] * len(opening) + [0] * rows + [1] * len(closing)
+    return torch.tensor([[*ids, 4, 5]]), torch.tensor([[*types, 0, 0]]), torch.tensor([[*around, 0, 0]])
 
 
 PROMPT_MASKS = {
     # models that place rows by token type (as their processors mark them): 1 on image placeholders, 2 on video
     # placeholders
-    "mm_token_type_ids": lambda types: types,
-    # Kosmos-2.5 has no placeholder token id: its processor marks the image rows of the prompt with 1
-    "image_embeds_position_mask": lambda types: (types > 0).long(),
+    "mm_token_type_ids": lambda types, around: types,
+    # Kosmos-2.5 has no placeholder token id: its processor marks the image rows of the prompt with 1 and the
+    # tokens around them with -1 (both get the image's segment embedding; only the rows take image features)
+    "image_embeds_position_mask": lambda types, around: (types > 0).long() - around,
 }
 """Prompt-shaped inputs a VLM's forward takes that its processor derives from the prompt it expands: name -> the
-input made from the prompt's token types (0 on text, 1 on image rows, 2 on video rows). The stage builds its own
-prompt, so it builds these too."""
+input made from the prompt's token types (0 on text, 1 on image rows, 2 on video rows) and the tokens around each
+item (1 on the ``before`` and ``after`` tokens). The stage builds its own prompt, so it builds these too."""
 
 
 def extra_inputs(vlm: torch.nn.Module, made: Mapping[str, Any], taken: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -264,7 +268,7 @@ def _generate_kwargs(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, 
     """``generate``'s arguments for a prompt holding ``groups``, the feature ``inputs`` of one modality and the
     processor's ``extra`` inputs (:func:`extra_inputs`); the prompt-shaped inputs forward names
     (:data:`PROMPT_MASKS`) built from the prompt."""
-    ids, types = _prompt(vlm, groups)
+    ids, types, around = _prompt(vlm, groups)
     ids = ids.to(device)
     kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": NEW_TOKENS,
               "do_sample": False, "min_new_tokens": NEW_TOKENS, **inputs,
@@ -272,7 +276,7 @@ def _generate_kwargs(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, 
     parameters = inspect.signature(vlm.forward).parameters
     for name, make in PROMPT_MASKS.items():
         if name in parameters:
-            kwargs[name] = make(types).to(device)
+            kwargs[name] = make(types, around).to(device)
     return kwargs
 
 
