@@ -129,14 +129,17 @@ def check(
     dtype: Annotated[str | None, typer.Option(help="float32 or bfloat16 (default: float32 on cpu, "
                                                    "bfloat16 on cuda).")] = None,
     spec_dirs: SpecFolders = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every spec's table of cases and the "
-                                          "warnings transformers and torch gave while it ran, not only a "
-                                          "failed spec's.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON (with each spec's verdict, "
+                                          "guesses and warnings).")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every spec's table of cases, the lines "
+                                          "of its files that are still guesses and the warnings transformers "
+                                          "and torch gave while it ran, not only a failed spec's.")] = False,
 ) -> None:
     """Run fixed cases through the budget manager and through eager, per item, then (tiny size) the end-to-end
     stage against the full VLM and its own image processor; fail on any mismatch. Prints one line per spec
-    (proven, spec stage only, or FAILED, with why) and a summary; a failed spec's table and warnings below it."""
+    (proven, spec stage only, or FAILED with the first failure: its step, the model file and line, the spec field
+    to check; "proven, with N guesses left" while the spec's files still hold `# GUESS:` lines or placeholder
+    checkpoints) and a summary; a failed spec's table and warnings below it."""
     _check_device(device)
     import torch
 

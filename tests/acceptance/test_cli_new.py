@@ -5,6 +5,7 @@ same entry point in this process (tests/acceptance/inprocess.py)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 
 import pytest
@@ -123,7 +124,14 @@ def test_draft_is_checked_against_the_real_vlm_from_its_first_run(tmp_path):
     path.write_text(text.replace("\n  vlm:", "\n  vlm:\n    processor_class: Glm46VImageProcessorPil", 1))
     check = vitcg_inprocess("check", str(path))
     assert check.returncode == 0, check.stdout
-    assert "glm_ocr  proven: 6 cases, and the VLM end to end on 3 items" in check.stdout
+    # proven, yet a draft: the guesses the check cannot see (names, notes, the placeholder checkpoint) are left
+    left = text.count("   # GUESS: ")
+    assert f"glm_ocr  proven, with {left} guesses left: 6 cases, and the VLM end to end on 3 items" in check.stdout
+    assert check.stdout.splitlines()[-1] == f"1 spec checked: 1 passed (1 proven), {left} guesses left (glm_ocr {left})"
+    confirmed = "\n".join(line.split("   # GUESS: ")[0] for line in path.read_text().splitlines())
+    path.write_text(confirmed.replace("[org/glm_ocr]", "[zai-org/GLM-OCR]") + "\n")
+    check = vitcg_inprocess("check", str(path), "--json")
+    assert json.loads(check.stdout)["specs"][0]["guesses"] == []
 
 
 def test_draft_of_a_tile_encoder_is_valid_but_flags_what_check_disproves(tmp_path):
@@ -148,7 +156,7 @@ def test_a_family_member_is_drafted_as_extends_and_proven(tmp_path):
     assert "\nextends: clip   # GUESS: " in path.read_text()
     check = vitcg_inprocess("check", str(path))
     assert check.returncode == 0, check.stdout
-    assert "llava  proven:" in check.stdout
+    assert re.search(r"llava  proven, with \d+ guesses left: ", check.stdout), check.stdout
 
 
 def test_stdout_and_refusals(tmp_path):

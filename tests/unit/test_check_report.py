@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from vitcg.tools.cases import CaseResult, SpecReport
+from vitcg.tools.guesses import Guess
 from vitcg.tools.report import Verdict, check_json, check_summary, check_text, verdict
 
 
@@ -97,7 +98,7 @@ def test_json_keeps_its_keys_and_adds_the_verdict_and_warnings():
     assert set(document) == {"ok", "specs"} and document["ok"] is False
     first = document["specs"][0]
     assert set(first) == {"spec", "device", "dtype", "budgets", "max_items", "ok", "error", "unavailable", "cases",
-                          "verdict", "reason", "warnings"}
+                          "verdict", "reason", "guesses", "warnings"}
     assert set(first["cases"][0]) == {"name", "stage", "items", "route", "max_error", "graph_vs_fp32",
                                       "eager_vs_fp32", "finite", "tolerance", "ok", "error", "skipped"}
     assert (first["verdict"], first["warnings"]) == ("proven", ["[transformers] `causal_conv1d_fn` is falling back"])
@@ -109,3 +110,31 @@ def test_a_long_reason_is_cut_to_the_line_width():
     line = check_text([long], summary=False).rstrip("\n")
     assert len(line) <= 120 and line.endswith(" because because...") and len(line) > 110, line
     assert "because " * 40 in check_text([long], verbose=True)  # the table keeps all of it
+
+
+DRAFT = report("lfm2_vl", case("one small image"), case(VLM, items=3, route="2 replays, 0 eager", stage="vlm"),
+               guesses=[Guess("lfm2_vl.yaml", 10, "checkpoints: [org/lfm2_vl]   # GUESS: real checkpoint names"),
+                        Guess("lfm2_vl.yaml", 17, "config: {}   # GUESS: the text config")])
+
+
+def test_a_draft_with_guesses_left_is_not_plainly_proven():
+    """Was "lfm2_vl  proven: ..." for a draft still holding its guesses and a placeholder checkpoint."""
+    assert check_text([DRAFT, PROVEN], verbose=False).splitlines() == [
+        "lfm2_vl   proven, with 2 guesses left: 1 case, and the VLM end to end on 3 items",
+        "qwen2_vl  proven: 1 case, and the VLM end to end on 3 items",
+        "2 specs checked: 2 passed (2 proven), 2 guesses left (lfm2_vl 2)",
+    ]
+    assert check_text([DRAFT], verbose=True).splitlines()[-4:] == [
+        "  guesses left (2):",
+        "    lfm2_vl.yaml:10: checkpoints: [org/lfm2_vl]   # GUESS: real checkpoint names",
+        "    lfm2_vl.yaml:17: config: {}   # GUESS: the text config",
+        "1 spec checked: 1 passed (1 proven), 2 guesses left (lfm2_vl 2)",
+    ]
+    one = report("x", case("one small image"), guesses=DRAFT.guesses[:1])
+    assert check_text([one]).splitlines()[0] == ("x  spec stage only, with 1 guess left: 1 case; no end-to-end stage: "
+                                                 "it runs at --size tiny only")
+    document = json.loads(check_json([DRAFT, PROVEN]))
+    assert document["specs"][0]["guesses"] == [
+        {"file": "lfm2_vl.yaml", "line": 10, "text": "checkpoints: [org/lfm2_vl]   # GUESS: real checkpoint names"},
+        {"file": "lfm2_vl.yaml", "line": 17, "text": "config: {}   # GUESS: the text config"}]
+    assert document["specs"][1]["guesses"] == []

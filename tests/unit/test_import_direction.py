@@ -132,3 +132,11 @@ def test_custom_ops_load_without_triton_and_the_kernel_choice_is_pure():
     assert result.stdout.strip() == "[]"
     loaded = imported_by("vitcg.runtime.packed_configs")
     assert loaded <= SHARED | {"vitcg.runtime", "vitcg.runtime.packed_configs"}, sorted(loaded)
+
+
+@pytest.mark.parametrize("module", ["vitcg.tools.guesses", "vitcg.tools.failures"])
+def test_what_the_check_stages_and_the_scaffold_share_loads_without_torch(module):
+    """The draft's guesses (scaffold and report) and the failure wording (both stages of check) are plain text
+    work: no torch, no runtime."""
+    loaded = imported_by(module)
+    assert not {m for m in loaded if m.split(".")[0] == "torch" or m.startswith("vitcg.runtime")}, sorted(loaded)

@@ -13,6 +13,7 @@ from vitcg.errors import VitcgError
 from vitcg.lang import SpecSource
 from vitcg.lang.model import freeze, thaw
 from vitcg.runtime.accelerate import AccelerateStats
+from vitcg.tools import failures
 from vitcg.tools import vlm as stage
 
 
@@ -79,12 +80,12 @@ def test_a_call_missing_a_required_argument_points_at_the_arguments_not_the_outp
         return hidden_states
 
     spec = SpecSource().get("qwen2_vl")
-    with pytest.raises(VitcgError) as raised, stage._step("the feature call", stage._uncaptured(spec, {})):
+    with pytest.raises(VitcgError) as raised, failures.step("the feature call", stage._uncaptured(spec, {})):
         forward(torch.zeros(1))
     message = str(raised.value)
     assert "check encoder.args (the eager call) and the buffers' arg (the captured call): the call misses " \
            "'grid_thw'" in message
     assert "encoder.outputs" not in message
-    with pytest.raises(VitcgError, match="check encoder.outputs"), stage._step("the feature call",
-                                                                              stage._uncaptured(spec, {})):
+    with pytest.raises(VitcgError, match="check encoder.outputs"), failures.step("the feature call",
+                                                                                 stage._uncaptured(spec, {})):
         raise TypeError("'NoneType' object is not subscriptable")

@@ -272,6 +272,7 @@ def _vlm(entry: dict | None) -> VlmTest | None:
     return VlmTest(config=freeze(entry.get("config", {})), processor=freeze(entry.get("processor", {})),
                    token=placeholder["token"], before=tuple(placeholder.get("before", ())),
                    after=tuple(placeholder.get("after", ())), skip=entry.get("skip"),
+                   features_out_of_reach=entry.get("features", {}).get("out_of_reach"),
                    engine_keys=entry.get("engine_keys"),
                    architecture=entry.get("architecture"), processor_class=entry.get("processor_class"),
                    transformers=entry.get("transformers"), video=_placeholder(entry.get("video_placeholder")),

@@ -52,6 +52,9 @@ class VlmTest:
     """Config fields of the token ids that close each image."""
     skip: str | None = None
     """Why the stage cannot run for this model, or None."""
+    features_out_of_reach: str | None = None
+    """Why the feature call's output cannot be compared item by item (``tests.vlm.features.out_of_reach``), or
+    None. The stage still compares greedy ``generate``."""
     engine_keys: str | None = None
     """Why the processor's outputs are not the spec's inputs (``tests.vlm.engine_keys``), or None: then the stage
     also feeds the processor's outputs to the graphs under the spec's input keys."""

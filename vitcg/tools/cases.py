@@ -24,10 +24,15 @@ from ..runtime.adapter import adapter_for, output_entry
 from ..runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from .bounds import Watch, capture_overruns
 from .encoders import build_encoder
+from .failures import describe, step
+from .guesses import Guess, guesses
 from .workloads import InputBuilder, Inputs, on_device, relative_error
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 """Tolerance of :func:`relative_error` (graph against eager) per dtype."""
+PIXELS = ("the pixel rows' shape (tests.inputs.pixels, else the pixel buffer's shape in buffers) against geometry "
+          "(patch_size, in_channels, image_size) and tests.tiny_config")
+"""What shapes the rows the model's first layer reads: where to look when a layer gets rows of the wrong width."""
 HALF = (torch.bfloat16, torch.float16)
 NOISE_FACTOR = 1.5
 """In half precision a deep encoder's own rounding noise can exceed 1e-2 (32 bf16 layers with random
@@ -74,6 +79,9 @@ class SpecReport:
     error: str | None = None
     unavailable: str | None = None
     """Why the installed transformers cannot run the spec (not a failure), or None."""
+    guesses: list[Guess] = field(default_factory=list)
+    """The lines of the spec's own files that are still guesses (:mod:`.guesses`): a draft's ``# GUESS:`` lines
+    and placeholder checkpoints."""
     warnings: list[str] = field(default_factory=list)
     """What transformers and torch warned while the spec was checked (:mod:`.quiet`), one line per distinct
     warning; filled by the caller that kept them."""
@@ -138,36 +146,44 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
     bounded by max_model_len alone would otherwise size the capture buffers for a huge engine).
     """
     dtype = _default_dtype(device, dtype)
-    report = SpecReport(spec.name, device, str(dtype).removeprefix("torch."), unavailable=spec.unavailable)
+    report = SpecReport(spec.name, device, str(dtype).removeprefix("torch."), unavailable=spec.unavailable,
+                        guesses=guesses(spec))
     if spec.unavailable:
         return report
     tolerance = TOLERANCE[dtype]
+    config = "tests.tiny_config" if size == "tiny" else "tests.real_config"
     try:
-        module = build_encoder(spec, size, device=device, dtype=dtype, seed=seed)
-        adapter = adapter_for(spec, module)
-        # same seed, same weights: the float32 twin is the reference for half-precision noise
-        reference = (adapter_for(spec, build_encoder(spec, size, device=device, dtype=torch.float32, seed=seed))
-                     if dtype in HALF else None)
-        min_budget, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 30,
-                                                                    "max_model_len": 1 << 30})
-        limit = budget_multiple * min_budget
-        # route_eager off: a check proves the graphs, so every pack that fits a budget replays (on CUDA the
-        # router would run the first calls of each size eagerly, to time them, and a check makes only such calls)
-        manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=limit, max_model_len=limit,
-                                          device=device, dtype=dtype, options=ManagerOptions(route_eager=False))
+        with step(f"building the {size} encoder", f"{config} against encoder.config_class (a value its validators "
+                  "refuse, or a field it derives from others) and encoder.class"):
+            module = build_encoder(spec, size, device=device, dtype=dtype, seed=seed)
+            adapter = adapter_for(spec, module)
+            # same seed, same weights: the float32 twin is the reference for half-precision noise
+            reference = (adapter_for(spec, build_encoder(spec, size, device=device, dtype=torch.float32, seed=seed))
+                         if dtype in HALF else None)
+        with step("planning the budgets", "budget.min, budget.max and the geometry they read"):
+            min_budget, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 30,
+                                                                        "max_model_len": 1 << 30})
+            limit = budget_multiple * min_budget
+            # route_eager off: a check proves the graphs, so every pack that fits a budget replays (on CUDA the
+            # router would run the first calls of each size eagerly, to time them, and a check makes only such
+            # calls)
+            manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=limit, max_model_len=limit,
+                                              device=device, dtype=dtype, options=ManagerOptions(route_eager=False))
         report.budgets, report.max_items = manager.budgets, manager.plan.max_items
-        manager.capture()
+        with step(f"capturing the budget graphs of {type(module).__name__}", _graph_fields(spec)):
+            manager.capture()
         generator = torch.Generator().manual_seed(seed)
         builder = InputBuilder(spec, adapter, generator)
         merge = adapter.geometry.get("spatial_merge_size", 1)
         # host bounds (max_seqlen...) are read by CUDA kernels only: proven here against the boundaries
-        overruns = capture_overruns(spec, adapter, builder, manager)
+        with step("filling each budget's graph with one item", _graph_fields(spec)):
+            overruns = capture_overruns(spec, adapter, builder, manager)
         if overruns:
             raise VitcgError(overruns[0].message(merge) + _more(overruns))
         watch = Watch(spec, manager.graphs)
         cases = _cases(builder, manager.budgets[-1])
     except Exception as exc:  # noqa: BLE001 - model code fails in any way on a wrong spec; the report says how
-        report.error = _describe(exc)
+        report.error = describe(exc)
         return report
     for name, make in cases:
         case = CaseResult(name, tolerance=tolerance)
@@ -176,35 +192,45 @@ def check_spec(spec: Spec, *, device: str = "cpu", dtype: torch.dtype | None = N
             case.skipped = make
             continue
         try:
-            _run_case(case, make, adapter, manager, reference)
+            _run_case(spec, case, make, adapter, manager, reference)
             if watch.overruns:
                 raise VitcgError(watch.overruns[0].message(merge) + _more(watch.overruns))
         except Exception as exc:  # noqa: BLE001 - as above: a failing case is a result, not a crash
             # a width or row mismatch may have a plainer cause than the formula the manager names
-            case.error = _output_problem(spec, adapter, make) or _describe(exc)
+            case.error = _output_problem(spec, adapter, make) or describe(exc)
         watch.overruns.clear()
     if size == "tiny":
         report.cases.append(_end_to_end(spec, device, seed))
     return report
 
 
-def _run_case(case: CaseResult, make: Callable[[], Inputs], adapter, manager: EncoderCudaGraphManager,
-              reference) -> None:
+def _graph_fields(spec: Spec) -> str:
+    """The spec fields the graph path reads beyond the eager call: what to check when only it fails."""
+    scope = ", graph_scope" if spec.graph_scope is not None else ""
+    return (f"buffers (shapes, providers, padding){scope} and the items formulas against "
+            f"{spec.encoder.class_path.rsplit('.', 1)[-1]}.forward")
+
+
+def _run_case(spec: Spec, case: CaseResult, make: Callable[[], Inputs], adapter,
+              manager: EncoderCudaGraphManager, reference) -> None:
     """Run one case through the manager and compare each item with eager; fills ``case``, raises on a failure
-    that stops the case."""
+    that stops the case (model code failing names its step, :func:`.failures.step`)."""
     tolerance = case.tolerance
-    inputs = on_device(adapter, make())
-    items = adapter.get_encoder_cudagraph_item_specs(inputs)
+    with step("making the case's inputs", "tests.inputs (shapes and fills) and the geometry they read"):
+        inputs = on_device(adapter, make())
+        items = adapter.get_encoder_cudagraph_item_specs(inputs)
     case.items = len(items)
     before = {"per_budget": manager.stats.replays_per_budget.copy(), "misses": manager.stats.misses}
-    outputs = manager.execute(inputs)
+    with step("the graphs", _graph_fields(spec), widths=PIXELS):
+        outputs = manager.execute(inputs)
     case.route = _route(manager, before)
     if len(outputs) != len(items):
         raise VitcgError(f"manager returned {len(outputs)} outputs for {len(items)} items")
     case.noise_ok = reference is not None
     for index, (item, got) in enumerate(zip(items, outputs)):
-        selected = adapter.select_encoder_cudagraph_items(inputs, [index])
-        want = adapter.encoder_eager_forward(selected)
+        with step(f"the eager call of item {index}", "tests.inputs and tests.tiny_config", widths=PIXELS):
+            selected = adapter.select_encoder_cudagraph_items(inputs, [index])
+            want = adapter.encoder_eager_forward(selected)
         if got.shape != want.shape:
             raise VitcgError(f"item {index}: manager output {tuple(got.shape)} but eager output "
                              f"{tuple(want.shape)} (items.output_tokens says {item.output_tokens})")
@@ -264,18 +290,6 @@ def _more(overruns: list) -> str:
     return f" (and {len(overruns) - 1} more)" if len(overruns) > 1 else ""
 
 
-def _describe(exc: BaseException) -> str:
-    """``Type: message`` (blank lines around it dropped); for an exception without a message, where it was
-    raised."""
-    if str(exc).strip():
-        return f"{type(exc).__name__}: {str(exc).strip()}"
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
-    return f"{type(exc).__name__} (no message) raised{where}"
-
-
 def _default_dtype(device: str, dtype: torch.dtype | None) -> torch.dtype:
     return dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
 
@@ -293,5 +307,5 @@ def _end_to_end(spec: Spec, device: str, seed: int) -> CaseResult:
     except VitcgError as exc:
         case.error = str(exc)
     except Exception as exc:  # noqa: BLE001 - a model or processor may fail in any way; the report says how
-        case.error = _describe(exc)
+        case.error = describe(exc)
     return case

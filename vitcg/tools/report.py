@@ -85,7 +85,10 @@ def verdict(report: SpecReport) -> tuple[Verdict, str]:
         return Verdict.SPEC_ONLY, f"{cases}; no end-to-end stage: it runs at --size tiny only"
     if end_to_end.skipped:
         return Verdict.SPEC_ONLY, f"{cases}; no end-to-end stage: {_first_line(end_to_end.skipped)}"
-    keys = " (inputs as the VLM passes them: tests.vlm.engine_keys)" if "engine_keys" in (end_to_end.route or "") else ""
+    route = end_to_end.route or ""
+    keys = " (inputs as the VLM passes them: tests.vlm.engine_keys)" if "engine_keys" in route else ""
+    if "tests.vlm.features" in route:
+        keys += " (greedy tokens only: per-item features out of reach, tests.vlm.features)"
     return Verdict.PROVEN, f"{cases}, and the VLM end to end on {end_to_end.items} items{keys}"
 
 
@@ -99,16 +102,23 @@ a terminal of that width: some reasons for a skipped end-to-end stage run to 300
 ``--json`` keep the whole reason, and a failed spec's table below its line says it in full."""
 
 
+def _guesses_left(count: int) -> str:
+    return f"{count} guess{'es' if count != 1 else ''} left"
+
+
 def check_line(report: SpecReport, width: int = 0) -> str:
-    """``NAME  verdict: reason``, the name padded to ``width``, at most :data:`LINE_WIDTH` characters."""
+    """``NAME  verdict: reason``, the name padded to ``width``, at most :data:`LINE_WIDTH` characters. A passed
+    spec whose files still hold guesses (a draft's ``# GUESS:`` lines, placeholder checkpoints) reads ``proven,
+    with N guesses left: reason``: what the check cannot see is not confirmed yet."""
     kind, reason = verdict(report)
-    line = f"{report.spec:<{width}}  {kind.value}: {reason}"
+    left = f", with {_guesses_left(len(report.guesses))}" if kind.passed and report.guesses else ""
+    line = f"{report.spec:<{width}}  {kind.value}{left}: {reason}"
     return line if len(line) <= LINE_WIDTH else line[:LINE_WIDTH - 2].rsplit(" ", 1)[0].rstrip(",;:") + "..."
 
 
 def check_details(report: SpecReport) -> list[str]:
-    """The spec's table of cases (device, dtype and budgets above it), then the warnings kept while it ran;
-    every line indented."""
+    """The spec's table of cases (device, dtype and budgets above it), then the lines of its files that are still
+    guesses and the warnings kept while it ran; every line indented."""
     head = f"  {report.device}, {report.dtype}"
     if report.budgets:
         head += f"; budgets {'/'.join(map(str, report.budgets))}, up to {report.max_items} items"
@@ -119,6 +129,9 @@ def check_details(report: SpecReport) -> list[str]:
         lines.append("  FAILED before any case: " + report.error.replace("\n", "\n    "))
     else:
         lines += _table(report)
+    if report.guesses:
+        lines.append(f"  guesses left ({len(report.guesses)}):")
+        lines += ["    " + g.format() for g in report.guesses]
     if report.warnings:
         lines.append(f"  warnings ({len(report.warnings)}):")
         lines += ["    " + w.replace("\n", "\n      ") for w in report.warnings]
@@ -146,7 +159,8 @@ def _table(r: SpecReport) -> list[str]:
 
 
 def check_summary(reports: list[SpecReport]) -> str:
-    """``N specs checked: P passed (X proven, Y spec stage only), F failed (names), U unavailable ...``."""
+    """``N specs checked: P passed (X proven, Y spec stage only), F failed (names), U unavailable ..., G guesses
+    left (name count, ...)``."""
     kinds = [verdict(r)[0] for r in reports]
     failed = [r.spec for r, k in zip(reports, kinds) if k is Verdict.FAILED]
     unavailable = [r.spec for r, k in zip(reports, kinds) if k is Verdict.UNAVAILABLE]
@@ -157,6 +171,10 @@ def check_summary(reports: list[SpecReport]) -> str:
         line += f" ({', '.join(parts)})"
     line += f", {len(failed)} failed ({', '.join(failed)})" if failed else ""
     line += f", {len(unavailable)} unavailable in this transformers ({', '.join(unavailable)})" if unavailable else ""
+    guessing = [r for r in reports if r.guesses]
+    if guessing:
+        line += (f", {_guesses_left(sum(len(r.guesses) for r in guessing))} "
+                 f"({', '.join(f'{r.spec} {len(r.guesses)}' for r in guessing)})")
     return line
 
 
@@ -175,13 +193,15 @@ def check_text(reports: list[SpecReport], *, verbose: bool = False, summary: boo
 
 
 def check_json(reports: list[SpecReport]) -> str:
-    """Every spec's report with all its cases, its verdict and the warnings kept while it ran."""
+    """Every spec's report with all its cases, its verdict, the lines of its files that are still guesses
+    (``guesses``: file, line, text) and the warnings kept while it ran."""
     document = {
         "ok": all(r.ok for r in reports),
         "specs": [
             {"spec": r.spec, "device": r.device, "dtype": r.dtype, "budgets": list(r.budgets),
              "max_items": r.max_items, "ok": r.ok, "error": r.error, "unavailable": r.unavailable,
-             "verdict": verdict(r)[0].name.lower(), "reason": verdict(r)[1], "warnings": list(r.warnings),
+             "verdict": verdict(r)[0].name.lower(), "reason": verdict(r)[1],
+             "guesses": [g.to_json() for g in r.guesses], "warnings": list(r.warnings),
              "cases": [{"name": c.name, "stage": c.stage, "items": c.items, "route": c.route, "max_error": c.max_error,
                         "graph_vs_fp32": c.graph_vs_fp32, "eager_vs_fp32": c.eager_vs_fp32,
                         "finite": c.finite, "tolerance": c.tolerance, "ok": c.ok, "error": c.error,

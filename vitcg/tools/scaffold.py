@@ -24,9 +24,8 @@ from typing import Any
 
 from ..errors import UsageError, VitcgError, suggest
 from ..lang.catalogue import PROVIDERS, STANDARD_ROLES, STYLE_DEFAULTS, STYLES, style_of
+from .guesses import MARK, placeholder_checkpoint
 
-MARK = "# GUESS: "
-"""How a guessed line of a draft ends: ``key: value   # GUESS: what to verify``."""
 TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
         "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96, "out_hidden_size": 48,
         "num_position_embeddings": 64}
@@ -568,7 +567,7 @@ def _identity(out: _Lines, d: Draft, extends: tuple[str, str] | None = None) -> 
         out.add(f"checkpoints: [{', '.join(named)}]", f"named by {d.vlm_config.__name__}'s documentation; add the "
                                                        "others this spec serves")
     else:
-        out.add(f"checkpoints: [org/{d.name}]", "real checkpoint names")
+        out.add(f"checkpoints: [{placeholder_checkpoint(d.name)}]", "real checkpoint names")
     out.add("")
 
 

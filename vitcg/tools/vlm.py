@@ -7,7 +7,10 @@ defaults and ``tests.vlm.processor``, makes the inputs from random images of sev
 frames); :func:`vitcg.accelerate` routes its encoder call. Per image (video), the VLM's ``get_image_features``
 (``get_video_features``) must give the same rows with vitcg as without it (float32, relative error <= 1e-5),
 and greedy ``generate`` on a prompt of the images (videos) the same 8 tokens. A wrong output field, width,
-feature layer or pixel layout fails here even when the spec agrees with itself.
+feature layer or pixel layout fails here even when the spec agrees with itself. Where the feature call's output
+cannot be compared item by item, ``tests.vlm.features.out_of_reach`` says why and the tokens are still compared.
+``generate`` also gets the processor's other inputs that the VLM's forward names, and the prompt-shaped masks it
+takes (:data:`PROMPT_MASKS`), as the model's own processor makes them.
 """
 
 from __future__ import annotations
@@ -15,9 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-import os
-import re
-import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +30,7 @@ from ..lang.harness import Placeholder
 from ..lang.model import Spec, thaw
 from ..runtime.accelerate import accelerate, encoder_of
 from ..runtime.adapter import adapter_for
+from .failures import describe, step, where
 from .workloads import relative_error
 
 IMAGE_SIZES = ((56, 84), (112, 56), (84, 84))
@@ -51,6 +52,8 @@ def _merge(base: dict, overrides: Mapping) -> dict:
     return base
 
 
+FEATURES_OUT_OF_REACH = "per-item features out of reach"
+"""How the stage's route says that it compared greedy tokens only (``tests.vlm.features.out_of_reach``)."""
 TINY_TEXT_LIMITS = {"hidden_size": 512, "num_hidden_layers": 8, "intermediate_size": 4096}
 """Largest language-model dimensions the stage builds: a config left at its checkpoint size (Llama's 4096-wide 32
 layers) would take tens of GB before anything runs."""
@@ -198,10 +201,12 @@ def compose_videos(spec: Spec, processor: Any, videos: list[np.ndarray]) -> dict
             **{video.inputs[role]: torch.tensor(values, dtype=torch.int64) for role, values in per_item.items()}}
 
 
-def _prompt(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids as the processor's tokenizer would expand them, and their token types: per group (an image,
-    a video, or a video's frame) of ``(placeholder, rows, token type)`` its ``before`` tokens, one placeholder
-    token per output row (of that token type; 0 elsewhere), its ``after`` tokens."""
+def _prompt(vlm: torch.nn.Module,
+            groups: list[tuple[Placeholder, int, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids as the processor's tokenizer would expand them, their token types, and where the tokens around
+    each group lie: per group (an image, a video, or a video's frame) of ``(placeholder, rows, token type)`` its
+    ``before`` tokens, one placeholder token per output row (of that token type; 0 elsewhere), its ``after``
+    tokens (1 in the third tensor; 0 elsewhere)."""
     config = vlm.config
 
     def token(field: str) -> int:
@@ -224,27 +229,54 @@ def _prompt(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]]) ->
                              "tests.vlm.config")
         return value
 
-    ids, types = [1, 2, 3], [0, 0, 0]
+    ids, types, around = [1, 2, 3], [0, 0, 0], [0, 0, 0]
     for placeholder, rows, kind in groups:
         opening = [in_vocabulary(f) for f in placeholder.before]
         closing = [in_vocabulary(f) for f in placeholder.after]
         # the placeholder itself may lie past the text vocabulary: VLMs swap it out before the embedding lookup
         ids += opening + [token(placeholder.token)] * rows + closing
         types += [0] * len(opening) + [kind] * rows + [0] * len(closing)
-    return torch.tensor([[*ids, 4, 5]]), torch.tensor([[*types, 0, 0]])
+        around += [1] * len(opening) + [0] * rows + [1] * len(closing)
+    return torch.tensor([[*ids, 4, 5]]), torch.tensor([[*types, 0, 0]]), torch.tensor([[*around, 0, 0]])
+
+
+PROMPT_MASKS = {
+    # models that place rows by token type (as their processors mark them): 1 on image placeholders, 2 on video
+    # placeholders
+    "mm_token_type_ids": lambda types, around: types,
+    # Kosmos-2.5 has no placeholder token id: its processor marks the image rows of the prompt with 1 and the
+    # tokens around them with -1 (both get the image's segment embedding; only the rows take image features)
+    "image_embeds_position_mask": lambda types, around: (types > 0).long() - around,
+}
+"""Prompt-shaped inputs a VLM's forward takes that its processor derives from the prompt it expands: name -> the
+input made from the prompt's token types (0 on text, 1 on image rows, 2 on video rows) and the tokens around each
+item (1 on the ``before`` and ``after`` tokens). The stage builds its own prompt, so it builds these too."""
+
+
+def extra_inputs(vlm: torch.nn.Module, made: Mapping[str, Any], taken: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The processor's tensors (``made``) besides the feature call's (``taken``) that the VLM's forward names, such
+    as an image's size (Kosmos-2.5's ``width`` and ``height``): ``generate`` passes them to forward, as a serving
+    engine does. The prompt's own keys (:data:`TEXT_KEYS`) are the stage's to make."""
+    parameters = inspect.signature(vlm.forward).parameters
+    return {k: v for k, v in made.items() if k in parameters and k not in taken and k not in TEXT_KEYS
+            and k not in PROMPT_MASKS and isinstance(v, torch.Tensor)}
 
 
 def _generate_kwargs(vlm: torch.nn.Module, groups: list[tuple[Placeholder, int, int]],
-                     inputs: Mapping[str, torch.Tensor], device: str) -> dict[str, Any]:
-    """``generate``'s arguments for a prompt holding ``groups`` and the feature ``inputs`` of one modality."""
-    ids, types = _prompt(vlm, groups)
+                     inputs: Mapping[str, torch.Tensor], device: str,
+                     extra: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """``generate``'s arguments for a prompt holding ``groups``, the feature ``inputs`` of one modality and the
+    processor's ``extra`` inputs (:func:`extra_inputs`); the prompt-shaped inputs forward names
+    (:data:`PROMPT_MASKS`) built from the prompt."""
+    ids, types, around = _prompt(vlm, groups)
     ids = ids.to(device)
     kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": NEW_TOKENS,
-              "do_sample": False, "min_new_tokens": NEW_TOKENS, **inputs}
-    if "mm_token_type_ids" in inspect.signature(vlm.forward).parameters:
-        # models that place rows by token type (as their processors mark them): 1 on image placeholders, 2 on
-        # video placeholders
-        kwargs["mm_token_type_ids"] = types.to(device)
+              "do_sample": False, "min_new_tokens": NEW_TOKENS, **inputs,
+              **{k: v.to(device) for k, v in (extra or {}).items()}}
+    parameters = inspect.signature(vlm.forward).parameters
+    for name, make in PROMPT_MASKS.items():
+        if name in parameters:
+            kwargs[name] = make(types, around).to(device)
     return kwargs
 
 
@@ -259,55 +291,6 @@ def _groups(vlm_test: Any, rows: list[int], items: int, frames: list[int] | None
     if not placeholder.per_frame:
         return [(placeholder, r, 2) for r in rows]
     return [(placeholder, r // t, 2) for r, t in zip(rows, frames) for _ in range(t)]
-
-
-def _where(exc: BaseException) -> str:
-    """`` at FILE:LINE in FUNCTION`` of the innermost frame of the model's code (a file of ``transformers.models``)
-    that ``exc`` passed through, where the spec meets the model; the frame that raised it follows when it lies
-    elsewhere (torch, a helper). Empty without a traceback."""
-    import transformers.models
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    models = os.path.dirname(os.path.abspath(transformers.models.__file__)) + os.sep
-    model = next((f for f in reversed(frames) if os.path.abspath(f.filename).startswith(models)), frames[-1])
-    text = f" at {_frame(model)}"
-    return text if model is frames[-1] else f"{text} (raised at {_frame(frames[-1])})"
-
-
-def _frame(frame: traceback.FrameSummary) -> str:
-    return f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
-
-
-_MISSING_ARGUMENT = re.compile(r"missing \d+ required (?:positional |keyword-only )?arguments?: (.+)$")
-"""Python's message for a call without a required argument (``forward() missing 1 required positional argument:
-'grid_thw'``)."""
-
-
-def _likely(exc: Exception, message: str, likely: str) -> str:
-    """The spec fields to check for ``exc``: a call that misses a required argument was given too few arguments,
-    whatever the step (``likely``) would otherwise suspect (``encoder.outputs`` after the graphs' call)."""
-    found = _MISSING_ARGUMENT.search(message) if isinstance(exc, TypeError) else None
-    if found is None:
-        return likely
-    return (f"encoder.args (the eager call) and the buffers' arg (the captured call): the call misses "
-            f"{found.group(1)}")
-
-
-@contextlib.contextmanager
-def _step(what: str, likely: str) -> Iterator[None]:
-    """Model code that fails inside the block raises VitcgError naming the step (``what``), where it failed and the
-    spec fields most likely at fault (``likely``, unless the failure says which: :func:`_likely`); vitcg's own
-    errors pass through unchanged."""
-    try:
-        yield
-    except (VitcgError, UsageError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - the model and processor code may fail in any way
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else "(no message)"
-        raise VitcgError(f"{what} failed: {type(exc).__name__}: {message}{_where(exc)}; "
-                         f"check {_likely(exc, message, likely)}") from None
 
 
 @contextlib.contextmanager
@@ -400,10 +383,10 @@ def _served_by_keys(spec: Spec, handle: Any, processed: Mapping[str, Mapping[str
 
 
 def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
-    with _step("building the tiny VLM", "tests.vlm.config (its text_config: fields the config class derives from "
+    with step("building the tiny VLM", "tests.vlm.config (its text_config: fields the config class derives from "
                "num_hidden_layers, such as layer_types and rope_parameters) and the spec's tiny vision config"):
         vlm = build_vlm(spec, device, seed)
-    with _step(f"running {type(vlm).__name__}'s image processor", "tests.vlm.processor and tests.vlm.processor_class"):
+    with step(f"running {type(vlm).__name__}'s image processor", "tests.vlm.processor and tests.vlm.processor_class"):
         processor = build_processor(spec, vlm)
         rng = np.random.default_rng(seed)
         images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in IMAGE_SIZES]
@@ -427,16 +410,18 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
             # the spec's tiny config does not describe what the processor makes (patch, frames, channels...)
             raise VitcgError(f"the VLM built from the spec's tiny config fails on its own processor's inputs "
                              f"({modality}: {', '.join(f'{k} {tuple(v.shape)}' for k, v in given.items())}): "
-                             f"{type(exc).__name__}: {exc}{_where(exc)}; check the tiny vision config against "
+                             f"{describe(exc)}{where(exc)}; check the tiny vision config against "
                              "tests.vlm.processor (patch size, merge size, frames, channels)") from None
     rows = {m: [t.numel() // t.shape[-1] for t in found] for m, found in want.items()}
     # one prompt per modality: some VLMs (GLM-4.1V) mark image and video rows with the same token, so a prompt
     # holding both cannot tell them apart
     prompts = {m: _generate_kwargs(vlm, _groups(spec.tests.vlm, rows[m], counts[m],
-                                                      frames if m == "video" else None), inputs[m], device)
+                                                      frames if m == "video" else None), inputs[m], device,
+                                   extra_inputs(vlm, processed[m], made[m]))
                for m in inputs}
-    with torch.no_grad(), _step(f"greedy generate on the tiny {type(vlm).__name__}",
-                                "tests.vlm.placeholder and tests.vlm.config.text_config"):
+    with torch.no_grad(), step(f"greedy generate on the tiny {type(vlm).__name__}",
+                               "tests.vlm.placeholder and tests.vlm.config.text_config", config=vlm.config,
+                               vocabulary=_vocabulary(spec)):
         tokens = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
     total = sum(sum(r) for r in rows.values())
     try:
@@ -444,10 +429,11 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
                                                                                                 device))
     except UsageError as exc:
         raise VitcgError(f"accelerate refused the VLM: {exc}") from None
+    out_of_reach = spec.tests.vlm.features_out_of_reach
     with handle:
         _features(vlm, inputs["image"])  # the first call runs the original and learns the output layout
-        with _step(f"{type(vlm).__name__}'s feature call on the graphs' outputs", _uncaptured(spec, own_calls)):
-            got = {m: _features(vlm, given, m) for m, given in inputs.items()}
+        with step(f"{type(vlm).__name__}'s feature call on the graphs' outputs", _uncaptured(spec, own_calls)):
+            got = {m: _features(vlm, given, m) for m, given in inputs.items()} if out_of_reach is None else {}
         with torch.no_grad():
             accelerated = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
         stats = handle.stats
@@ -459,7 +445,7 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
     if reasons or not stats.routed:
         raise VitcgError(not_routed(spec, stats, reasons))
     worst = 0.0
-    for modality in inputs:
+    for modality in got:
         mine, theirs = got[modality], want[modality]
         if [g.shape for g in mine] != [w.shape for w in theirs]:
             raise VitcgError(f"{modality} features of shapes {[tuple(g.shape) for g in mine]}, the VLM's own give "
@@ -475,7 +461,20 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
                              f"{accelerated[modality][0, -NEW_TOKENS:].tolist()} vs the VLM's "
                              f"{want_tokens[0, -NEW_TOKENS:].tolist()}")
     keys = "; input keys not fed from the processor (tests.vlm.engine_keys)" if spec.tests.vlm.engine_keys else ""
+    if out_of_reach is not None:
+        keys += f"; {FEATURES_OUT_OF_REACH} (tests.vlm.features)"
     return sum(counts.values()), worst, route + keys
+
+
+def _vocabulary(spec: Spec) -> str:
+    """The spec fields behind a prompt token past the tiny vocabulary: the placeholder fields that put the ids in
+    the prompt, the config that sets them and the vocabulary size."""
+    test = spec.tests.vlm
+    fields = [test.token, *test.before, *test.after]
+    if test.video is not None:
+        fields += [test.video.token, *test.video.before, *test.video.after]
+    return (f"tests.vlm.placeholder (it puts {', '.join(dict.fromkeys(fields))} in the prompt) against "
+            "tests.vlm.config: set text_config.vocab_size above the largest id, or those token fields below it")
 
 
 def _uncaptured(spec: Spec, own_calls: Mapping[str, list[Any]]) -> str:

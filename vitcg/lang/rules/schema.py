@@ -59,29 +59,53 @@ def explain(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
     return [loaded.diagnostic(tuple(error.absolute_path), message(error))]
 
 
+MOVED: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("encoder", "tiny_config"): ("tests", "tiny_config"),
+    ("encoder", "real_config"): ("tests", "real_config"),
+}
+"""Keys of an older spec layout -> where they live now. Such a key is not reported as unknown (with the key it
+resembles) but as moved, at its own line; the key it should be is then not also reported missing."""
+
+
+def _dotted(path: Path_) -> str:
+    return ".".join(map(str, path))
+
+
 def additional_properties(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
-    """Each key the schema does not list, with the closest allowed key (typed maps report their values instead)."""
+    """Each key the schema does not list, with the closest allowed key (typed maps report their values instead);
+    a key of the old layout says where it moved (:data:`MOVED`)."""
     path: Path_ = tuple(error.absolute_path)
     if not isinstance(error.instance, dict):
         return [loaded.diagnostic(path, message(error))]
     allowed = list(error.schema.get("properties", {}))
     if not allowed and isinstance(error.schema.get("additionalProperties"), dict):
         return []
-    return [
-        loaded.diagnostic(path + (k,), f"unknown key {shown(k)}", key=True,
-                          hint=suggest(k, allowed) or (f"allowed keys: {', '.join(allowed)}" if allowed else None))
-        for k in error.instance if k not in allowed
-    ]
+    out = []
+    for k in error.instance:
+        if k in allowed:
+            continue
+        moved = MOVED.get(path + (k,))
+        if moved is not None:
+            out.append(loaded.diagnostic(
+                path + (k,), f"{_dotted(path + (k,))} moved to {_dotted(moved)}", key=True,
+                hint=f"move it to {_dotted(moved)} (the {moved[-1]} key of the spec's {moved[0]}: mapping, or of "
+                     "NAME.tests.yaml's top level beside the spec)"))
+            continue
+        out.append(loaded.diagnostic(path + (k,), f"unknown key {shown(k)}", key=True,
+                                     hint=suggest(k, allowed) or (f"allowed keys: {', '.join(allowed)}" if allowed
+                                                                  else None)))
+    return out
 
 
 def required(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
     """Each required key the mapping lacks (jsonschema reports them one error each; duplicates are dropped): at the
-    ``remove`` entry of an inheriting spec that took it away, else at the mapping."""
+    ``remove`` entry of an inheriting spec that took it away, else at the mapping; but not one still written where
+    the old layout had it (:data:`MOVED`: reported there)."""
     path: Path_ = tuple(error.absolute_path)
     present = error.instance if isinstance(error.instance, dict) else {}
     problems = []
     for k in error.validator_value:
-        if k in present:
+        if k in present or _written_at_old_place(loaded, path + (k,)):
             continue
         removal = loaded.removed.get(("key", ".".join(map(str, (*path, k)))))
         if removal is None:
@@ -92,6 +116,17 @@ def required(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
                                    "here)", "a spec needs it: keep it, or write it afresh beside the remove: list",
                                    "schema", None if file == loaded.file else loaded.file))
     return problems
+
+
+def _written_at_old_place(loaded: LoadedYaml, path: Path_) -> bool:
+    for old, new in MOVED.items():
+        if new == path:
+            value = loaded.data
+            for key in old:
+                value = value.get(key) if isinstance(value, dict) else None
+            if value is not None:
+                return True
+    return False
 
 
 def enum(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
