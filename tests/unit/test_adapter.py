@@ -183,7 +183,7 @@ def test_output_field_missing_is_clear(qwen2):
         last_hidden_state = torch.zeros(1, 2)
 
     with pytest.raises(SpecRuntimeError, match="has no 'pooler_output'"):
-        qwen2._combine(NoPooler())
+        qwen2.combine_output(NoPooler())
 
 
 @pytest.fixture(scope="module")
@@ -235,17 +235,17 @@ def test_per_item_outputs_join_on_the_rows(paddle):
     adapter.__dict__.update(paddle.__dict__)
     adapter.spec = replace(paddle.spec, encoder=replace(paddle.spec.encoder, outputs=("pooler_output[*]",)))
     parts = (torch.ones(4, 64), torch.zeros(2, 64))
-    assert torch.equal(adapter._combine(_Features(pooler_output=parts)), torch.cat(parts))
+    assert torch.equal(adapter.combine_output(_Features(pooler_output=parts)), torch.cat(parts))
     with pytest.raises(SpecRuntimeError, match=r"expected a tuple or list of per-item tensors, got Tensor"):
-        adapter._combine(_Features(pooler_output=torch.ones(4, 64)))
+        adapter.combine_output(_Features(pooler_output=torch.ones(4, 64)))
     with pytest.raises(SpecRuntimeError, match="do not share a last dimension"):
-        adapter._combine(_Features(pooler_output=(torch.ones(4, 64), torch.ones(2, 32))))
+        adapter.combine_output(_Features(pooler_output=(torch.ones(4, 64), torch.ones(2, 32))))
 
 
 def test_navit_pixels_lie_side_by_side_in_the_call():
     """MiniCPM-V's tower takes (1, C, p, rows * p): each row is a (C, p, p) block of p columns."""
     from vitcg.lang.model import PixelLayout
-    from vitcg.runtime.adapter import pixels_to_call, pixels_to_rows
+    from vitcg.runtime.hf import pixels_to_call, pixels_to_rows
 
     layout = PixelLayout(ones=1, lead=(3, 14), width=14, trail=())
     rows = torch.randn(5, 3, 14, 14)

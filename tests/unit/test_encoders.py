@@ -39,7 +39,7 @@ def adapter_with_outputs(*outputs: str) -> SpecAdapter:
 def test_output_selection_and_clear_errors():
     hidden = {"hidden_states": (None, torch.ones(2, 3), torch.zeros(2, 3))}
     with pytest.raises(SpecRuntimeError, match="not tensors; pick one element"):
-        adapter_with_outputs("hidden_states")._combine(hidden)
-    assert torch.equal(adapter_with_outputs("hidden_states[-2]")._combine(hidden), torch.ones(2, 3))
+        adapter_with_outputs("hidden_states").combine_output(hidden)
+    assert torch.equal(adapter_with_outputs("hidden_states[-2]").combine_output(hidden), torch.ones(2, 3))
     with pytest.raises(SpecRuntimeError, match="has no 'hidden_states\\[7\\]'"):
-        adapter_with_outputs("hidden_states[7]")._combine({"hidden_states": ()})
+        adapter_with_outputs("hidden_states[7]").combine_output({"hidden_states": ()})

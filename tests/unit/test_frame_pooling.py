@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from vitcg.errors import InputError
 from vitcg.lang import SpecSource
 from vitcg.lang.model import Buffer
-from vitcg.runtime.accelerate import _Layout
 from vitcg.runtime.adapter import adapter_for
+from vitcg.runtime.hf import Layout
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.runtime.padding import fill
 from vitcg.runtime.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
@@ -164,7 +164,7 @@ def test_without_separate_a_pack_may_mix_modalities(kimi_adapter):
 def test_output_rows_in_blocks_are_rebuilt_in_blocks():
     """Kimi-K2.5's pooler output is (tokens, 4, hidden): four rows per token, the tokens on dim 0."""
     spec = SPECS["kimi_k25"]
-    layout = _Layout.learn(spec, {"pooler_output": torch.zeros(6, 4, 8)}, 24)
+    layout = Layout.learn(spec, {"pooler_output": torch.zeros(6, 4, 8)}, 24)
     rebuilt = layout.build(torch.arange(40 * 8.0).view(40, 8))
     assert rebuilt["pooler_output"].shape == (10, 4, 8)
     assert torch.equal(rebuilt["pooler_output"].reshape(40, 8), torch.arange(40 * 8.0).view(40, 8))

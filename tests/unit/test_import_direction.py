@@ -7,7 +7,10 @@ modules stand alone.
 - ``vitcg.cli`` only wires: importing it loads no room at all (commands import what they run);
 - vitcg's custom ops (``vitcg.runtime.ops``) load without Triton, and the kernel's configuration choice is pure;
 - ``vitcg.vllm_plugin`` (vLLM's plugin) sits on the runtime, never the tools, and its entry point module, which
-  vLLM imports in every process, loads neither torch nor vLLM.
+  vLLM imports in every process, loads neither torch nor vLLM;
+- the glue to Hugging Face models (``vitcg.runtime.hf``) is what ``accelerate``, the plugin and the tools share: it
+  stands below all three;
+- no module uses another module's private (``_name``) names: what two modules share has a public name.
 """
 
 from __future__ import annotations
@@ -48,19 +51,26 @@ def test_ls_shows_the_rooms_and_the_packaged_data():
     assert top == ["cli.py", "errors.py", "lang", "runtime", "specs", "templates", "tools", "vllm_plugin"]
 
 
+def module_name(path: pathlib.Path) -> str:
+    """The dotted name a file of the package is imported by (``vitcg/lang/__init__.py``: ``vitcg.lang.__init__``)."""
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+
+
+def imported_from(node: ast.ImportFrom, module: str) -> str:
+    """The absolute module an ``import from`` statement of ``module`` reads (relative levels resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = module.rsplit(".", 1)[0].split(".")
+    return ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+
+
 def static_imports(path: pathlib.Path) -> set[str]:
     """Every vitcg module a file names in an import statement, function-local imports included."""
-    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    package = module.rsplit(".", 1)[0]
+    module = module_name(path)
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            base = package.split(".")
-            if node.level:
-                base = base[:len(base) - node.level + 1]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
+            name = imported_from(node, module)
             found.add(name)
             found.update(f"{name}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
@@ -78,6 +88,95 @@ def test_rooms_import_one_way(room, forbidden):
     for path in sorted((PACKAGE / room).glob("*.py")):
         bad = sorted(n for n in static_imports(path) if n.startswith(forbidden))
         assert not bad, f"{path.relative_to(PACKAGE.parent)} imports {bad}"
+
+
+def is_module(name: str) -> bool:
+    """Whether a dotted vitcg name is a module or package of the checkout."""
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def dotted(node: ast.expr) -> list[str] | None:
+    """``a.b.c`` as ``["a", "b", "c"]``; None for anything but names and attributes."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
+
+
+def private_uses(source: str, module: str) -> list[str]:
+    """Where the code of ``module`` reaches a private name of another vitcg module, as ``line: what``: ``from M
+    import _x``, a private module on an import's path, or ``m._x`` / ``vitcg.m._x`` on a vitcg module it imported
+    (``from . import m`` style imports of public names are the allowed way to share)."""
+    tree = ast.parse(source)
+    found, modules = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and imported_from(node, module).split(".")[0] == "vitcg":
+            base = imported_from(node, module)
+            for alias in node.names:
+                name = f"{base}.{alias.name}"
+                if any(private(part) for part in name.split(".")):
+                    found.append((node.lineno, f"from {base} import {alias.name}"))
+                elif is_module(name):
+                    modules[alias.asname or alias.name] = name
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "vitcg":
+                    continue
+                if any(private(part) for part in alias.name.split(".")):
+                    found.append((node.lineno, f"import {alias.name}"))
+                else:
+                    modules[alias.asname or "vitcg"] = alias.name if alias.asname else "vitcg"
+    for node in ast.walk(tree):
+        parts = dotted(node) if isinstance(node, ast.Attribute) else None
+        if not parts or parts[0] not in modules or not private(parts[-1]):
+            continue
+        owner = ".".join([modules[parts[0]], *parts[1:-1]])
+        if is_module(owner):
+            found.append((node.lineno, ".".join(parts)))
+    return [f"{line}: {what}" for line, what in sorted(set(found))]
+
+
+@pytest.mark.parametrize("source, module, expected", [
+    ("from .adapter import _Adapter", "vitcg.runtime.hf", ["1: from vitcg.runtime.adapter import _Adapter"]),
+    ("from vitcg.lang import _bindings", "vitcg.lang.source", ["1: from vitcg.lang import _bindings"]),
+    ("def f():\n    from . import _bindings, load_layer", "vitcg.lang.source",
+     ["2: from vitcg.lang import _bindings"]),
+    ("from ..runtime.accelerate import Layout, _Layout", "vitcg.vllm_plugin.bridge",
+     ["1: from vitcg.runtime.accelerate import _Layout"]),
+    ("from .lang import _private_module", "vitcg.cli", ["1: from vitcg.lang import _private_module"]),
+    ("from . import providers\nproviders._cache.clear()", "vitcg.runtime.adapter", ["2: providers._cache"]),
+    ("import vitcg.runtime.adapter as a\na._check_path('')", "vitcg.tools.vlm", ["2: a._check_path"]),
+    ("import vitcg.runtime.adapter\nvitcg.runtime.adapter._check_path('')", "vitcg.tools.vlm",
+     ["2: vitcg.runtime.adapter._check_path"]),
+    ("from . import providers\nproviders.compute(self._cache, x._y)", "vitcg.runtime.adapter", []),
+    ("from .hf import Layout, combine_output\nfrom .. import __version__", "vitcg.runtime.accelerate", []),
+    ("from __future__ import annotations\nfrom torch import _C", "vitcg.runtime.ops", []),
+    ("from .rules import buffers as buf\nbuf.PUBLIC", "vitcg.lang.checks", []),
+])
+def test_the_private_name_rule_sees_each_form(source, module, expected):
+    assert private_uses(source, module) == expected
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_uses_another_modules_private_names(path):
+    """What two modules share has a public name (``bridge.py`` once imported ``accelerate._Layout``)."""
+    found = private_uses(path.read_text(), module_name(path))
+    assert not found, f"{path.relative_to(PACKAGE.parent)} uses private names of other modules: {found}"
+
+
+def test_the_hugging_face_glue_stands_below_its_users():
+    """``accelerate``, the plugin and the tools share :mod:`vitcg.runtime.hf`; it needs none of them (nor the
+    adapter, which reads outputs and pixels through it)."""
+    users = ("vitcg.runtime.accelerate", "vitcg.runtime.adapter", "vitcg.runtime.manager", "vitcg.vllm_plugin",
+             "vitcg.tools", "vitcg.cli")
+    bad = sorted(n for n in static_imports(PACKAGE / "runtime" / "hf.py") if n.startswith(users))
+    assert not bad, f"vitcg/runtime/hf.py imports {bad}"
 
 
 def test_the_spec_language_loads_without_torch():

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import Diagnostic, SpecError, UsageError
-from .bindings import Bindings
+from .bindings import Bindings, bindings_for
 from .checks import check, schema
 from .folders import packaged_specs_dir, spec_folders
 from .loader import LoadedYaml
@@ -103,12 +103,6 @@ def spec_from_text(text: str, file: str = "<text>", bindings: Bindings | None = 
     return spec
 
 
-def _bindings(bindings: Bindings | None | bool, use_cache: bool) -> Bindings | None:
-    if bindings is True:
-        return Bindings(use_cache=use_cache)
-    return None if bindings is False else bindings
-
-
 def load_layer(paths: Sequence[str | Path], *, bindings: Bindings | None | bool = True,
                use_cache: bool = True) -> LoadResult:
     """Load and check every spec under ``paths`` as one layer of a :class:`SpecSource`: two specs of one name are an error naming both
@@ -116,7 +110,7 @@ def load_layer(paths: Sequence[str | Path], *, bindings: Bindings | None | bool 
 
     ``bindings=True`` checks import paths and configs (cached); ``False`` skips those checks.
     """
-    bindings = _bindings(bindings, use_cache)
+    bindings = bindings_for(bindings, use_cache)
     result = LoadResult()
     owners: dict[str, tuple[str, int]] = {}
     resolving = resolver()

@@ -530,3 +530,11 @@ class Bindings:
             warnings.warn(f"vitcg: not writing the bindings cache: {exc}", stacklevel=2)
         except OSError:
             pass
+
+
+def bindings_for(choice: Bindings | None | bool, use_cache: bool) -> Bindings | None:
+    """The bindings a loader checks specs with: a new :class:`Bindings` (cached unless ``use_cache`` is False) for
+    True, none for False, else ``choice`` itself."""
+    if choice is True:
+        return Bindings(use_cache=use_cache)
+    return None if choice is False else choice

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import Diagnostic, SpecError, UsageError, suggest
+from .bindings import bindings_for
 from .folders import folder_label, spec_folders
 from .model import Spec
 
@@ -85,9 +86,9 @@ class SpecSource:
         return cls(paths, bindings=bindings, use_cache=use_cache, one_layer=True)
 
     def _load(self, layers: list[list[Path]]) -> None:
-        from . import _bindings, load_layer
+        from . import load_layer
 
-        bindings = _bindings(self._bindings, self._use_cache)
+        bindings = bindings_for(self._bindings, self._use_cache)
         for paths in layers:
             result = load_layer(paths, bindings=bindings)
             self.files += result.files

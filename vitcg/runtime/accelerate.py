@@ -37,19 +37,16 @@ from torch import nn
 
 from ..errors import InputError, SpecRuntimeError, UsageError
 from ..lang import SpecSource, spec_folders
-from ..lang.bindings import import_object
-from ..lang.model import Modality, Spec
-from .adapter import adapter_for, output_entry, per_item, pixels_to_rows
+from ..lang.model import Spec
+from .adapter import adapter_for
 from .attention import encoder_lock
 from .compile_cache import CompileCacheUse, capture_compiled
+from .hf import Layout, call_inputs, encoder_of
 from .manager import EncoderCudaGraphManager, ManagerOptions, ManagerStats
 
 _MODALITY: contextvars.ContextVar[str | None] = contextvars.ContextVar("vitcg_modality", default=None)
 FEATURE_METHODS = {"get_image_features": "image", "get_video_features": "video"}
 """VLM methods whose calls say which modality the encoder is asked for."""
-IGNORED_ARGS = {"return_dict", "use_cache"}
-"""Arguments of the captured call that change nothing a graph computes (a structured output is returned; a
-vision encoder keeps no cache, though older transformers pass ``generate``'s ``use_cache`` down to it)."""
 
 
 SpecFolders = str | Path | Sequence[str | Path]
@@ -120,131 +117,6 @@ def _unpatched(owner: Any, name: str) -> Any:
     return slot.unpatched(owner, name) if slot is not None else getattr(owner, name, None)
 
 
-class _Layout:
-    """How one output of the captured call is rebuilt from the manager's combined rows: the output type and,
-    per ``encoder.outputs`` entry, the shapes of its tensors. Learned from the first original call."""
-
-    def __init__(self, kind: type, entries: list[tuple[str, int | None, int, bool, list[tuple[int, ...]], list[int]]],
-                 items: Mapping[str, type] | None = None):
-        self.kind = kind
-        self.entries = entries
-        """(field, index inside the field or None, the field's length when indexed, is a list, shapes, dim that
-        scales with the rows per tensor). A ``field[*]`` entry has one shape, of its first item's tensor."""
-        self.items = dict(items or {})
-        """``field[*]`` entries: field -> the container of its per-item tensors (tuple or list)."""
-
-    @classmethod
-    def learn(cls, spec: Spec, output: Any, rows: int) -> _Layout | None:
-        """The layout of ``output`` (a call that produced ``rows`` rows); None while it is ambiguous (one row
-        of a packed encoder could scale along any dimension of size 1). Raises SpecRuntimeError when the
-        output lacks a field of the spec's ``encoder.outputs``."""
-        entries, items = [], {}
-        for entry in spec.encoder.outputs:
-            name, index, value, length = output_entry(output, entry)
-            if value is None:
-                raise SpecRuntimeError(f"{spec.name}: the encoder call returned {type(output).__name__} without "
-                                       f"{entry!r} (the spec's encoder.outputs)")
-            if per_item(entry):
-                if not isinstance(value, (list, tuple)) or not value or not all(
-                        isinstance(t, torch.Tensor) and t.dim() >= 2 for t in value):
-                    raise SpecRuntimeError(f"{spec.name}: {entry!r} of the encoder call is not a tuple or list of "
-                                           "per-item tensors of rows (the spec's encoder.outputs)")
-                items[name] = type(value)
-                # each item's rows lie on its second-to-last dimension
-                entries.append((name, None, 0, False, [tuple(value[0].shape)], [value[0].dim() - 2]))
-                continue
-            tensors = list(value) if isinstance(value, (list, tuple)) else [value]
-            if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in tensors):
-                return None
-            dims = []
-            for t in tensors:
-                shape = tuple(t.shape)
-                if not spec.attention_style.segmented:
-                    dims.append(0)  # tiles: the tile batch is dim 0
-                    continue
-                if t.numel() // shape[-1] != rows:
-                    return None
-                matching = [d for d in range(len(shape) - 1) if shape[d] == rows]
-                if not matching and shape[0] > 1:
-                    # no dimension holds the rows: they come in blocks, one block per leading index
-                    # (Kimi-K2.5's pooler: (tokens, merge**2, hidden), a row per block element)
-                    matching = [0]
-                if len(matching) != 1:
-                    return None
-                dims.append(matching[0])
-            entries.append((name, index, length, isinstance(value, (list, tuple)), [tuple(t.shape) for t in tensors],
-                            dims))
-        return cls(type(output), entries, items)
-
-    def build(self, combined: torch.Tensor, parts: list[torch.Tensor] | None = None) -> Any:
-        """The output object for ``combined`` rows (the spec's output fields concatenated on the last dim), whose
-        item ``i`` owns ``parts[i]`` (needed for ``field[*]`` entries: one tensor per item). An indexed field
-        (``hidden_states[-2]``) comes back as a tuple of its learned length holding the graph's rows at that
-        index and None elsewhere: the graphs compute nothing else. Raises InputError when the rows do not fit
-        the learned shapes."""
-        fields: dict[str, Any] = {}
-        offset, rows = 0, combined.shape[0]
-        for name, index, length, is_list, shapes, dims in self.entries:
-            if name in self.items:
-                shape, width = shapes[0], shapes[0][-1]
-                fields[name] = self.items[name](
-                    part[:, offset:offset + width].reshape(*shape[:-2], part.shape[0], width)
-                    for part in (parts if parts is not None else [combined]))
-                offset += width
-                continue
-            parts = []
-            for shape, dim in zip(shapes, dims):
-                width = shape[-1]
-                flat = combined[:, offset:offset + width]
-                offset += width
-                others = 1
-                for d, size in enumerate(shape[:-1]):
-                    others *= size if d != dim else 1
-                if rows % others:
-                    raise InputError(f"{rows} rows do not fit an output of shape {shape}")
-                new = list(shape)
-                new[dim] = rows // others
-                parts.append(flat.reshape(new))
-            value = parts if is_list else parts[0]
-            if index is None:
-                fields[name] = value
-            else:
-                slots = list(fields.get(name) or [None] * length)
-                slots[index] = value
-                fields[name] = tuple(slots)
-        if issubclass(self.kind, Mapping) and not hasattr(self.kind, "__dataclass_fields__"):
-            return self.kind(fields)
-        return self.kind(**fields)
-
-
-def _resolve(root: nn.Module, path: str) -> tuple[list[Any], Any]:
-    """The objects along ``path`` from ``root`` (root first) and the object at its end; a leading part the
-    root does not have is dropped, so the inner model of a VLM works as well as the VLM."""
-    parts = path.split(".")
-    for start in range(len(parts)):
-        chain, node = [root], root
-        for part in parts[start:]:
-            node = getattr(node, part, None)
-            if node is None:
-                break
-            chain.append(node)
-        else:
-            return chain[:-1], node
-    raise UsageError(f"{type(root).__name__} has no {path!r} (the spec's encoder.vlm_attribute)")
-
-
-def encoder_of(model: nn.Module, spec: Spec) -> tuple[list[Any], nn.Module]:
-    """The modules on the path to ``spec``'s encoder in ``model`` and the encoder itself. Raises UsageError when
-    the path is missing or leads to another class."""
-    expected = import_object(spec.encoder.class_path)
-    # a spec may capture a method of the VLM itself (its get_image_features): then the model is the encoder
-    owners, encoder = ([], model) if isinstance(model, expected) else _resolve(model, spec.encoder.vlm_attribute)
-    if not isinstance(encoder, expected):
-        raise UsageError(f"{spec.name}: {spec.encoder.vlm_attribute} of {type(model).__name__} is a "
-                         f"{type(encoder).__name__}, not the spec's {expected.__name__}")
-    return owners, encoder
-
-
 def _spec_for(model: nn.Module, spec: Spec | str | None, specs: SpecSource | SpecFolders | None) -> Spec:
     if isinstance(spec, Spec):
         return spec
@@ -260,77 +132,6 @@ def _spec_for(model: nn.Module, spec: Spec | str | None, specs: SpecSource | Spe
         raise UsageError(f"no spec for {type(model).__name__} (model_type {model_type!r}); supported model types: "
                          f"{', '.join(known)}{broken}")
     return found
-
-
-def call_inputs(spec: Spec, adapter: Any, signature: inspect.Signature, modality_name: str, args: tuple,
-                kwargs: dict) -> tuple[dict[str, Any] | None, str | None]:
-    """The adapter's multimodal kwargs for one call of the spec's encoder call (``args`` and ``kwargs`` bound to
-    ``signature``), for the modality ``modality_name``; or None and why the graphs cannot serve that call (an
-    argument the spec does not capture, a ``call_kwargs`` value it differs from, a pixel layout it does not
-    describe, an empty batch, a missing input)."""
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        return None, f"arguments do not bind: {exc}"
-    given = dict(bound.arguments)
-    for name, parameter in signature.parameters.items():
-        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            given.update(given.pop(name, {}))
-    modality = spec.modality(modality_name)
-    if modality is None:
-        return None, f"the spec has no {modality_name} modality"
-    roles = spec.encoder.args
-    mm = {modality.inputs[role]: given[arg] for arg, role in roles.items() if given.get(arg) is not None}
-    why = _uncaptured_argument(spec, adapter, given) or _rows_first(spec, adapter, mm, modality.pixels_key)
-    return (None, why) if why else _missing_inputs(spec, mm, modality)
-
-
-def _uncaptured_argument(spec: Spec, adapter: Any, given: Mapping[str, Any]) -> str | None:
-    """Why an argument of the call keeps it from the graphs (one the spec does not capture, or a ``call_kwargs``
-    value the spec differs from), or None."""
-    roles, call_kwargs = spec.encoder.args, spec.encoder.call_kwargs
-    for arg, value in given.items():
-        if arg in roles or arg in IGNORED_ARGS and value is not False:
-            continue
-        if arg in call_kwargs:
-            # None asks the model for its config's value (older transformers pass their defaults as None)
-            default = getattr(getattr(adapter.module, "config", None), arg, None) if value is None else value
-            if default != call_kwargs[arg]:
-                return f"{arg}={value!r} differs from the spec's call_kwargs ({call_kwargs[arg]!r})"
-        elif value is not None and value is not False:
-            return f"argument {arg}={_short(value)} is not captured by the spec"
-    return None
-
-
-def _rows_first(spec: Spec, adapter: Any, mm: dict[str, Any], pixels_key: str) -> str | None:
-    """Puts the call's pixels in ``mm`` rows first (the graphs' layout), or says why they cannot be served: no pixel
-    tensor, a layout the spec does not describe, an empty batch."""
-    pixels = mm.get(pixels_key)
-    if not isinstance(pixels, torch.Tensor):
-        return "no pixel tensor"
-    if spec.pixels_rows_dim:  # the call's own pixel layout: the graphs take rows first
-        layout = adapter.pixel_layout
-        rows = pixels_to_rows(layout, pixels)
-        if rows is None:
-            return (f"pixels of shape {tuple(pixels.shape)}: the spec's pixel buffer expects rows on dim "
-                    f"{spec.pixels_rows_dim} (rows_dim), {layout.width} entries each, after "
-                    f"{layout.ones} dimensions of size 1 and {tuple(layout.lead) or 'none'} before them")
-        pixels = mm[pixels_key] = rows
-    return "empty batch" if pixels.shape[0] == 0 else None
-
-
-def _missing_inputs(spec: Spec, mm: dict[str, Any], modality: Modality) -> tuple[dict[str, Any] | None, str | None]:
-    """``mm`` with the inputs the call may leave out filled in (a tile count of one per tile, where the style
-    allows it), or None and the first input the call does not pass."""
-    style = spec.attention_style
-    for role, key in modality.inputs.items():
-        if key in mm:
-            continue
-        if role == style.count_role and not style.count_required:
-            mm[key] = torch.ones(mm[modality.pixels_key].shape[0], dtype=torch.int64)  # the call batches tiles
-        else:
-            return None, f"the call does not pass the {role} input"
-    return mm, None
 
 
 def compiles_by_default(encoder: nn.Module) -> bool:
@@ -363,7 +164,7 @@ class Accelerated:
         """The ``(object, attribute)`` pairs where this handle has a layer (:class:`_Slot`)."""
         self._lock = threading.RLock()
         """Held by every routed call and by restore and pause: one call at a time uses the manager."""
-        self._layout: _Layout | None = None
+        self._layout: Layout | None = None
         self._broken: str | None = None
         """Why routing stopped for good (the spec does not describe the model's output), or None."""
         self._original = getattr(encoder, spec.encoder.method)
@@ -527,7 +328,7 @@ class Accelerated:
         output = self._fallback(routed.reason if isinstance(routed, _Learn) else routed, args, kwargs)
         if isinstance(routed, _Learn):
             try:
-                self._layout = _Layout.learn(self.spec, output, routed.rows)
+                self._layout = Layout.learn(self.spec, output, routed.rows)
             except SpecRuntimeError as exc:
                 # the spec does not describe this model's output: every later call runs the original, saying why
                 self._broken = f"the spec does not fit this model: {exc}"
@@ -571,13 +372,6 @@ class _Learn:
 
     rows: int
     reason: str = "first call: learning the output layout"
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"<tensor {tuple(value.shape)}>"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _with_modality(method: Callable, modality: str, known: tuple[str, ...]) -> Callable:

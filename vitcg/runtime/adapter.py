@@ -36,6 +36,7 @@ from .attention import ATTENTION_NAME, configs_of, encoder_lock, register, use_a
 from .engine import read_limits
 from .epilogue import epilogue
 from .extension import MIXED, Replay
+from .hf import combine_output, pixels_to_call
 from .inputs import BACKEND_ROW_KEYS, Input, InputReader, item_indices
 from .padding import BufferPadding, Capacities, fill
 from .protocol import (
@@ -54,64 +55,10 @@ from .syncs import tensor_text_without_data
 ITEM_CACHE_SIZE = 4096
 
 
-PER_ITEM = "[*]"
-"""The suffix of an ``encoder.outputs`` entry whose field is a tuple of per-item tensors (``pooler_output[*]``,
-as ``get_image_features`` splits its rows per image): joined on the rows, in item order."""
-
-
-def per_item(entry: str) -> bool:
-    """Whether the ``encoder.outputs`` entry holds one tensor per item (``field[*]``)."""
-    return entry.endswith(PER_ITEM)
-
-
-def output_entry(output: Any, entry: str) -> tuple[str, int | None, Any, int]:
-    """One ``encoder.outputs`` entry (``field``, ``field[i]`` or ``field[*]``) read from an encoder call's output:
-    ``(field, index or None, value or None when absent, length of the indexed field or 0)``; ``field[*]`` reads
-    the whole field."""
-    name, _, index_text = entry.partition("[")
-    # ModelOutput is a Mapping whose [] raises KeyError for a field left None: .get covers both
-    value = output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
-    if not index_text or per_item(entry):
-        return name, None, value, 0
-    index = int(index_text.rstrip("]"))
-    if isinstance(value, (list, tuple)) and -len(value) <= index < len(value):
-        return name, index, value[index], len(value)
-    return name, index, None, 0
-
-
 def adapter_for(spec: Spec, module: nn.Module, **options: Any) -> SpecAdapter | ScopedSpecAdapter:
     """The adapter of ``spec`` over ``module``: :class:`ScopedSpecAdapter` for a graph-scoped spec, else
     :class:`SpecAdapter`. ``options`` as for :class:`SpecAdapter`."""
     return (ScopedSpecAdapter if spec.graph_scope else SpecAdapter)(spec, module, **options)
-
-
-def pixels_to_call(layout: PixelLayout | None, rows: torch.Tensor) -> torch.Tensor:
-    """Rows-first pixels ``(rows, *row)`` (as the graphs and the inputs hold them) in the call's layout
-    (:class:`~vitcg.lang.model.PixelLayout`): behind leading dimensions of 1, or laid side by side on the rows
-    dimension (a copy)."""
-    if layout is None or not layout.ones and layout.plain:
-        return rows
-    count = rows.shape[0]
-    if not layout.plain:
-        rows = rows.reshape(count, *layout.lead, layout.width, *layout.trail).movedim(0, len(layout.lead))
-    return rows.reshape(layout.call_shape(count))
-
-
-def pixels_to_rows(layout: PixelLayout | None, given: torch.Tensor) -> torch.Tensor | None:
-    """The inverse of :func:`pixels_to_call`: a call's pixel argument as rows-first pixels, or None when its shape
-    does not fit ``layout``."""
-    if layout is None or not layout.ones and layout.plain:
-        return given
-    k = layout.ones + len(layout.lead)
-    shape = tuple(given.shape)
-    if (len(shape) != k + 1 + len(layout.trail) or any(d != 1 for d in shape[:layout.ones])
-            or shape[layout.ones:k] != layout.lead or shape[k + 1:] != layout.trail or shape[k] % layout.width):
-        return None
-    count = shape[k] // layout.width
-    if layout.plain:
-        return given.reshape(count, *layout.row)
-    return given.reshape(*layout.lead, count, layout.width, *layout.trail).movedim(len(layout.lead), 0).reshape(
-        count, *layout.row)
 
 
 class WholeCall:
@@ -192,7 +139,7 @@ class _Adapter:
         self.pixel_layout = spec.pixel_layout(self.geometry)
         """Where the call's pixel argument holds its rows (the graphs and the inputs hold them rows-first)."""
         self._boundary: Boundary = Scope(spec, module) if spec.graph_scope else \
-            WholeCall(spec, module, self._combine, self.pixel_layout)
+            WholeCall(spec, module, self.combine_output, self.pixel_layout)
         """What the graphs capture: the whole encoder call or the scoped submodule call."""
         ahead = AheadOfTime() if compile_forward else None
         self._blocks = compile_blocks(repeated_blocks(self._boundary.target), ahead=ahead) if compile_forward else {}
@@ -440,44 +387,13 @@ class _Adapter:
         return pack, items
 
 
-    def _combine(self, output: Any) -> torch.Tensor:
-        parts = []
-        for entry in self.spec.encoder.outputs:
-            value = output_entry(output, entry)[2]
-            if value is None:
-                fields = [k for k, v in output.items() if v is not None] if isinstance(output, Mapping) else []
-                raise SpecRuntimeError(f"{self.spec.name}: the encoder output has no {entry!r} (encoder.outputs); "
-                                       f"it returned {type(output).__name__}"
-                                       + (f" with {', '.join(fields)}" if fields else ""))
-            if per_item(entry):
-                parts.append(self._join_items(entry, value))
-                continue
-            tensors = list(value) if isinstance(value, (list, tuple)) else [value]
-            if not all(isinstance(t, torch.Tensor) for t in tensors):
-                raise SpecRuntimeError(f"{self.spec.name}: output {entry!r} holds "
-                                       f"{[type(t).__name__ for t in tensors]}, not tensors; pick one element with "
-                                       "field[i]")
-            parts.extend(t.reshape(-1, t.shape[-1]) for t in tensors)
-        rows = {p.shape[0] for p in parts}
-        if len(rows) != 1:
-            raise SpecRuntimeError(f"{self.spec.name}: output fields {list(self.spec.encoder.outputs)} have "
-                                   f"different row counts {sorted(rows)}; they cannot be concatenated")
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    def combine_output(self, output: Any) -> torch.Tensor:
+        """One call's output as the graphs give it: the spec's ``encoder.outputs`` fields as one tensor of rows
+        (:func:`~vitcg.runtime.hf.combine_output`). Raises SpecRuntimeError when the output does not hold them."""
+        return combine_output(self.spec, output, self._no_rows)
 
-    def _join_items(self, entry: str, value: Any) -> torch.Tensor:
-        """A ``field[*]`` output (one tensor per item) as one tensor of rows, in item order."""
-        if not isinstance(value, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in value):
-            held = type(value).__name__ if not isinstance(value, (list, tuple)) else \
-                f"{type(value).__name__} of {sorted({type(t).__name__ for t in value})}"
-            raise SpecRuntimeError(f"{self.spec.name}: output {entry!r}: expected a tuple or list of per-item "
-                                   f"tensors, got {held}; name the field without [*]")
-        if not value:
-            return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
-        widths = {t.shape[-1] if t.dim() else None for t in value}
-        if len(widths) != 1 or None in widths:
-            raise SpecRuntimeError(f"{self.spec.name}: output {entry!r}: per-item tensors of shapes "
-                                   f"{[tuple(t.shape) for t in value]} do not share a last dimension")
-        return torch.cat([t.reshape(-1, t.shape[-1]) for t in value])
+    def _no_rows(self) -> torch.Tensor:
+        return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
 
     def encoder_cudagraph_forward(self, inputs: Mapping[str, torch.Tensor | int], path: str = DEFAULT_PATH) -> Any:
         """The fixed-shape forward: the combined output tensor, or with ``graph_scope`` the scoped
@@ -517,7 +433,7 @@ class _Adapter:
         outputs = []
         for kwargs in self.eager_calls(mm_kwargs):
             with encoder_lock(self.module), torch.no_grad():  # never inside another thread's graph-path window
-                outputs.append(self._combine(self._call(**kwargs)))
+                outputs.append(self.combine_output(self._call(**kwargs)))
         if not outputs:
             return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

@@ -20,7 +20,8 @@ import torch
 from ..errors import VitcgError
 from ..lang import InvalidSpec
 from ..lang.model import Spec
-from ..runtime.adapter import adapter_for, output_entry
+from ..runtime.adapter import adapter_for
+from ..runtime.hf import output_entry
 from ..runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from .bounds import Watch, capture_overruns
 from .encoders import build_encoder

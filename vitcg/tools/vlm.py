@@ -28,8 +28,9 @@ from ..errors import UsageError, VitcgError, suggest
 from ..lang.bindings import MISSING, import_object, release, transformers_version
 from ..lang.harness import Placeholder
 from ..lang.model import Spec, thaw
-from ..runtime.accelerate import accelerate, encoder_of
+from ..runtime.accelerate import accelerate
 from ..runtime.adapter import adapter_for
+from ..runtime.hf import encoder_of
 from .failures import describe, step, where
 from .workloads import relative_error
 
@@ -439,7 +440,7 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
         stats = handle.stats
         route = f"{stats.manager.replays} replays, {stats.manager.misses} eager"  # generate's, before the feed below
         if not spec.tests.vlm.engine_keys:
-            own = {m: torch.cat([handle.adapter._combine(out) for out in calls]) for m, calls in own_calls.items()}
+            own = {m: torch.cat([handle.adapter.combine_output(out) for out in calls]) for m, calls in own_calls.items()}
             _served_by_keys(spec, handle, processed, own, device)
     reasons = {r: n for r, n in stats.reasons.items() if not r.startswith("first call")}
     if reasons or not stats.routed:

@@ -14,7 +14,7 @@ named by ``encoder.class`` / ``encoder.method`` at ``encoder.vlm_attribute``), s
   backend would return for it.
 
 The first pack also runs the tower once eagerly, to learn how its output is structured (see
-:class:`~vitcg.runtime.accelerate._Layout`).
+:class:`~vitcg.runtime.hf.Layout`).
 
 A model whose spec cannot be used becomes an instance of the stock class, so vLLM sees no
 ``SupportsEncoderCudaGraph`` and captures nothing; one INFO line on the ``vitcg`` logger says why. That is

@@ -19,8 +19,8 @@ import torch
 from ..errors import InputError, UsageError, VitcgError
 from ..lang import SpecSource
 from ..lang.model import Spec
-from ..runtime.accelerate import _Layout, call_inputs, encoder_of
-from ..runtime.adapter import SpecAdapter, adapter_for, pixels_to_rows
+from ..runtime.adapter import SpecAdapter, adapter_for
+from ..runtime.hf import Layout, call_inputs, encoder_of, pixels_to_rows
 from ..runtime.inputs import BACKEND_ROW_KEYS, item_indices
 from ..runtime.protocol import (
     DEFAULT_PATH,
@@ -217,7 +217,7 @@ class Bridge:
         """Whether the adapter, when it is built, runs the tower's repeated blocks through ``torch.compile`` inside
         the graphs (:mod:`vitcg.runtime.regions`). The plugin never sets it (no option of vLLM's reaches it);
         benchmarks/plugin_encode.py sets it to measure what compiled blocks would give there."""
-        self.layout: _Layout | None = None
+        self.layout: Layout | None = None
         self.off: str | None = None
         """Why the graphs stopped serving this model (:meth:`turn_off`), or None while they serve it."""
         self.served: list[str] = []
@@ -232,7 +232,7 @@ class Bridge:
         """Whether a batch of the backend's was tried against the spec before the graphs were built."""
         self.reruns = 0
         """Packs whose tower ran eagerly after their replay, because the graph rows could not yet be shaped as
-        the tower's output (:class:`_Layout` still unknown); the first pack's is expected."""
+        the tower's output (:class:`Layout` still unknown); the first pack's is expected."""
         self._stock: tuple[Mapping[str, Any], list[torch.Tensor]] | None = None
         """The batch the stock path answered last, and its answer per item."""
         self.gather_width: int | None = None
@@ -363,7 +363,7 @@ class Bridge:
                 output = original(*args, **kwargs)
                 self.reruns += 1
                 try:
-                    self.layout = _Layout.learn(self.spec, output, rows)
+                    self.layout = Layout.learn(self.spec, output, rows)
                 except VitcgError as exc:
                     raise BoundaryMismatch(str(exc)) from exc
                 if self.layout is None and rows > 1:
