@@ -78,9 +78,8 @@ def validate(
     from .tools.report import json_report, text_report
 
     if resolved:
-        from .tools.resolved import resolved_report
-
         from .lang import Bindings
+        from .tools.resolved import resolved_report
 
         text, ok = resolved_report(paths or [], as_json, Bindings(use_cache=not no_cache))
         sys.stdout.write(text)

@@ -105,8 +105,8 @@ def spec_from_text(text: str, file: str = "<text>", bindings: Bindings | None = 
 
 def load_layer(paths: Sequence[str | Path], *, bindings: Bindings | None | bool = True,
                use_cache: bool = True) -> LoadResult:
-    """Load and check every spec under ``paths`` as one layer of a :class:`SpecSource`: two specs of one name are an error naming both
-    files. Never raises for a bad spec (UsageError for bad paths).
+    """Load and check every spec under ``paths`` as one layer of a :class:`SpecSource`: two specs of one name are
+    an error naming both files. Never raises for a bad spec (UsageError for bad paths).
 
     ``bindings=True`` checks import paths and configs (cached); ``False`` skips those checks.
     """

@@ -55,8 +55,15 @@ from typing import Any
 
 import torch
 
-from ..lang.bindings import (NotRegularFile, OversizedFile, UnsafeCachePath, cache_root, read_regular,
-                             transformers_version, write_cache_file)
+from ..lang.bindings import (
+    NotRegularFile,
+    OversizedFile,
+    UnsafeCachePath,
+    cache_root,
+    read_regular,
+    transformers_version,
+    write_cache_file,
+)
 from ..lang.model import Spec
 from . import ops  # noqa: F401  (registers vitcg's custom ops, which stored artifacts call, before any loads)
 
