@@ -100,8 +100,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     replaced by a rename, and replacing a device would be wrong anyway: it is written directly, a FIFO without
     blocking on one that nobody reads (:func:`_write_through`); a socket, block device or folder is refused
     before anything is opened (:func:`check_output`). A symlink to a regular file (or to nothing) is replaced by
-    the new file; its target is not touched. No existing path is ever opened for writing: the data goes into a new temporary file (``O_EXCL``,
-    which no link can redirect) that is renamed or linked into place.
+    the new file; its target is not touched. No existing path is ever opened for writing: the data goes into a
+    new temporary file (``O_EXCL``, which no link can redirect) that is renamed or linked into place.
     """
     path = Path(path)
     target = _target(path)
