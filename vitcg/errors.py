@@ -44,7 +44,8 @@ class Diagnostic:
     hint: str | None = None
     """How to fix it, when there is something useful to say."""
     code: str = "spec"
-    """Stable category: ``yaml``, ``schema``, ``formula``, ``semantic``, ``binding``, ``duplicate``, ``extends``."""
+    """Stable category: ``yaml``, ``schema``, ``formula``, ``semantic``, ``binding``, ``duplicate``, ``extends``,
+    ``let``."""
     via: str | None = None
     """The spec file being checked, when the location is in another file: a parent it ``extends`` or its
     ``NAME.tests.yaml`` harness. None: the location is in the spec file itself."""

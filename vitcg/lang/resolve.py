@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import Diagnostic, shown, suggest
 from . import catalogue as cat
+from .lets import expand as expand_lets
 from .loader import LoadedYaml, Path_, Position, load_file, load_text
 
 HARNESS_SUFFIXES = (".tests.yaml", ".tests.yml")
@@ -341,10 +342,14 @@ class Resolver:
 
     def _loaded(self, loaded: LoadedYaml, folder: Path | None,
                 chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
-        """``loaded`` on its parent (when it extends one) and the language's defaults, ``extends`` taken out."""
+        """``loaded`` with its own ``let`` names written out (:mod:`.lets`), on its parent (when it extends one) and
+        the language's defaults, ``extends`` taken out."""
         if "extends" in loaded.data:  # the parent holds the defaults already
             parent, problems = self._parent(loaded, folder, chain)
             if parent is None:
+                return None, problems
+            problems = expand_lets(loaded, parent.data)
+            if problems:
                 return None, problems
             parent, problems = _removed(parent, loaded)
             if problems:
@@ -355,6 +360,9 @@ class Resolver:
                                             hint="add extends: PARENT, or delete the remove list", code="extends",
                                             key=True)]
         else:
+            problems = expand_lets(loaded)
+            if problems:
+                return None, problems
             defaults = language_defaults(loaded)
             merged, problems = merge(defaults, loaded) if defaults is not None else (loaded, [])
         return (None, problems) if problems else (merged, [])
