@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -384,70 +385,135 @@ def _served_by_keys(spec: Spec, handle: Any, processed: Mapping[str, Mapping[str
 
 
 def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
+    """The end-to-end stage: each of :data:`STAGES` in order over one :class:`_Run`; ``(items, worst relative
+    error, route)``."""
+    run = _Run(spec, device, seed)
+    for stage in STAGES:
+        stage(run)
+    keys = "; input keys not fed from the processor (tests.vlm.engine_keys)" if spec.tests.vlm.engine_keys else ""
+    if spec.tests.vlm.features_out_of_reach is not None:
+        keys += f"; {FEATURES_OUT_OF_REACH} (tests.vlm.features)"
+    return sum(run.counts.values()), run.worst, run.route + keys
+
+
+@dataclass
+class _Run:
+    """One end-to-end check in flight: what each stage made, by modality where it is per modality."""
+
+    spec: Spec
+    device: str
+    seed: int
+    vlm: Any = None
+    processor: Any = None
+    processed: dict[str, Any] = field(default_factory=dict)
+    """The processor's output per modality (videos composed frame by frame)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    frames: list[int] = field(default_factory=list)
+    made: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    """The feature call's inputs per modality, on the host."""
+    inputs: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    own_calls: dict[str, list[Any]] = field(default_factory=dict)
+    """The encoder's own outputs per modality, recorded during the reference feature call."""
+    want: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tokens: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows: int = 0
+    """The rows of every reference feature, for the engine's token limit."""
+    got: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    accelerated: dict[str, torch.Tensor] = field(default_factory=dict)
+    stats: Any = None
+    route: str = ""
+    worst: float = 0.0
+
+
+def _build(run: _Run) -> None:
     with step("building the tiny VLM", "tests.vlm.config (its text_config: fields the config class derives from "
-               "num_hidden_layers, such as layer_types and rope_parameters) and the spec's tiny vision config"):
-        vlm = build_vlm(spec, device, seed)
+              "num_hidden_layers, such as layer_types and rope_parameters) and the spec's tiny vision config"):
+        run.vlm = build_vlm(run.spec, run.device, run.seed)
+
+
+def _process(run: _Run) -> None:
+    """Random images (and videos) through the VLM's own image processor."""
+    spec, vlm = run.spec, run.vlm
     with step(f"running {type(vlm).__name__}'s image processor", "tests.vlm.processor and tests.vlm.processor_class"):
-        processor = build_processor(spec, vlm)
-        rng = np.random.default_rng(seed)
+        run.processor = build_processor(spec, vlm)
+        rng = np.random.default_rng(run.seed)
         images = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in IMAGE_SIZES]
-        processed = {"image": dict(processor(images=images, return_tensors="pt"))}
-    counts = {"image": len(images)}
-    frames: list[int] = []
+        run.processed = {"image": dict(run.processor(images=images, return_tensors="pt"))}
+    run.counts = {"image": len(images)}
     if spec.tests.vlm.video is not None:
         videos = [rng.integers(0, 255, (f, h, w, 3), dtype=np.uint8) for f, h, w in VIDEO_SIZES]
-        frames = [f for f, _, _ in VIDEO_SIZES]  # a grid t per frame: compose_videos makes one row per frame
-        processed["video"] = compose_videos(spec, processor, videos)
-        counts["video"] = len(videos)
-    made = {m: _feature_inputs(vlm, found, m) for m, found in processed.items()}
-    inputs = {m: {k: v.to(device) for k, v in found.items()} for m, found in made.items()}
-    encoder = encoder_of(vlm, spec)[1]
-    want, own_calls = {}, {}
-    for modality, given in inputs.items():
+        run.frames = [f for f, _, _ in VIDEO_SIZES]  # a grid t per frame: compose_videos makes one row per frame
+        run.processed["video"] = compose_videos(spec, run.processor, videos)
+        run.counts["video"] = len(videos)
+    run.made = {m: _feature_inputs(vlm, found, m) for m, found in run.processed.items()}
+    run.inputs = {m: {k: v.to(run.device) for k, v in found.items()} for m, found in run.made.items()}
+
+
+def _reference_features(run: _Run) -> None:
+    """The VLM's own features per modality, the encoder's own outputs recorded on the way."""
+    encoder = encoder_of(run.vlm, run.spec)[1]
+    for modality, given in run.inputs.items():
         try:
-            with _recording(encoder, spec.encoder.method) as own_calls[modality]:
-                want[modality] = _features(vlm, given, modality)
+            with _recording(encoder, run.spec.encoder.method) as run.own_calls[modality]:
+                run.want[modality] = _features(run.vlm, given, modality)
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
             # the spec's tiny config does not describe what the processor makes (patch, frames, channels...)
             raise VitcgError(f"the VLM built from the spec's tiny config fails on its own processor's inputs "
                              f"({modality}: {', '.join(f'{k} {tuple(v.shape)}' for k, v in given.items())}): "
                              f"{describe(exc)}{where(exc)}; check the tiny vision config against "
                              "tests.vlm.processor (patch size, merge size, frames, channels)") from None
-    rows = {m: [t.numel() // t.shape[-1] for t in found] for m, found in want.items()}
-    # one prompt per modality: some VLMs (GLM-4.1V) mark image and video rows with the same token, so a prompt
-    # holding both cannot tell them apart
-    prompts = {m: _generate_kwargs(vlm, _groups(spec.tests.vlm, rows[m], counts[m],
-                                                      frames if m == "video" else None), inputs[m], device,
-                                   extra_inputs(vlm, processed[m], made[m]))
-               for m in inputs}
+
+
+def _reference_generate(run: _Run) -> None:
+    """One prompt per modality and the VLM's own greedy tokens for it. (Some VLMs, GLM-4.1V, mark image and video
+    rows with the same token, so a prompt holding both cannot tell them apart.)"""
+    spec, vlm = run.spec, run.vlm
+    rows = {m: [t.numel() // t.shape[-1] for t in found] for m, found in run.want.items()}
+    run.prompts = {m: _generate_kwargs(vlm, _groups(spec.tests.vlm, rows[m], run.counts[m],
+                                                    run.frames if m == "video" else None), run.inputs[m],
+                                       run.device, extra_inputs(vlm, run.processed[m], run.made[m]))
+                   for m in run.inputs}
     with torch.no_grad(), step(f"greedy generate on the tiny {type(vlm).__name__}",
                                "tests.vlm.placeholder and tests.vlm.config.text_config", config=vlm.config,
                                vocabulary=_vocabulary(spec)):
-        tokens = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
-    total = sum(sum(r) for r in rows.values())
+        run.tokens = {m: vlm.generate(**kwargs) for m, kwargs in run.prompts.items()}
+    run.rows = sum(sum(r) for r in rows.values())
+
+
+def _accelerated(run: _Run) -> None:
+    """The same feature calls and prompts with the VLM accelerated: what they return, and how they were served."""
+    spec, vlm = run.spec, run.vlm
     try:
-        handle = accelerate(vlm, spec=spec, progress=False, max_num_batched_tokens=_engine_tokens(spec, vlm, total,
-                                                                                                device))
+        handle = accelerate(vlm, spec=spec, progress=False,
+                            max_num_batched_tokens=_engine_tokens(spec, vlm, run.rows, run.device))
     except UsageError as exc:
         raise VitcgError(f"accelerate refused the VLM: {exc}") from None
-    out_of_reach = spec.tests.vlm.features_out_of_reach
     with handle:
-        _features(vlm, inputs["image"])  # the first call runs the original and learns the output layout
-        with step(f"{type(vlm).__name__}'s feature call on the graphs' outputs", _uncaptured(spec, own_calls)):
-            got = {m: _features(vlm, given, m) for m, given in inputs.items()} if out_of_reach is None else {}
+        _features(vlm, run.inputs["image"])  # the first call runs the original and learns the output layout
+        with step(f"{type(vlm).__name__}'s feature call on the graphs' outputs", _uncaptured(spec, run.own_calls)):
+            if spec.tests.vlm.features_out_of_reach is None:
+                run.got = {m: _features(vlm, given, m) for m, given in run.inputs.items()}
         with torch.no_grad():
-            accelerated = {m: vlm.generate(**kwargs) for m, kwargs in prompts.items()}
-        stats = handle.stats
-        route = f"{stats.manager.replays} replays, {stats.manager.misses} eager"  # generate's, before the feed below
+            run.accelerated = {m: vlm.generate(**kwargs) for m, kwargs in run.prompts.items()}
+        run.stats = stats = handle.stats
+        run.route = f"{stats.manager.replays} replays, {stats.manager.misses} eager"  # generate's, before the feed
         if not spec.tests.vlm.engine_keys:
-            own = {m: torch.cat([handle.adapter.combine_output(out) for out in calls]) for m, calls in own_calls.items()}
-            _served_by_keys(spec, handle, processed, own, device)
-    reasons = {r: n for r, n in stats.reasons.items() if not r.startswith("first call")}
-    if reasons or not stats.routed:
-        raise VitcgError(not_routed(spec, stats, reasons))
-    worst = 0.0
-    for modality in got:
-        mine, theirs = got[modality], want[modality]
+            own = {m: torch.cat([handle.adapter.combine_output(out) for out in calls])
+                   for m, calls in run.own_calls.items()}
+            _served_by_keys(spec, handle, run.processed, own, run.device)
+
+
+def _routed(run: _Run) -> None:
+    reasons = {r: n for r, n in run.stats.reasons.items() if not r.startswith("first call")}
+    if reasons or not run.stats.routed:
+        raise VitcgError(not_routed(run.spec, run.stats, reasons))
+
+
+def _compare_features(run: _Run) -> None:
+    """Each item's features under the graphs against the VLM's own (where they are in reach)."""
+    for modality in run.got:
+        mine, theirs = run.got[modality], run.want[modality]
         if [g.shape for g in mine] != [w.shape for w in theirs]:
             raise VitcgError(f"{modality} features of shapes {[tuple(g.shape) for g in mine]}, the VLM's own give "
                              f"{[tuple(w.shape) for w in theirs]}")
@@ -455,16 +521,20 @@ def _check(spec: Spec, device: str, seed: int) -> tuple[int, float, str]:
         if max(errors) > TOLERANCE:
             raise VitcgError(f"{modality} features differ from the VLM's own: relative error {max(errors):.1e} > "
                              f"{TOLERANCE:.0e} ({modality} {errors.index(max(errors))})")
-        worst = max(worst, *errors)
-    for modality, want_tokens in tokens.items():
-        if not torch.equal(accelerated[modality], want_tokens):
+        run.worst = max(run.worst, *errors)
+
+
+def _compare_tokens(run: _Run) -> None:
+    for modality, want_tokens in run.tokens.items():
+        if not torch.equal(run.accelerated[modality], want_tokens):
             raise VitcgError(f"greedy generate on {modality}s differs: "
-                             f"{accelerated[modality][0, -NEW_TOKENS:].tolist()} vs the VLM's "
+                             f"{run.accelerated[modality][0, -NEW_TOKENS:].tolist()} vs the VLM's "
                              f"{want_tokens[0, -NEW_TOKENS:].tolist()}")
-    keys = "; input keys not fed from the processor (tests.vlm.engine_keys)" if spec.tests.vlm.engine_keys else ""
-    if out_of_reach is not None:
-        keys += f"; {FEATURES_OUT_OF_REACH} (tests.vlm.features)"
-    return sum(counts.values()), worst, route + keys
+
+
+STAGES: tuple[Callable[[_Run], None], ...] = (_build, _process, _reference_features, _reference_generate,
+                                             _accelerated, _routed, _compare_features, _compare_tokens)
+"""The end-to-end stage's steps, in order: each reads what the ones before it left in the run."""
 
 
 def _vocabulary(spec: Spec) -> str:
