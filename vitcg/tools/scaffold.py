@@ -17,7 +17,7 @@ import importlib.resources
 import inspect
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -637,37 +637,69 @@ def render(d: Draft, path: str | None = None, schema: str | None = None, *, fami
     ``path`` is where it will be written (for the next-step commands in its header; default ``NAME.yaml``, as
     ``vitcg new`` writes it); ``schema`` the path of ``vitcg/lang/schema.json`` for editors (default
     :func:`schema_reference` of ``path``). ``family``: a model type whose tower a spec already describes is
-    drafted as ``extends:`` of that spec (:func:`family_parent`); False drafts the whole spec anyway."""
+    drafted as ``extends:`` of that spec (:func:`family_parent`); False drafts the whole spec anyway, section by
+    section (:data:`SECTIONS`)."""
     path = path or f"{d.name}.yaml"
     schema = schema or schema_reference(path)
     ranked = parent_candidates(d) if family else []
     if ranked and ranked[0].rank >= 0:
         return _render_extends(d, ranked, path, schema)
-    style = STYLES[d.style]
-    packed = style.segmented
+    whole = _Whole.of(d, path, schema, ranked)
     out = _Lines()
+    for section in SECTIONS:
+        section(out, whole)
+    return out
 
-    geometry = _geometry(d, style)
-    m = "spatial_merge_size" if "spatial_merge_size" in geometry else None
 
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    signature = [p.name for p in list(inspect.signature(d.encoder.forward).parameters.values())[1:] if p.kind in named]
-    pixels_arg = signature[0] if signature else "pixel_values"
-    grid_arg = next((p for p in signature if "grid" in p), "grid_thw")
-    call = f"{d.encoder.__name__}.forward({', '.join(signature[:4])}{', ...' if len(signature) > 4 else ''})"
-    passed = (pixels_arg, grid_arg) if packed else (pixels_arg,)
-    drafted = [e["name"] for e, _ in _buffer_entries(d, style, geometry, pixels_arg, grid_arg, m)]
-    extras = required_arguments(d, passed, (*drafted, *(b["name"] for b in STYLE_DEFAULTS[d.style]["buffers"])))
-    roles = "".join(f", {e.arg}: {e.role}" for e in extras)
-    required = (f"; {', '.join(e.arg for e in extras)}: required by forward, each passed as an extra input role "
-                "(what does the processor give for it?)") if extras else ""
+@dataclass
+class _Whole:
+    """What every section of a whole draft reads: the draft, its style and geometry, the encoder call's
+    arguments, and the required arguments beyond pixels and grid (``extras``)."""
 
-    out.add("# yaml-language-server: $schema=" + schema)
-    out.add(f"# Draft written by `vitcg new {d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
+    d: Draft
+    path: str
+    schema: str
+    ranked: list[Candidate]
+    style: Any
+    geometry: dict[str, tuple[str, str | None, int]]
+    m: str | None
+    """``spatial_merge_size`` where the geometry has it."""
+    signature: list[str]
+    pixels_arg: str
+    grid_arg: str
+    extras: Sequence[Any]
+
+    @classmethod
+    def of(cls, d: Draft, path: str, schema: str, ranked: list[Candidate]) -> _Whole:
+        style = STYLES[d.style]
+        geometry = _geometry(d, style)
+        m = "spatial_merge_size" if "spatial_merge_size" in geometry else None
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        signature = [p.name for p in list(inspect.signature(d.encoder.forward).parameters.values())[1:]
+                     if p.kind in named]
+        pixels_arg = signature[0] if signature else "pixel_values"
+        grid_arg = next((p for p in signature if "grid" in p), "grid_thw")
+        passed = (pixels_arg, grid_arg) if style.segmented else (pixels_arg,)
+        drafted = [e["name"] for e, _ in _buffer_entries(d, style, geometry, pixels_arg, grid_arg, m)]
+        extras = required_arguments(d, passed, (*drafted, *(b["name"] for b in STYLE_DEFAULTS[d.style]["buffers"])))
+        return cls(d, path, schema, ranked, style, geometry, m, signature, pixels_arg, grid_arg, extras)
+
+    @property
+    def packed(self) -> bool:
+        return self.style.segmented
+
+
+def _header(out: _Lines, w: _Whole) -> None:
+    out.add("# yaml-language-server: $schema=" + w.schema)
+    out.add(f"# Draft written by `vitcg new {w.d.model_type}`. Every line ending in \"{MARK.strip()}\" is a guess:")
     out.add("# confirm what it names (docs/writing-specs.md), then run")
-    out.add(f"# `vitcg validate {path}` and `vitcg check {path}`.")
-    _header_notes(out, d, ranked)
-    _identity(out, d)
+    out.add(f"# `vitcg validate {w.path}` and `vitcg check {w.path}`.")
+    _header_notes(out, w.d, w.ranked)
+    _identity(out, w.d)
+
+
+def _encoder(out: _Lines, w: _Whole) -> None:
+    d = w.d
     out.add("encoder:")
     others = f"; other classes built from {d.vision_config.__name__}: {', '.join(d.alternatives)}" if d.alternatives else ""
     out.add(f"  class: {_path(d.encoder)}",
@@ -680,37 +712,43 @@ def render(d: Draft, path: str | None = None, schema: str | None = None, *, fami
     else:
         out.add("  vlm_attribute: model.visual",
                 "where the VLM holds this encoder: not found in the modeling code, model.visual is a placeholder")
-    if packed:
-        out.add(f"  args: {{{pixels_arg}: pixels, {grid_arg}: grid{roles}}}",
-                f"the eager call's arguments and the input role of each: {call}{required}")
+    call = f"{d.encoder.__name__}.forward({', '.join(w.signature[:4])}{', ...' if len(w.signature) > 4 else ''})"
+    roles = "".join(f", {e.arg}: {e.role}" for e in w.extras)
+    required = (f"; {', '.join(e.arg for e in w.extras)}: required by forward, each passed as an extra input role "
+                "(what does the processor give for it?)") if w.extras else ""
+    grid = f", {w.grid_arg}: grid" if w.packed else ""
+    out.add(f"  args: {{{w.pixels_arg}: pixels{grid}{roles}}}",
+            f"the eager call's arguments and the input role of each: {call}{required}")
+    if w.packed:
         out.add("  outputs: [pooler_output]", "the output field holding the merged tokens")
     else:
-        out.add(f"  args: {{{pixels_arg}: pixels{roles}}}",
-                f"the eager call's arguments and the input role of each: {call}{required}")
         out.add("  outputs: [last_hidden_state]",
                 "the output field holding the tokens (or call the VLM's get_image_features: encoder.method)")
-    tiny = _tiny_config(d.vision_config, d.defaults)
-    if "image_size" in geometry and not packed and geometry["image_size"][0].startswith("config.image_size"):
-        tiny.update(_tiny_image_size(d.defaults))
     out.add("")
+
+
+def _geometry_and_attention(out: _Lines, w: _Whole) -> None:
     out.add("geometry:")
-    for name, (formula, guess, _) in geometry.items():
+    for name, (formula, guess, _) in w.geometry.items():
         out.add(f"  {name}: {formula}", guess)
-    if not packed:
+    if not w.packed:
         out.add("  tokens_per_tile: (image_size // patch_size) ** 2",
                 "tokens one tile yields (a CLS token? pooling? a projector that merges patches?)")
     out.add("")
     out.add("attention:")
-    calls = ", ".join(sorted(d.helpers)) or "no vision_utils helper"
-    out.add(f"  style: {d.style}", f"read off the helpers {d.encoder.__name__} calls ({calls})")
-    if packed:
+    calls = ", ".join(sorted(w.d.helpers)) or "no vision_utils helper"
+    out.add(f"  style: {w.d.style}", f"read off the helpers {w.d.encoder.__name__} calls ({calls})")
+    if w.packed:
         out.add("  segments: frame", "frame (one attention segment per frame) or clip (one per item)")
     out.add("")
+
+
+def _modalities(out: _Lines, w: _Whole) -> None:
     out.add("modalities:")
-    for modality in d.modalities:
+    for modality in w.d.modalities:
         out.add(f"  {modality}:")
-        keys = "".join(f", {e.role}: {e.key(modality)}" for e in extras)
-        if packed:
+        keys = "".join(f", {e.role}: {e.key(modality)}" for e in w.extras)
+        if w.packed:
             pixels_key = "pixel_values" if modality == "image" else "pixel_values_videos"
             out.add(f"    inputs: {{pixels: {pixels_key}, grid: {modality}_grid_thw{keys}}}",
                     "the processor's output keys for this modality")
@@ -719,28 +757,41 @@ def render(d: Draft, path: str | None = None, schema: str | None = None, *, fami
                     "the processor's output keys; add `tiles: <key>` if an image carries a tile count")
         if modality == "video":
             out.add("    max_frames_per_video: 32", "largest grid t of one video")
-    _items_and_budget(out, d.style, packed, geometry, m)
+    _items_and_budget(out, w.d.style, w.packed, w.geometry, w.m)
     out.add("")
-    _buffers(out, d, style, geometry, pixels_arg, grid_arg, m, extras)
+
+
+def _buffers_and_docs(out: _Lines, w: _Whole) -> None:
+    _buffers(out, w.d, w.style, w.geometry, w.pixels_arg, w.grid_arg, w.m, w.extras)
     out.add("")
     out.add("docs:")
-    out.add(f"  notes: \"Drafted by vitcg new from {d.encoder.__name__} ({d.style} attention).\"",
+    out.add(f"  notes: \"Drafted by vitcg new from {w.d.encoder.__name__} ({w.d.style} attention).\"",
             "describe the model for the supported-models page")
     out.add("")
+
+
+def _tests(out: _Lines, w: _Whole) -> None:
+    tiny = _tiny_config(w.d.vision_config, w.d.defaults)
+    if "image_size" in w.geometry and not w.packed and w.geometry["image_size"][0].startswith("config.image_size"):
+        tiny.update(_tiny_image_size(w.d.defaults))
     out.add("tests:", "the harness: how vitcg check builds and feeds the model (or NAME.tests.yaml beside the spec)")
     out.add("  tiny_config: {" + ", ".join(f"{k}: {v}" for k, v in tiny.items()) + "}",
             "small dimensions for CPU checks: 2 layers, hidden <= 64")
     out.add("  real_config: {}", "overrides for a real checkpoint's dimensions, where the defaults differ")
-    if extras:
-        described = ", ".join(f"{e.role}: {{shape: [], fill: ones, dtype: int64}}" for e in extras)
+    if w.extras:
+        described = ", ".join(f"{e.role}: {{shape: [], fill: ones, dtype: int64}}" for e in w.extras)
         out.add(f"  inputs: {{{described}}}", "how vitcg check builds each required argument for one pixel row (or "
                 "tile): its shape past dim 0, its values and dtype, as the processor gives them")
     out.add('  prompt_template: "USER: {placeholders}{question} ASSISTANT:"', "the chat template")
     out.add('  image_placeholder: "<image>"', "the image placeholder token")
-    if "video" in d.modalities:
+    if "video" in w.d.modalities:
         out.add('  video_placeholder: "<video>"', "the video placeholder token")
-    _vlm_lines(out, d)
-    return out
+    _vlm_lines(out, w.d)
+
+
+SECTIONS: tuple[Callable[[_Lines, _Whole], None], ...] = (_header, _encoder, _geometry_and_attention, _modalities,
+                                                          _buffers_and_docs, _tests)
+"""A whole draft's sections, in the order the file holds them."""
 
 
 TEXT_TINY = {"hidden_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
