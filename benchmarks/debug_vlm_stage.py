@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from vitcg.lang import SpecSource
-from vitcg.tools.vlm import check_vlm
+from vitcg.tools.check.vlm import check_vlm
 
 spec = SpecSource(bindings=False)[sys.argv[1]]
 try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from vitcg.lang import SpecSource
-from vitcg.tools import plan as planning
+from vitcg.tools.plan import planner as planning
 
 TTFT_CALLS = ["224x224", "448x448", "448x448,448x448,448x448,448x448", "476x644,336x336,784x1036"]
 LADDERS = {"x1.5 from 1024": (1.5, 1024), "x1.25 from 1024": (1.25, 1024),

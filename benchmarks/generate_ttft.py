@@ -29,7 +29,7 @@ import torch
 import transformers
 
 import vitcg
-from vitcg.tools.compile_config import parse_budgets
+from vitcg.tools.plan.compile_config import parse_budgets
 
 WORKLOADS = {
     "1x224": [(224, 224)],

@@ -28,7 +28,7 @@ from vitcg.runtime import regions
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from vitcg.runtime.timing import timed
-from vitcg.tools.bench import _eager_call
+from vitcg.tools.bench.measure import _eager_call
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
 

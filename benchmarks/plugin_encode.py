@@ -7,7 +7,7 @@ with seeded random weights: with ``--size real`` the tower has a checkpoint's di
 and the language model stays tiny (it takes no part in encoding). The batches are the VLM's own image
 processor's outputs for the bench workloads (vitcg/tools/sizes.py, plus 8x448), laid out as the backend hands
 them to ``embed_multimodal``; a workload of images and a video is two calls, one per modality, as vLLM's runner
-makes them (videos are composed from frames through the image processor, vitcg.tools.vlm.compose_videos).
+makes them (videos are composed from frames through the image processor, vitcg.tools.check.vlm.compose_videos).
 
 One process (default): per model and workload, the stock backend's ``embed_multimodal(**batch)`` against the
 plugin's path (its protocol members driven by the consumer; under real CUDA graph capture on CUDA), timed in
@@ -73,9 +73,9 @@ from vllm_consumer import ProtocolConsumer  # noqa: E402
 
 from vitcg.lang import SpecSource  # noqa: E402
 from vitcg.runtime.engine import engine_config  # noqa: E402
+from vitcg.tools.check.vlm import backend_batches, build_vlm, no_tf32  # noqa: E402
 from vitcg.tools.sizes import WORKLOADS as BENCH_WORKLOADS  # noqa: E402
 from vitcg.tools.sizes import Workload  # noqa: E402
-from vitcg.tools.vlm import backend_batches, build_vlm, no_tf32  # noqa: E402
 from vitcg.tools.workloads import relative_error  # noqa: E402
 
 MODELS = ["qwen2_vl", "qwen3_vl", "glm4v", "hunyuan_vl", "pixtral"]

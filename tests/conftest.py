@@ -71,7 +71,7 @@ def repo() -> Path:
 @pytest.fixture
 def no_tf32():
     """float32 comparisons at 1e-5 on CUDA need full-precision convolutions and matmuls on both paths."""
-    from vitcg.tools.vlm import no_tf32 as full_precision
+    from vitcg.tools.check.vlm import no_tf32 as full_precision
 
     with full_precision():
         yield

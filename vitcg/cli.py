@@ -75,7 +75,7 @@ def validate(
     """Check spec files: YAML, schema, formulas, semantics and transformers bindings. Prints every error.
     Without PATH: the packaged specs, then $VITCG_SPECS_DIR's folders (a later spec replaces one of its name)."""
     from .lang import SpecSource, spec_folders
-    from .tools.report import json_report, text_report
+    from .tools.check.report import json_report, text_report
 
     if resolved:
         from .lang import Bindings
@@ -143,10 +143,10 @@ def check(
     import torch
 
     from .lang import InvalidSpec
-    from .tools.cases import check_spec, invalid_report
+    from .tools.check.cases import check_spec, invalid_report
+    from .tools.check.report import check_json, check_summary, check_text
     from .tools.encoders import release
     from .tools.quiet import kept_warnings
-    from .tools.report import check_json, check_summary, check_text
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
@@ -192,7 +192,7 @@ def demo(
     _check_device(device)
     import torch
 
-    from .tools.vlm import Unavailable, check_vlm
+    from .tools.check.vlm import Unavailable, check_vlm
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
@@ -260,8 +260,8 @@ def compile_config(
 ) -> None:
     """Print the engine compilation config (JSON) that turns on encoder CUDA graphs for a modality."""
     from .errors import BudgetError
-    from .tools.compile_config import compile_config as build
-    from .tools.compile_config import parse_base, parse_budgets
+    from .tools.plan.compile_config import compile_config as build
+    from .tools.plan.compile_config import parse_base, parse_budgets
 
     try:
         config = build(modality, parse_base(base), budgets=parse_budgets(budgets), max_items=max_items,
@@ -275,7 +275,7 @@ def compile_config(
     except ValueError as exc:
         raise UsageError(f"the compilation config holds a value JSON cannot carry: {exc}") from None
     if serve is not None:
-        from .tools.compile_config import serve_command
+        from .tools.plan.compile_config import serve_command
 
         text = serve_command(serve, config)
     sys.stdout.write(text + "\n")
@@ -330,14 +330,14 @@ def bench(
         raise UsageError(f"unknown workload {unknown[0]!r}; workloads: {', '.join(WORKLOADS)}")
     import torch
 
-    from .tools.bench import run_bench
+    from .tools.bench.measure import run_bench
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here (use --device cpu for a smoke run)")
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in dtypes or size not in ("tiny", "real") or iters < 1 or warmup < 0:
         raise UsageError("--dtype must be bfloat16/float16/float32, --size tiny/real, --iters >= 1, --warmup >= 0")
-    from .tools.compile_config import parse_budgets
+    from .tools.plan.compile_config import parse_budgets
 
     token_budgets = parse_budgets(budgets)
     chosen = _select_specs(specs, all_specs, spec_dirs)
@@ -373,7 +373,7 @@ def plan(
 ) -> None:
     """Choose token budgets and items per batch that minimize expected encoder latency on a sample of requests
     (default: the bench workloads) under a graph memory cap; print vLLM's compilation_config for them."""
-    from .tools.compile_config import check_bound
+    from .tools.plan.compile_config import check_bound
 
     for name, value in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-model-len", max_model_len)):
         if value <= 0:
@@ -381,7 +381,7 @@ def plan(
         check_bound(name, value)
     import time
 
-    from .tools import plan as planning
+    from .tools.plan import planner as planning
 
     chosen = _select_specs([spec], False, spec_dirs)[0]
     sample = [planning.parse_request(text) for text in request or ()]
@@ -423,7 +423,7 @@ def new(
     `# GUESS: what to verify` (encoder class and boundary, vlm_attribute, args, outputs, attention style,
     geometry read from other fields, buffers, budgets, test prompts). Confirm them, then run `vitcg check`."""
     from .tools.files import check_output, make_folder, write_text_atomic
-    from .tools.scaffold import checked_draft, spec_name
+    from .tools.new.scaffold import checked_draft, spec_name
 
     path = None if output == "-" else Path(output or f"{spec_name(model_type)}.yaml")
     if path is not None:
@@ -470,7 +470,7 @@ def _need_matplotlib() -> None:
 
 def _plot(results: list[dict], path: Path, source: Path | None = None) -> None:
     _need_matplotlib()
-    from .tools.bench import plot
+    from .tools.bench.measure import plot
 
     try:
         plot(results, str(path))

@@ -38,7 +38,7 @@ def test_every_model_type_is_drafted_valid_or_refused():
 
     from vitcg.errors import SpecError, UsageError
     from vitcg.lang import Bindings, spec_from_text
-    from vitcg.tools.scaffold import draft, render
+    from vitcg.tools.new.scaffold import draft, render
 
     bindings = Bindings()
     drafted, refused, extended = [], [], []

@@ -302,7 +302,7 @@ def plan_document(draw) -> bytes:
 @given(content=plan_document())
 def test_plan_inputs_are_read_or_refused_in_one_line(content: bytes):
     from vitcg.errors import UsageError
-    from vitcg.tools import plan as planning
+    from vitcg.tools.plan import planner as planning
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "input.json"

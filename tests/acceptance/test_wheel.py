@@ -139,7 +139,7 @@ def test_new_writes_into_the_working_folder_never_the_package(installed):
 ACCELERATE = """
 import json, numpy, torch, vitcg
 from vitcg.lang import SpecSource
-from vitcg.tools.vlm import build_processor, build_vlm
+from vitcg.tools.check.vlm import build_processor, build_vlm
 
 spec = SpecSource()["qwen2_vl"]
 vlm = build_vlm(spec)

@@ -18,7 +18,7 @@ from spec_files import load_test_configs
 from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
-from vitcg.tools.cases import check_spec
+from vitcg.tools.check.cases import check_spec
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import relative_error
 

@@ -19,8 +19,8 @@ from vllm_consumer import ProtocolConsumer
 
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.engine import engine_config
+from vitcg.tools.check.vlm import Unavailable, backend_batches, build_vlm
 from vitcg.tools.encoders import build_encoder
-from vitcg.tools.vlm import Unavailable, backend_batches, build_vlm
 from vitcg.tools.workloads import InputBuilder
 
 pytestmark = pytest.mark.gpu

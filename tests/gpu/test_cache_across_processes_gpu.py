@@ -34,7 +34,7 @@ import json, sys, warnings
 import torch
 import vitcg
 from vitcg.runtime.accelerate import source_for
-from vitcg.tools.vlm import build_vlm
+from vitcg.tools.check.vlm import build_vlm
 from vitcg.tools.workloads import relative_error
 
 folder, limits = sys.argv[1], json.loads(sys.argv[2])

@@ -15,7 +15,7 @@ from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.graphs import capture_graph
 from vitcg.runtime.manager import EncoderCudaGraphManager
-from vitcg.tools.cases import check_spec
+from vitcg.tools.check.cases import check_spec
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder, on_device, relative_error
 

@@ -268,7 +268,7 @@ def test_internvl_generate_routes_its_get_image_features():
 def _tiny_vlm(spec_path: str, name: str, keys: tuple[str, ...] = ("pixel_values", "image_grid_thw")):
     """The tiny VLM of a spec's tests.vlm, its processor's ``keys`` for three images, and the spec."""
     from vitcg.lang import SpecSource
-    from vitcg.tools.vlm import build_processor, build_vlm
+    from vitcg.tools.check.vlm import build_processor, build_vlm
 
     spec = SpecSource([spec_path], bindings=False)[name]
     if spec.unavailable:

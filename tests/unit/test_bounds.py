@@ -11,9 +11,9 @@ import torch
 
 from vitcg.lang import SpecSource
 from vitcg.lang.formulas import parse
-from vitcg.tools import cases
-from vitcg.tools.bounds import Bound, Overrun, audit, bounds_of, longest
-from vitcg.tools.report import Verdict, verdict
+from vitcg.tools.check import cases
+from vitcg.tools.check.bounds import Bound, Overrun, audit, bounds_of, longest
+from vitcg.tools.check.report import Verdict, verdict
 
 MERGED_WINDOW = "(window_size // patch_size // spatial_merge_size) ** 2"
 """qwen2_5_vl's max_window_seqlen counted in merged tokens: one 112 px window is 4 x 4 merged tokens, but the

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from vitcg.tools.cases import CaseResult, SpecReport
+from vitcg.tools.check.cases import CaseResult, SpecReport
+from vitcg.tools.check.report import Verdict, check_json, check_summary, check_text, verdict
 from vitcg.tools.guesses import Guess
-from vitcg.tools.report import Verdict, check_json, check_summary, check_text, verdict
 
 
 def case(name: str, **fields) -> CaseResult:

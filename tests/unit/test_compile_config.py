@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vitcg.errors import BudgetError, UsageError
-from vitcg.tools.compile_config import compile_config, parse_base, parse_budgets, serve_command
+from vitcg.tools.plan.compile_config import compile_config, parse_base, parse_budgets, serve_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -103,7 +103,7 @@ def test_parse_budgets():
 
 
 def test_does_not_import_torch():
-    code = "import sys, vitcg.tools.compile_config; print('torch' in sys.modules)"
+    code = "import sys, vitcg.tools.plan.compile_config; print('torch' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.stdout.strip() == "False", run.stderr
 
@@ -139,7 +139,7 @@ def test_the_cli_refuses_a_model_name_starting_with_a_dash():
 def test_a_base_nested_too_deeply_is_a_usage_error():
     """Was RecursionError from json.loads on about 60k nested brackets."""
     from vitcg.errors import UsageError
-    from vitcg.tools.compile_config import parse_base
+    from vitcg.tools.plan.compile_config import parse_base
 
     with pytest.raises(UsageError, match="--base is nested too deeply"):
         parse_base("[" * 100_000 + "]" * 100_000)

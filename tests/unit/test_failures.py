@@ -1,5 +1,5 @@
 """Spec-stage and end-to-end failures name the step, the model file and line, and the spec field most likely at
-fault (issue 39, item 3): one wording for both stages (vitcg/tools/failures.py)."""
+fault (issue 39, item 3): one wording for both stages (vitcg/tools/check/failures.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 
 from vitcg.lang import SpecSource
 from vitcg.lang.model import freeze, thaw
-from vitcg.tools import vlm as stage
-from vitcg.tools.cases import check_spec
-from vitcg.tools.failures import StepFailed, describe, step
+from vitcg.tools.check import vlm as stage
+from vitcg.tools.check.cases import check_spec
+from vitcg.tools.check.failures import StepFailed, describe, step
 
 FAILS = Path(__file__).resolve().parents[1] / "specs" / "check_fails"
 

@@ -175,7 +175,7 @@ def test_accelerate_never_gives_the_manager_images_and_videos_in_one_call():
     """Under vitcg.accelerate the VLM reaches the tower through get_image_features and get_video_features, one
     modality per call: a forward with images and (one-frame) video chunks routes each apart, as it should."""
     from vitcg.runtime.accelerate import accelerate
-    from vitcg.tools.vlm import build_vlm
+    from vitcg.tools.check.vlm import build_vlm
 
     spec = SPECS["kimi_k25"]
     vlm = build_vlm(spec)
@@ -201,7 +201,7 @@ def test_accelerate_never_gives_the_manager_images_and_videos_in_one_call():
 def test_a_half_precision_check_of_separate_modalities_compares_with_float32():
     """The float32 reference of a half-precision check is fed the selection, capture axis key included (a list,
     not a tensor): the H100 run of check found it converting every value as a tensor."""
-    from vitcg.tools.cases import check_spec
+    from vitcg.tools.check.cases import check_spec
 
     report = check_spec(SPECS["kimi_k25"], dtype=torch.bfloat16, size="tiny")
     spec_cases = [c for c in report.cases if c.stage == "spec" and not c.skipped]
@@ -213,7 +213,7 @@ def test_a_half_precision_check_of_separate_modalities_compares_with_float32():
 def test_the_vlm_stage_on_cuda_sizes_its_engine_by_its_items():
     """On CUDA the float32 vlm stage asks for four times its items' rows, not 8192 tokens: Kimi-K2.5's tiny tower
     asked the H100 for 64 GiB of attention scores at 8192 tokens of rows."""
-    from vitcg.tools.vlm import _engine_tokens, build_vlm
+    from vitcg.tools.check.vlm import _engine_tokens, build_vlm
 
     spec = SPECS["kimi_k25"]
     vlm = build_vlm(spec)

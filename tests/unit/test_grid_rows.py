@@ -17,7 +17,7 @@ from vitcg.lang.harness import Placeholder
 from vitcg.lang.model import Modality
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.manager import EncoderCudaGraphManager
-from vitcg.tools import vlm
+from vitcg.tools.check import vlm
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import relative_error
 

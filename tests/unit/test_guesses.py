@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitcg.lang import SpecSource
-from vitcg.tools import scaffold
 from vitcg.tools.guesses import Guess, guesses, is_placeholder, placeholder_checkpoint
+from vitcg.tools.new import scaffold
 
 
 def _spec(path: Path):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from vitcg.errors import UsageError
-from vitcg.tools import plan as P
 from vitcg.tools.files import MAX_JSON_BYTES, MAX_JSON_DEPTH, read_json
+from vitcg.tools.plan import planner as P
 
 REPO = Path(__file__).resolve().parents[2]
 COSTS = REPO / "benchmarks" / "results-costs-2026-11-22-h100.json"

@@ -13,7 +13,7 @@ from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import catalogue as cat
 from vitcg.lang import spec_from_text
 from vitcg.lang.bindings import Bindings
-from vitcg.tools import cases
+from vitcg.tools.check import cases
 
 SPECS = Path(__file__).resolve().parents[2] / "vitcg" / "specs"
 BOUNDED = "max: min(max_num_batched_tokens, max_model_len)"

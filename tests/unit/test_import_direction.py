@@ -43,7 +43,30 @@ def imported_by(module: str) -> set[str]:
 
 
 def modules_of(room: str) -> list[str]:
-    return sorted(f"vitcg.{room}.{p.stem}" for p in (PACKAGE / room).glob("*.py") if p.stem != "__init__")
+    """The modules of a room, those of its subpackages included (``vitcg.tools.check.vlm``)."""
+    return sorted(module_name(p).removesuffix(".__init__") for p in (PACKAGE / room).rglob("*.py")
+                  if p.parent != PACKAGE / room or p.stem != "__init__")
+
+
+COMMAND_ROOMS = ("check", "bench", "plan", "new")
+"""The subpackages of ``vitcg.tools``, one per command that needs more than a module."""
+
+
+@pytest.mark.parametrize("room", COMMAND_ROOMS)
+def test_a_commands_room_uses_no_other_commands_room(room):
+    """``vitcg check`` goes down from its room to the shared tools, the runtime and the language, never sideways
+    into another command's room (nor back up to the CLI)."""
+    others = tuple(f"vitcg.tools.{r}" for r in COMMAND_ROOMS if r != room) + ("vitcg.cli",)
+    for path in (PACKAGE / "tools" / room).glob("*.py"):
+        wrong = sorted(n for n in static_imports(path) if n == "vitcg.cli" or n.startswith(others))
+        assert not wrong, f"{module_name(path)} imports {wrong}"
+
+
+def test_the_shared_tools_use_no_commands_room():
+    rooms = tuple(f"vitcg.tools.{r}" for r in COMMAND_ROOMS)
+    for path in (PACKAGE / "tools").glob("*.py"):
+        wrong = sorted(n for n in static_imports(path) if n.startswith(rooms))
+        assert not wrong, f"{module_name(path)} imports {wrong}"
 
 
 def test_ls_shows_the_rooms_and_the_packaged_data():
@@ -151,8 +174,8 @@ def private_uses(source: str, module: str) -> list[str]:
      ["1: from vitcg.runtime.accelerate import _Layout"]),
     ("from .lang import _private_module", "vitcg.cli", ["1: from vitcg.lang import _private_module"]),
     ("from . import providers\nproviders._cache.clear()", "vitcg.runtime.adapter", ["2: providers._cache"]),
-    ("import vitcg.runtime.adapter as a\na._check_path('')", "vitcg.tools.vlm", ["2: a._check_path"]),
-    ("import vitcg.runtime.adapter\nvitcg.runtime.adapter._check_path('')", "vitcg.tools.vlm",
+    ("import vitcg.runtime.adapter as a\na._check_path('')", "vitcg.tools.check.vlm", ["2: a._check_path"]),
+    ("import vitcg.runtime.adapter\nvitcg.runtime.adapter._check_path('')", "vitcg.tools.check.vlm",
      ["2: vitcg.runtime.adapter._check_path"]),
     ("from . import providers\nproviders.compute(self._cache, x._y)", "vitcg.runtime.adapter", []),
     ("from .hf import Layout, combine_output\nfrom .. import __version__", "vitcg.runtime.accelerate", []),
@@ -204,7 +227,7 @@ def test_packing_and_costs_are_pure(module):
 
 
 def test_plan_packs_and_prices_without_the_manager():
-    loaded = imported_by("vitcg.tools.plan")
+    loaded = imported_by("vitcg.tools.plan.planner")
     assert not {"vitcg.runtime.manager", "vitcg.runtime.graphs", "torch"} & loaded, sorted(loaded)
 
 
@@ -233,7 +256,7 @@ def test_custom_ops_load_without_triton_and_the_kernel_choice_is_pure():
     assert loaded <= SHARED | {"vitcg.runtime", "vitcg.runtime.packed_configs"}, sorted(loaded)
 
 
-@pytest.mark.parametrize("module", ["vitcg.tools.guesses", "vitcg.tools.failures"])
+@pytest.mark.parametrize("module", ["vitcg.tools.guesses", "vitcg.tools.check.failures"])
 def test_what_the_check_stages_and_the_scaffold_share_loads_without_torch(module):
     """The draft's guesses (scaffold and report) and the failure wording (both stages of check) are plain text
     work: no torch, no runtime."""

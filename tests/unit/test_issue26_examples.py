@@ -22,7 +22,7 @@ from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import SpecSource, spec_from_text
 from vitcg.lang.bindings import Bindings
 from vitcg.lang.loader import load_text
-from vitcg.tools.vlm import check_vlm
+from vitcg.tools.check.vlm import check_vlm
 
 pytest.importorskip("PIL")
 
@@ -145,7 +145,7 @@ def test_a_quoted_colon_string_gets_no_base_60_hint():
 def test_a_family_draft_names_its_parent_from_the_working_folder(monkeypatch, tmp_path):
     """`vitcg new vipllava` in a checkout names vitcg/specs/clip.yaml, as docs/writing-specs.md shows; it named the
     absolute path. Outside the folder that holds the parent, the path stays absolute (nothing shorter opens it)."""
-    from vitcg.tools import scaffold
+    from vitcg.tools.new import scaffold
 
     parent = scaffold.family_parent(scaffold.draft("vipllava")).file
     root = Path(parent).resolve().parents[2]
@@ -173,7 +173,7 @@ def test_a_failed_case_of_a_channels_first_output_says_so_not_out_hidden_size():
     """`vitcg check`'s spec cases, not only the helper: GOT-OCR 2.0's tower captured at its neck, whose output is
     (batch, channels, h, w), with out_hidden_size the neck's channels. The manager's own message sends the user to
     out_hidden_size, the one field that is right; the failed case names the layout instead."""
-    from vitcg.tools.cases import check_spec
+    from vitcg.tools.check.cases import check_spec
 
     skip_unavailable("got_ocr2")
     spec = edited("got_ocr2", ("outputs: [pooler_output]", "outputs: [last_hidden_state]"),

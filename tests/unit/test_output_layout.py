@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from vitcg.tools.cases import channels_first
+from vitcg.tools.check.cases import channels_first
 
 
 def test_a_channels_first_output_is_named_with_its_dimension_and_the_fix():

@@ -17,7 +17,7 @@ from vitcg.lang import SpecSource
 from vitcg.lang.formulas import parse
 from vitcg.runtime.adapter import SpecAdapter, adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
-from vitcg.tools import vlm
+from vitcg.tools.check import vlm
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder, relative_error
 

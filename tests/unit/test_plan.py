@@ -12,8 +12,8 @@ import pytest
 
 from vitcg.errors import UsageError
 from vitcg.lang import SpecSource
-from vitcg.tools import plan as P
-from vitcg.tools.compile_config import compile_config
+from vitcg.tools.plan import planner as P
+from vitcg.tools.plan.compile_config import compile_config
 
 REPO = Path(__file__).resolve().parents[2]
 COSTS = REPO / "benchmarks" / "results-costs-2026-11-22-h100.json"

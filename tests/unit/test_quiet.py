@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from vitcg.cli import app
-from vitcg.tools import cases
-from vitcg.tools.cases import CaseResult, SpecReport
+from vitcg.tools.check import cases
+from vitcg.tools.check.cases import CaseResult, SpecReport
 from vitcg.tools.quiet import kept_warnings
 
 

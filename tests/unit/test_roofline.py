@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vitcg.tools.roofline import Ceilings, forward_flops, measure_ceilings, weight_bytes
+from vitcg.tools.bench.roofline import Ceilings, forward_flops, measure_ceilings, weight_bytes
 
 
 def test_the_floor_is_the_higher_of_the_two_bounds():

@@ -8,7 +8,7 @@ import pytest
 from spec_files import skip_unavailable
 
 from vitcg.errors import UsageError, VitcgError
-from vitcg.tools import scaffold
+from vitcg.tools.new import scaffold
 
 
 @pytest.mark.parametrize("model_type, name", [("qwen2_vl", "qwen2_vl"), ("kosmos-2.5", "kosmos_2_5"),
@@ -18,7 +18,7 @@ def test_spec_name_is_a_valid_spec_name(model_type, name):
 
 
 def test_schema_reference_is_relative_inside_the_project_and_absolute_outside(tmp_path, monkeypatch):
-    repo = Path(scaffold.__file__).resolve().parents[2]
+    repo = Path(scaffold.__file__).resolve().parents[3]
     assert scaffold.schema_reference(repo / "vitcg" / "specs" / "x.yaml") == "../lang/schema.json"
     assert scaffold.schema_reference(repo / "x.yaml") == "vitcg/lang/schema.json"
     outside = scaffold.schema_reference(tmp_path / "x.yaml")
@@ -127,7 +127,7 @@ def test_a_family_member_is_drafted_as_extends_of_the_spec_of_its_tower(tmp_path
     result = SpecSource.of_files([tmp_path / "vipllava.yaml"])
     assert result.ok, [d.format() for d in result.diagnostics]
     spec = result.specs[0]
-    clip = SpecSource.of_files([Path(scaffold.__file__).parents[1] / "specs" / "clip.yaml"]).specs[0]
+    clip = SpecSource.of_files([Path(scaffold.__file__).parents[2] / "specs" / "clip.yaml"]).specs[0]
     assert spec.name == "vipllava" and spec.architectures == ("VipLlavaForConditionalGeneration",)
     assert spec.encoder == clip.encoder and spec.buffers == clip.buffers and spec.tests.tiny_config == clip.tests.tiny_config
 

@@ -13,8 +13,8 @@ from vitcg.errors import VitcgError
 from vitcg.lang import SpecSource
 from vitcg.lang.model import freeze, thaw
 from vitcg.runtime.accelerate import AccelerateStats
-from vitcg.tools import failures
-from vitcg.tools import vlm as stage
+from vitcg.tools.check import failures
+from vitcg.tools.check import vlm as stage
 
 
 def _qwen2_vl(**text_config):

@@ -10,8 +10,8 @@ import pytest
 from vitcg.errors import UsageError
 from vitcg.lang import SpecSource
 from vitcg.lang.bindings import release, transformers_version
-from vitcg.tools.cases import check_spec
-from vitcg.tools.report import check_text, text_report
+from vitcg.tools.check.cases import check_spec
+from vitcg.tools.check.report import check_text, text_report
 
 REPO = Path(__file__).resolve().parents[2]
 FUTURE = REPO / "tests" / "specs" / "valid" / "needs_future_transformers.yaml"

@@ -12,7 +12,7 @@ from spec_files import spec_text
 from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import spec_from_text
 from vitcg.lang.bindings import Bindings
-from vitcg.tools.vlm import check_vlm
+from vitcg.tools.check.vlm import check_vlm
 
 pytest.importorskip("PIL")
 QWEN2_PATH = Path(__file__).resolve().parents[2] / "vitcg" / "specs" / "qwen2_vl.yaml"

@@ -13,9 +13,9 @@ import torch
 from vitcg.errors import VitcgError
 from vitcg.lang import SpecSource
 from vitcg.lang.harness import Placeholder
-from vitcg.tools import vlm as stage
-from vitcg.tools.cases import CaseResult, SpecReport
-from vitcg.tools.report import verdict
+from vitcg.tools.check import vlm as stage
+from vitcg.tools.check.cases import CaseResult, SpecReport
+from vitcg.tools.check.report import verdict
 
 VALID = Path(__file__).resolve().parents[1] / "specs" / "valid"
 

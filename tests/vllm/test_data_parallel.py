@@ -36,7 +36,7 @@ import torch
 from eager_check import assert_items_match
 
 from vitcg.lang import SpecSource
-from vitcg.tools.vlm import backend_batches, build_vlm
+from vitcg.tools.check.vlm import backend_batches, build_vlm
 
 REGISTRY = SpecSource()
 SCRIPT = Path(__file__).with_name("dp_rank.py")

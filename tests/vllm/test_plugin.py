@@ -27,7 +27,7 @@ from doubles import CpuCaptureManager, modalities_from_model, no_accelerator_emp
 from eager_check import assert_items_match
 
 from vitcg.lang import SpecSource
-from vitcg.tools.vlm import Unavailable, backend_batches, build_vlm
+from vitcg.tools.check.vlm import Unavailable, backend_batches, build_vlm
 
 REGISTRY = SpecSource()
 STOCK_CLASSES = ("TransformersMultiModalForCausalLM", "TransformersMultiModalMoEForCausalLM")

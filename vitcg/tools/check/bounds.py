@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
-from ..lang.model import Spec
+from ...errors import InputError
+from ...lang.model import Spec
 
 BOUNDED = {"max_seqlen": "cu_seqlens", "max_window_seqlen": "cu_window_seqlens"}
 """Host provider -> the provider of the boundaries whose longest segment it bounds (transformers' own
@@ -169,7 +169,7 @@ def capture_overruns(spec: Spec, adapter: Any, builder: Any, manager: Any) -> li
 
 def _probe(spec: Spec, adapter: Any, builder: Any, manager: Any, budget: int, modality: str,
            bounds: list[Bound], held: Mapping[str, Any]) -> list[Overrun]:
-    from .workloads import on_device
+    from ..workloads import on_device
 
     found: list[Overrun] = []
     if modality not in spec.modality_names or not hasattr(adapter, "prepare_encoder_cudagraph_replay_buffers"):

@@ -17,17 +17,17 @@ from typing import Any
 
 import torch
 
-from ..errors import VitcgError
-from ..lang import InvalidSpec
-from ..lang.model import Spec
-from ..runtime.adapter import adapter_for
-from ..runtime.hf import output_entry
-from ..runtime.manager import EncoderCudaGraphManager, ManagerOptions
+from ...errors import VitcgError
+from ...lang import InvalidSpec
+from ...lang.model import Spec
+from ...runtime.adapter import adapter_for
+from ...runtime.hf import output_entry
+from ...runtime.manager import EncoderCudaGraphManager, ManagerOptions
+from ..encoders import build_encoder
+from ..guesses import Guess, guesses
+from ..workloads import InputBuilder, Inputs, on_device, relative_error
 from .bounds import Watch, capture_overruns
-from .encoders import build_encoder
 from .failures import describe, step
-from .guesses import Guess, guesses
-from .workloads import InputBuilder, Inputs, on_device, relative_error
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 """Tolerance of :func:`relative_error` (graph against eager) per dtype."""

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from ..errors import UsageError, VitcgError
+from ...errors import UsageError, VitcgError
 
 MAX_MESSAGE = 1000
 """An exception's message is kept whole up to this many characters (its lines joined): a transformers validator

@@ -25,15 +25,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UsageError, VitcgError, suggest
-from ..lang.bindings import MISSING, import_object, release, transformers_version
-from ..lang.harness import Placeholder
-from ..lang.model import Spec, thaw
-from ..runtime.accelerate import accelerate
-from ..runtime.adapter import adapter_for
-from ..runtime.hf import encoder_of
+from ...errors import UsageError, VitcgError, suggest
+from ...lang.bindings import MISSING, import_object, release, transformers_version
+from ...lang.harness import Placeholder
+from ...lang.model import Spec, thaw
+from ...runtime.accelerate import accelerate
+from ...runtime.adapter import adapter_for
+from ...runtime.hf import encoder_of
+from ..workloads import relative_error
 from .failures import describe, step, where
-from .workloads import relative_error
 
 IMAGE_SIZES = ((56, 84), (112, 56), (84, 84))
 """(height, width) of the random images: landscape, portrait, square; small, so CPU runs stay fast."""

@@ -14,8 +14,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import UsageError
-from ..runtime.budgets import BUDGETS, MAX_FRAMES, MAX_ITEMS, check_limits
+from ...errors import UsageError
+from ...runtime.budgets import BUDGETS, MAX_FRAMES, MAX_ITEMS, check_limits
 
 ITEMS_PER_BATCH = {"image": 1, "video": 1, "image+video": 2}
 """Default ``encoder_cudagraph_max_vision_items_per_batch`` per modality."""

@@ -25,18 +25,18 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError, VitcgError
-from ..lang.catalogue import buffer_names
-from ..lang.model import Spec
-from ..runtime.adapter import SpecAdapter, adapter_for
-from ..runtime.compile_cache import capture_compiled
-from ..runtime.graphs import capture_graph
-from ..runtime.manager import EncoderCudaGraphManager
-from ..runtime.timing import timed
-from .encoders import build_encoder, release
-from .files import write_bytes_atomic, write_text_atomic
+from ...errors import InputError, VitcgError
+from ...lang.catalogue import buffer_names
+from ...lang.model import Spec
+from ...runtime.adapter import SpecAdapter, adapter_for
+from ...runtime.compile_cache import capture_compiled
+from ...runtime.graphs import capture_graph
+from ...runtime.manager import EncoderCudaGraphManager
+from ...runtime.timing import timed
+from ..encoders import build_encoder, release
+from ..files import write_bytes_atomic, write_text_atomic
+from ..workloads import WORKLOADS, make_inputs, on_device, relative_error
 from .roofline import Ceilings, forward_flops, measure_ceilings, weight_bytes
-from .workloads import WORKLOADS, make_inputs, on_device, relative_error
 
 
 class ExactGraph:

@@ -25,16 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import BudgetError, UsageError, VitcgError
-from ..lang.catalogue import buffer_names
-from ..lang.model import Spec, thaw
-from ..runtime.budgets import BudgetPlan, doubling_budgets, interpolate, lean_caps, plan_budgets
-from ..runtime.costs import CostModel, route
-from ..runtime.options import ManagerOptions
-from ..runtime.packing import plan_packs
+from ...errors import BudgetError, UsageError, VitcgError
+from ...lang.catalogue import buffer_names
+from ...lang.model import Spec, thaw
+from ...runtime.budgets import BudgetPlan, doubling_budgets, interpolate, lean_caps, plan_budgets
+from ...runtime.costs import CostModel, route
+from ...runtime.options import ManagerOptions
+from ...runtime.packing import plan_packs
+from ..files import read_json
+from ..sizes import WORKLOADS
 from .compile_config import compile_config
-from .files import read_json
-from .sizes import WORKLOADS
 
 MANAGERS = {"vitcg": ManagerOptions(), "vllm": ManagerOptions(packing="greedy", lean=False, route_eager=False)}
 """Which manager the plan is for, as the options it packs and routes by. ``vitcg``: vitcg's manager's defaults
@@ -353,7 +353,7 @@ class Target:
 def spec_geometry(spec: Spec) -> dict[str, int]:
     """The spec's geometry at its checkpoint's dimensions (``real_config``), from the config snapshot the
     bindings cache holds (transformers is imported only on a cache miss)."""
-    from ..lang.bindings import Bindings
+    from ...lang.bindings import Bindings
 
     bindings = Bindings()
     answer = bindings.check_config(spec.encoder.config_class, thaw(spec.tests.real_config))

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..runtime.timing import timed
+from ...runtime.timing import timed
 
 
 @dataclass(frozen=True)

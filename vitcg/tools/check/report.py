@@ -7,7 +7,7 @@ import enum
 import json
 from typing import TYPE_CHECKING
 
-from ..lang import SpecSource
+from ...lang import SpecSource
 
 if TYPE_CHECKING:
     from .cases import SpecReport

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError, VitcgError, suggest
-from ..lang.catalogue import PROVIDERS, STANDARD_ROLES, STYLE_DEFAULTS, STYLES, style_of
-from .guesses import MARK, placeholder_checkpoint
+from ...errors import UsageError, VitcgError, suggest
+from ...lang.catalogue import PROVIDERS, STANDARD_ROLES, STYLE_DEFAULTS, STYLES, style_of
+from ..guesses import MARK, placeholder_checkpoint
 
 TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
         "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96, "out_hidden_size": 48,
@@ -96,7 +96,7 @@ def required_arguments(d: Draft, passed: tuple[str, ...], taken: tuple[str, ...]
     """The parameters of ``d.encoder.forward`` without a default that ``passed`` leaves out, in call order; the
     buffer of each avoids the names in ``taken``. Read by :func:`vitcg.lang.bindings.method_signature`, as the
     validate rule reads them."""
-    from ..lang.bindings import method_signature
+    from ...lang.bindings import method_signature
 
     signature = method_signature(_path(d.encoder), "forward")
     required = signature["required"] if signature["ok"] else []
@@ -294,7 +294,7 @@ def _out_hidden_size(defaults: dict[str, Any]) -> tuple[str, str, int]:
 def _tiny_config(config: type, defaults: dict[str, Any]) -> dict[str, int]:
     """The :data:`TINY` values the config accepts: each one kept only if the config still builds with it
     (a field may be derived, or tied to others: per-layer settings indexed by layer)."""
-    from ..lang.bindings import unknown_config_keys
+    from ...lang.bindings import unknown_config_keys
 
     tiny: dict[str, int] = {}
     for key, value in TINY.items():
@@ -312,7 +312,7 @@ def _tiny_layer_indexes(config: type, defaults: dict[str, Any], tiny: dict[str, 
     """``tiny`` with each layer-index list of the defaults that names a layer past the tiny depth (deepstack,
     full-attention, global-attention, intermediate layers) set to the tiny tower's last layer: the tiny checks
     then run both the plain layers and the indexed path (``vitcg validate`` refuses a tiny config that skips it)."""
-    from ..lang.rules.bindings import LAYER_INDEX_FIELDS, TOWER_DEPTH_FIELDS
+    from ...lang.rules.bindings import LAYER_INDEX_FIELDS, TOWER_DEPTH_FIELDS
 
     depth = next((v for k in TOWER_DEPTH_FIELDS if _int(v := tiny.get(k, defaults.get(k)))), None)
     for key in LAYER_INDEX_FIELDS:
@@ -330,7 +330,7 @@ def _tiny_layer_indexes(config: type, defaults: dict[str, Any], tiny: dict[str, 
 def _tile_budget_max(values: dict[str, int], tokens_per_tile: int) -> tuple[str, str | None]:
     """``(formula, guess)`` for ``budget.max`` of a tiles draft: the engine limits, unless they hold no whole
     tile, or more tiles than a spec may capture (then a literal number of tiles, marked)."""
-    from ..lang.catalogue import DEFAULT_LIMITS, MAX_BUFFER_ELEMENTS
+    from ...lang.catalogue import DEFAULT_LIMITS, MAX_BUFFER_ELEMENTS
 
     fit = min(DEFAULT_LIMITS.values()) // tokens_per_tile
     # half the capture bound for the pixels: the rest is for the other buffers
@@ -427,7 +427,7 @@ def parent_candidates(d: Draft) -> list[Candidate]:
     built from the same config class, best first: a spec that already lists the model type, the model's family
     (its model code derives from the spec's model type, :func:`lineage`), the spec of the tower's own model type,
     then the rest by name; a spec whose notes say it does not cover the model comes last."""
-    from ..lang import spec_folders
+    from ...lang import spec_folders
 
     tower = (_path(d.encoder), _path(d.vision_config))
     family, home = lineage(d), _model_type_of(d.encoder)
@@ -509,8 +509,8 @@ def _excluding_sentence(notes: str, names: set[str]) -> str:
 def notices(d: Draft) -> list[str]:
     """What vitcg already knows about the model type: the specs that already cover it (``model_types``) and the
     known gap of the spec language that names it (:data:`vitcg.lang.gaps.GAPS`)."""
-    from ..lang import spec_folders
-    from ..lang.gaps import GAPS
+    from ...lang import spec_folders
+    from ...lang.gaps import GAPS
 
     said = [f"{spec.name} ({_from_here(spec.file)}) already covers {d.model_type}: use it (`vitcg check "
             f"{spec.name}`), or keep this draft only for a variant of your own"
@@ -525,7 +525,7 @@ def notices(d: Draft) -> list[str]:
 def _specs(folders: tuple[str, ...]) -> tuple:
     """The valid specs of ``folders`` (one registry load for every draft of a process; a broken file of the
     user's hides only its own spec)."""
-    from ..lang import SpecSource
+    from ...lang import SpecSource
 
     try:
         return tuple(SpecSource(list(folders)).specs)
@@ -1044,7 +1044,7 @@ def schema_reference(path: str | os.PathLike | None) -> str:
     draft inside the project that holds the vitcg package (a checkout: ``../lang/schema.json`` from
     ``vitcg/specs/``), absolute elsewhere (an installed vitcg's schema lies in site-packages); for stdout
     (None) as for ``vitcg new``'s default output, a file in the working folder."""
-    schema = Path(__file__).resolve().parents[1] / "lang" / "schema.json"
+    schema = Path(__file__).resolve().parents[2] / "lang" / "schema.json"
     folder = Path(path).resolve().parent if path is not None else Path.cwd().resolve()
     project = schema.parents[2]
     if folder.is_relative_to(project):
@@ -1084,8 +1084,8 @@ def _rendered(model_type: str, shown: str | None, path: str | os.PathLike | None
 
 def _invalid(lines: _Lines, model_type: str, shown: str | None) -> Exception | None:
     """The SpecError the draft gets from validation, or None when it validates."""
-    from ..errors import SpecError
-    from ..lang import Bindings, spec_from_text
+    from ...errors import SpecError
+    from ...lang import Bindings, spec_from_text
 
     try:
         spec_from_text(lines.text(), shown or f"<draft of {model_type}>", Bindings())

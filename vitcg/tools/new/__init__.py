@@ -1,0 +1,1 @@
+"""``vitcg new``: a draft spec read off a transformers model type (:mod:`.scaffold`)."""
