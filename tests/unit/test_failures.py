@@ -28,12 +28,20 @@ def _with_vlm_config(name: str, **config):
     return dataclasses.replace(spec, tests=dataclasses.replace(spec.tests, vlm=test))
 
 
+def _check_vlm(spec) -> None:
+    """The end-to-end stage of ``spec``; the test is skipped where this transformers cannot build its VLM."""
+    try:
+        stage.check_vlm(spec)
+    except stage.Unavailable as exc:
+        pytest.skip(str(exc))
+
+
 def test_a_validator_message_is_kept_whole_and_placed_at_the_validator():
     """Was "Class validation error for validator 'validate_architecture': at dataclasses.py:253": the validator's
     own message (its second line) dropped, and the place inside huggingface_hub."""
     spec = _with_vlm_config("clip", vision_config={"num_attention_heads": 5})
     with pytest.raises(StepFailed) as raised:
-        stage.check_vlm(spec)
+        _check_vlm(spec)
     message = str(raised.value)
     assert message.startswith("building the tiny VLM failed: StrictDataclassClassValidationError: Class validation "
                               "error for validator 'validate_architecture': ValueError: The hidden size (64) is not a "
@@ -50,7 +58,7 @@ def test_a_token_id_past_the_tiny_vocabulary_names_the_ids_and_the_fields():
     spec = _with_vlm_config("qwen2_vl", text_config={"vocab_size": 128}, image_token_id=128060,
                             vision_start_token_id=10, vision_end_token_id=11)
     with pytest.raises(StepFailed) as raised:
-        stage.check_vlm(spec)
+        _check_vlm(spec)
     message = str(raised.value)
     assert message.startswith("greedy generate on the tiny Qwen2VLForConditionalGeneration failed: IndexError: "
                               "index out of range in self at modeling_qwen2_vl.py:")
