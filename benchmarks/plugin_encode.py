@@ -223,13 +223,21 @@ def engine_limits(spec: Any, size: str, plan: bool = False) -> Any:
         return engine_config(1 << 14, 1 << 14, token_budgets=list(spec.tests.budgets), max_items_per_batch=8)
     if not plan:
         return engine_config(8192, 32768)
-    done = subprocess.run([sys.executable, "-m", "vitcg", "plan", spec.name, "--manager", "vllm", "--json"],
-                          capture_output=True, text=True, check=True)
-    config = json.loads(done.stdout)["compilation_config"]
-    print(f"{spec.name}: planned {json.dumps(config)}", flush=True)
+    config = planned_config(spec.name)
     return engine_config(8192, 32768, token_budgets=config["encoder_cudagraph_token_budgets"],
                          max_items_per_batch=config["encoder_cudagraph_max_vision_items_per_batch"],
                          max_frames_per_batch=config.get("encoder_cudagraph_max_frames_per_batch"))
+
+
+@functools.cache
+def planned_config(name: str) -> dict[str, Any]:
+    """The ``compilation_config`` that ``vitcg plan NAME --manager vllm`` prints (planned once per model: the plain
+    and the compiled path of a model share it)."""
+    done = subprocess.run([sys.executable, "-m", "vitcg", "plan", name, "--manager", "vllm", "--json"],
+                          capture_output=True, text=True, check=True)
+    config = json.loads(done.stdout)["compilation_config"]
+    print(f"{name}: planned {json.dumps(config)}", flush=True)
+    return config
 
 
 def judge(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],

@@ -178,6 +178,13 @@ class LoadedYaml:
         probe, pos = self.locate(path, key=key)
         return self.at(probe, pos, path, message, hint, code, col_offset)
 
+    def at_removal(self, removal: tuple[str, Position], path: Path_, message: str, hint: str, code: str) -> Diagnostic:
+        """A diagnostic for ``path`` at the ``remove`` entry that took away what it misses (one of :attr:`removed`:
+        that entry's file and position), the message ending in ``(removed here)``."""
+        file, pos = removal
+        return Diagnostic(file, pos.line, pos.col, format_path(path), f"{message} (removed here)", hint, code,
+                          None if file == self.file else self.file)
+
     def at(self, probe: Path_, pos: Position, path: Path_, message: str, hint: str | None, code: str,
            col_offset: int = 0) -> Diagnostic:
         """A diagnostic for ``path`` located at ``pos`` of the value at ``probe``: in the file that wrote it, and

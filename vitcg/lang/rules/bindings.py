@@ -10,7 +10,7 @@ from typing import Any
 from ...errors import Diagnostic, FormulaError, suggest
 from .. import catalogue as cat
 from ..bindings import Bindings
-from ..loader import LoadedYaml, format_path
+from ..loader import LoadedYaml
 from ..model import Encoder, Spec, thaw
 from .common import error, formula_diagnostic
 
@@ -84,10 +84,7 @@ def _missing_at(loaded: LoadedYaml, path: tuple[str, ...], name: str, message: s
                              code="binding", hint=hint)
     if found is None:
         return error(loaded, path, message, code="binding", hint=hint)
-    file, pos = found
-    return Diagnostic(file, pos.line, pos.col, format_path(path), message + " (removed here)",
-                      "keep it: every case would fail with a missing argument", "binding",
-                      None if file == loaded.file else loaded.file)
+    return loaded.at_removal(found, path, message, "keep it: every case would fail with a missing argument", "binding")
 
 
 def architectures_exist(loaded: LoadedYaml, spec: Spec, bindings: Bindings) -> Iterator[Diagnostic]:

@@ -19,7 +19,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from ...errors import Diagnostic, shown, suggest
 from .. import catalogue as cat
 from ..formulas import MAX_SOURCE_CHARS
-from ..loader import LoadedYaml, Path_, format_path, sexagesimal_hint
+from ..loader import LoadedYaml, Path_, sexagesimal_hint
 
 
 @lru_cache(maxsize=1)
@@ -107,14 +107,12 @@ def required(loaded: LoadedYaml, error: ValidationError) -> list[Diagnostic]:
     for k in error.validator_value:
         if k in present or _written_at_old_place(loaded, path + (k,)):
             continue
-        removal = loaded.removed.get(("key", ".".join(map(str, (*path, k)))))
+        removal = loaded.removed.get(("key", _dotted(path + (k,))))
         if removal is None:
             problems.append(loaded.diagnostic(path, f"missing required key {k!r}"))
-            continue
-        file, pos = removal
-        problems.append(Diagnostic(file, pos.line, pos.col, format_path(path), f"missing required key {k!r} (removed "
-                                   "here)", "a spec needs it: keep it, or write it afresh beside the remove: list",
-                                   "schema", None if file == loaded.file else loaded.file))
+        else:
+            problems.append(loaded.at_removal(removal, path, f"missing required key {k!r}", "a spec needs it: keep "
+                                              "it, or write it afresh beside the remove: list", "schema"))
     return problems
 
 
