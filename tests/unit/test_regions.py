@@ -153,3 +153,62 @@ def test_compiled_blocks_leave_the_model_classes_code_uncompiled(eager_backend):
         tower(torch.randn(5, 8))
     assert len(_debug_get_cache_entry_list(regions._run_block.__code__)) == 1
     assert _debug_get_cache_entry_list(Block.forward.__code__) == []
+
+
+def _eager_adapters(name: str = "qwen2_vl"):
+    """A ``compile_eager`` adapter and a plain one on the same tiny encoder (the plain one is the reference)."""
+    spec = SpecSource(["vitcg/specs"]).get(name)
+    module = encoders.build_encoder(spec, "tiny")
+    return adapter_for(spec, module, compile_eager=True), adapter_for(spec, module)
+
+
+def test_compile_eager_runs_blocks_compiled_for_any_shape_and_matches_the_models_own(eager_backend):
+    """Calls routed away from the graphs run the repeated blocks through compilations with dynamic shapes: after
+    the first call of several items, calls of other token and item counts (the mixed batch's eight sizes, eight
+    224 px images, two images and a video) compile nothing more, and each equals the model's own forward
+    (float32, 1e-5 relative); the blocks are the model's own again after each call."""
+    compiled, plain = _eager_adapters()
+    layers = list(compiled.module.blocks)
+    assert compiled.eager_compiled and set(compiled._eager_blocks) == set(layers)
+    graphs = []
+    for workload in ("mixed", "8x224", "image+video"):
+        inputs = make_inputs(compiled, WORKLOADS[workload], torch.Generator().manual_seed(2))
+        got = compiled.encoder_eager_forward(inputs)
+        graphs.append(counters["stats"]["unique_graphs"])
+        assert all("forward" not in vars(layer) for layer in layers)
+        torch.testing.assert_close(got, plain.encoder_eager_forward(inputs), rtol=1e-5, atol=1e-5)
+    assert graphs[0] >= 1 and graphs == [graphs[0]] * 3, graphs
+    assert compiled.eager_compiled
+
+
+def test_compile_eager_falls_back_to_the_models_blocks_with_one_warning(eager_backend):
+    """A compiled block that fails (a compiler error) costs one warning: that call and every later one run the
+    model's own blocks, and their rows are the model's."""
+    compiled, plain = _eager_adapters()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("inductor failed")
+    compiled._eager_blocks = dict.fromkeys(compiled._eager_blocks, broken)
+    inputs = make_inputs(compiled, WORKLOADS["1x224"], torch.Generator().manual_seed(3))
+    with pytest.warns(RuntimeWarning, match="compiled blocks failed .RuntimeError: inductor failed"):
+        got = compiled.encoder_eager_forward(inputs)
+    assert not compiled.eager_compiled
+    torch.testing.assert_close(got, plain.encoder_eager_forward(inputs), rtol=1e-5, atol=1e-5)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled.encoder_eager_forward(inputs)
+
+
+def test_compile_eager_keeps_its_blocks_when_the_models_own_forward_fails_too(eager_backend):
+    """An input the model itself refuses is the input's fault, not the compiler's: the model's error is raised,
+    and the compiled blocks stay on for the next call."""
+    compiled, _ = _eager_adapters()
+
+    def refuses(**kwargs):
+        raise ValueError("the model refuses this input")
+    compiled._call = refuses
+    inputs = make_inputs(compiled, WORKLOADS["1x224"], torch.Generator().manual_seed(4))
+    with pytest.raises(ValueError, match="the model refuses"):
+        compiled.encoder_eager_forward(inputs)
+    assert compiled.eager_compiled

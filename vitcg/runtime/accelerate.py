@@ -191,7 +191,8 @@ class Accelerated:
         with _PATCH_LOCK:  # the adapter must bind the original call, not a router in place
             router = vars(self.encoder).pop(self.spec.encoder.method, None)
             try:
-                self.adapter = adapter_for(self.spec, self.encoder, compile_forward=self.compile_forward)
+                self.adapter = adapter_for(self.spec, self.encoder, compile_forward=self.compile_forward,
+                                           compile_eager=self.compile_forward)
             finally:
                 if router is not None:
                     setattr(self.encoder, self.spec.encoder.method, router)
@@ -403,7 +404,8 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: SpecS
     (:class:`~vitcg.runtime.manager.ManagerOptions`). ``progress``: a capture progress bar (default: when stderr is a terminal).
     ``compile``: compile the encoder's repeated blocks with inductor before capture (faster replays; the first
     capture compiles one block per budget, later processes load its kernels from vitcg's persistent compile cache,
-    see :mod:`vitcg.runtime.regions` and :mod:`vitcg.runtime.compile_cache`). None (default): on CUDA, and
+    see :mod:`vitcg.runtime.regions` and :mod:`vitcg.runtime.compile_cache`), and for the calls routed away from
+    the graphs, with dynamic shapes (compiled at the first such call). None (default): on CUDA, and
     without them (with a warning) when their compilation fails; off on the CPU's static path. False: never.
 
     Build it after moving the model to its device and dtype; if the encoder moves later, the next call

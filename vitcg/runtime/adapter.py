@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -126,11 +127,16 @@ def _check_path(path: str) -> None:
 class _Adapter:
     """Everything both adapters share: items, selection, capture buffers, forwards."""
 
-    def __init__(self, spec: Spec, module: nn.Module, *, compile_forward: bool = False):
+    def __init__(self, spec: Spec, module: nn.Module, *, compile_forward: bool = False, compile_eager: bool = False):
         """``compile_forward``: run the encoder's repeated blocks through ``torch.compile`` (inductor kernels,
         one compilation per budget shared by every block, :mod:`vitcg.runtime.regions`) when they are
         captured; an encoder without repeated blocks has its whole fixed-shape forward compiled (once, with
-        dynamic shapes). Off by default: the first capture then takes as long as a compilation."""
+        dynamic shapes). Off by default: the first capture then takes as long as a compilation.
+        ``compile_eager``: the eager forward (calls routed away from the graphs) runs the repeated blocks compiled
+        with dynamic shapes and vitcg's attention, so that routing never trades inductor's kernels for launch
+        overhead (one compilation, at the first eager call); a call where that fails runs the model's own blocks,
+        and later calls too (one warning). Off by default: the eager forward is then the model's own, the
+        reference every check compares the graphs with."""
         self.spec = spec
         self.module = module
         self.geometry: dict[str, int] = spec.resolve_geometry(config_snapshot(module.config))
@@ -152,6 +158,8 @@ class _Adapter:
         if self._compiled:
             self._boundary.compile()
         self._configs = configs_of(module)
+        self._eager_blocks = compile_blocks(repeated_blocks(module), dynamic=True) if compile_eager else {}
+        """The repeated blocks compiled with dynamic shapes for the eager forward (``compile_eager``)."""
         self._splits = any(m.split for m in spec.modalities)
         """Whether the encoder may see more grid rows than items (a modality split by frames)."""
         self._item_roles = frozenset(r for m in spec.modalities for r in m.item_roles)
@@ -428,12 +436,32 @@ class _Adapter:
                           **self._call_kwargs})
         return calls
 
+    @property
+    def eager_compiled(self) -> bool:
+        """Whether eager calls run compiled blocks (``compile_eager``, and no call has failed with them)."""
+        return bool(self._eager_blocks)
+
+    def _eager_call(self, kwargs: Mapping[str, Any]) -> Any:
+        """One encoder call of the eager path: with the blocks compiled for it where there are (the lock held)."""
+        if not self._eager_blocks:
+            return self._call(**kwargs)
+        try:
+            with use_attention(self._configs, ATTENTION_NAME), compiled_blocks(self._eager_blocks):
+                return self._call(**kwargs)
+        except Exception as exc:  # noqa: BLE001  (the model's own blocks decide: an input error raises there too)
+            output = self._call(**kwargs)
+            self._eager_blocks = {}
+            warnings.warn(f"vitcg: {self.spec.name}: the eager forward's compiled blocks failed "
+                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); eager calls run the "
+                          "model's own blocks from now on", RuntimeWarning, stacklevel=2)
+            return output
+
     def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:
         _check_path(path)
         outputs = []
         for kwargs in self.eager_calls(mm_kwargs):
             with encoder_lock(self.module), torch.no_grad():  # never inside another thread's graph-path window
-                outputs.append(self.combine_output(self._call(**kwargs)))
+                outputs.append(self.combine_output(self._eager_call(kwargs)))
         if not outputs:
             return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
@@ -446,13 +474,12 @@ class SpecAdapter(_Adapter):
 
     supports_encoder_cudagraph = True
 
-    def __init__(self, spec: Spec, module: nn.Module, *, compile_forward: bool = False):
-        """``compile_forward``: run the fixed-shape forward through ``torch.compile`` (inductor kernels, one
-        compilation with dynamic shapes for all budgets) before it is captured."""
+    def __init__(self, spec: Spec, module: nn.Module, *, compile_forward: bool = False, compile_eager: bool = False):
+        """``compile_forward``, ``compile_eager``: as for every adapter (:class:`_Adapter`)."""
         if spec.graph_scope:
             raise UnsupportedError(f"{spec.name}: graph-scoped specs cannot implement the protocol; build "
                                    "ScopedSpecAdapter (vitcg.runtime.adapter.adapter_for picks it)")
-        super().__init__(spec, module, compile_forward=compile_forward)
+        super().__init__(spec, module, compile_forward=compile_forward, compile_eager=compile_eager)
 
     def prepare_encoder_cudagraph_replay_buffers(
         self, mm_kwargs: Mapping[str, Any], max_batch_size: int, max_frames_per_batch: int,

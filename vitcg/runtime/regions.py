@@ -61,6 +61,12 @@ def _run_block(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return type(block).forward(block, *args, **kwargs)
 
 
+def _run_block_any_shape(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """:func:`_run_block` for the compilation with dynamic shapes (the eager forward's): a code object of its own,
+    so its compilations never count against the budgets' recompile limit, nor theirs against it."""
+    return type(block).forward(block, *args, **kwargs)
+
+
 def compile_blocks(blocks: list[nn.Module], *, dynamic: bool = False,
                    ahead: AheadOfTime | None = None) -> dict[nn.Module, Callable[..., Any]]:
     """Each block's forward through one ``torch.compile`` of :func:`_run_block` (the block is an input, its
@@ -74,10 +80,11 @@ def compile_blocks(blocks: list[nn.Module], *, dynamic: bool = False,
     blocks = [block for block in blocks if "forward" not in vars(block)]
     if not blocks:
         return {}
-    if ahead is None:
-        compiled = _calling(torch.compile(_run_block, dynamic=dynamic))
-    else:  # the plain compilation made only if a call needs it: making one imports inductor's compiler (~1 s)
-        compiled = functools.partial(ahead, _lazily(lambda: _calling(torch.compile(_run_block, dynamic=dynamic))))
+    run = _run_block_any_shape if dynamic else _run_block
+
+    def make() -> Callable[..., Any]:  # at the first call that needs it: this imports inductor's compiler (~1 s)
+        return _calling(torch.compile(run, dynamic=dynamic), per_budget=not dynamic)
+    compiled = _lazily(make) if ahead is None else functools.partial(ahead, _lazily(make))
     return {block: functools.partial(_without_capturing_hooks, compiled, block) for block in blocks}
 
 
@@ -219,11 +226,19 @@ class AheadOfTime:
         return function
 
 
-def _calling(compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """``compiled`` called with torch function modes off and room for a compilation per budget. vitcg's checking
-    modes (:mod:`vitcg.runtime.syncs`) are for the model's eager code: inside a compiled call dynamo would trace
-    them, or they would judge its calling machinery (with dynamic shapes it passes ints to the graph through
-    ``torch.as_tensor``). On CUDA the capture itself still refuses whatever a graph cannot hold."""
+def _calling(compiled: Callable[..., Any], *, per_budget: bool = True) -> Callable[..., Any]:
+    """``compiled`` called with torch function modes off and, with ``per_budget``, room for a compilation per
+    budget. vitcg's checking modes (:mod:`vitcg.runtime.syncs`) are for the model's eager code: inside a compiled
+    call dynamo would trace them, or they would judge its calling machinery (with dynamic shapes it passes ints to
+    the graph through ``torch.as_tensor``). On CUDA the capture itself still refuses whatever a graph cannot hold.
+    Without ``per_budget`` (the eager forward's blocks, whose dynamic shapes need a few compilations in all) dynamo's
+    own limit holds: patching its config costs more host time than a block's compiled call (~2 ms against ~0.1 ms
+    on a busy 2-core machine), which a call outside a graph pays at every block."""
+    if not per_budget:
+        def plain(*args: Any, **kwargs: Any) -> Any:
+            with torch._C.DisableTorchFunction():
+                return compiled(*args, **kwargs)
+        return plain
     name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 
     def forward(*args: Any, **kwargs: Any) -> Any:

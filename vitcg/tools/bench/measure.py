@@ -129,7 +129,7 @@ def _inductor_manager(spec: Spec, module: torch.nn.Module, limits: Mapping[str, 
     when it holds them); None when compilation fails, which ``result`` records."""
     tic = time.perf_counter()
     try:
-        inductor = EncoderCudaGraphManager(adapter_for(spec, module, compile_forward=True), **limits,
+        inductor = EncoderCudaGraphManager(adapter_for(spec, module, compile_forward=True, compile_eager=True), **limits,
                                            device=device, dtype=dtype)
         _, cache = capture_compiled(inductor, spec)
     except Exception as exc:  # a compiler failure is a result to report, not a reason to stop
