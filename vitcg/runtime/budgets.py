@@ -28,11 +28,7 @@ def check_limits(budgets: Sequence[Any] | None, max_items: Any, max_frames: Any 
     most ``min(budgets)`` (every item needs at least one token); frames, when given, is an integer >= 0.
     """
     if budgets is not None:
-        if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Sequence) or not budgets:
-            raise BudgetError(f"{BUDGETS} must be a non-empty list of positive integers, got {budgets!r}")
-        bad = [b for b in budgets if not _is_int(b) or b <= 0]
-        if bad:
-            raise BudgetError(f"{BUDGETS} must be positive integers, got {bad}")
+        _check_budgets(budgets)
     if not _is_int(max_items) or max_items < 0:
         raise BudgetError(f"{MAX_ITEMS} must be an integer >= 0 (0 = auto), got {max_items!r}")
     if budgets is not None and max_items > min(budgets):
@@ -42,6 +38,14 @@ def check_limits(budgets: Sequence[Any] | None, max_items: Any, max_frames: Any 
             f"least one token. Set max items <= {smallest} or drop budgets smaller than {max_items}")
     if max_frames is not None and (not _is_int(max_frames) or max_frames < 0):
         raise BudgetError(f"{MAX_FRAMES} must be an integer >= 0, got {max_frames!r}")
+
+
+def _check_budgets(budgets: Any) -> None:
+    """Budgets are a non-empty list of positive integers; BudgetError naming the bad values otherwise."""
+    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Sequence) or not budgets:
+        raise BudgetError(f"{BUDGETS} must be a non-empty list of positive integers, got {budgets!r}")
+    if bad := [b for b in budgets if not _is_int(b) or b <= 0]:
+        raise BudgetError(f"{BUDGETS} must be positive integers, got {bad}")
 
 
 LADDERS = ("vllm", "pow2")
@@ -103,6 +107,36 @@ def power_of_two_budgets(start: int, max_budget: int) -> list[int]:
     return budgets
 
 
+def _check_range(min_budget: int, max_budget: int, ladder: str) -> None:
+    """``0 < min_budget <= max_budget`` and a known ladder; BudgetError naming the values and a remedy."""
+    if min_budget <= 0 or max_budget <= 0:
+        raise BudgetError(f"token budget range must be positive, got min={min_budget}, max={max_budget}; "
+                          "raise max_num_batched_tokens / max_model_len or fix the spec's budget formulas")
+    if min_budget > max_budget:
+        raise BudgetError(f"min token budget {min_budget} is larger than max token budget {max_budget} "
+                          "(min(max_num_batched_tokens, max_model_len)); raise those limits to at least "
+                          f"{min_budget}")
+    if ladder not in LADDERS:
+        raise BudgetError(f"budget ladder must be one of {', '.join(LADDERS)}, got {ladder!r}")
+
+
+def _ladder(min_budget: int, max_budget: int, token_budgets: Sequence[int] | None, max_items: int,
+            ladder: str) -> list[int]:
+    """The ascending budgets: those given (none above ``max_budget``), else the ladder generated from
+    ``max(min_budget, max_items)``."""
+    if token_budgets is not None:
+        if too_big := [b for b in token_budgets if b > max_budget]:
+            raise BudgetError(f"token budgets {too_big} exceed the max token budget {max_budget} "
+                              "(min(max_num_batched_tokens, max_model_len)); drop them or raise those limits")
+        return sorted(set(token_budgets))
+    generate = doubling_budgets if ladder == "vllm" else power_of_two_budgets
+    budgets = generate(max(min_budget, max_items), max_budget)
+    if max_items > max_budget:
+        raise BudgetError(f"encoder_cudagraph_max_vision_items_per_batch={max_items} exceeds the max token "
+                          f"budget {max_budget}; lower it or raise max_num_batched_tokens")
+    return budgets
+
+
 def plan_budgets(
     min_budget: int,
     max_budget: int,
@@ -124,29 +158,9 @@ def plan_budgets(
 
     Raises BudgetError naming the values and a remedy.
     """
-    if min_budget <= 0 or max_budget <= 0:
-        raise BudgetError(f"token budget range must be positive, got min={min_budget}, max={max_budget}; "
-                          "raise max_num_batched_tokens / max_model_len or fix the spec's budget formulas")
-    if min_budget > max_budget:
-        raise BudgetError(f"min token budget {min_budget} is larger than max token budget {max_budget} "
-                          "(min(max_num_batched_tokens, max_model_len)); raise those limits to at least "
-                          f"{min_budget}")
-    if ladder not in LADDERS:
-        raise BudgetError(f"budget ladder must be one of {', '.join(LADDERS)}, got {ladder!r}")
+    _check_range(min_budget, max_budget, ladder)
     check_limits(token_budgets, max_items, max_frames_per_batch)
-    if token_budgets is not None:
-        token_budgets = list(token_budgets)
-        too_big = [b for b in token_budgets if b > max_budget]
-        if too_big:
-            raise BudgetError(f"token budgets {too_big} exceed the max token budget {max_budget} "
-                              "(min(max_num_batched_tokens, max_model_len)); drop them or raise those limits")
-        budgets = sorted(set(token_budgets))
-    else:
-        generate = doubling_budgets if ladder == "vllm" else power_of_two_budgets
-        budgets = generate(max(min_budget, max_items), max_budget)
-        if max_items > max_budget:
-            raise BudgetError(f"encoder_cudagraph_max_vision_items_per_batch={max_items} exceeds the max token "
-                              f"budget {max_budget}; lower it or raise max_num_batched_tokens")
+    budgets = _ladder(min_budget, max_budget, token_budgets, max_items, ladder)
     if not max_items:
         max_items = max(1, min(max_budget // min_budget, budgets[0]))
     if max_frames_per_batch is None:

@@ -116,7 +116,18 @@ def route(tokens: Sequence[int], packs: list[PackPlan], eager: list[int], costs:
     def eager_price(indices: Sequence[int]) -> float | None:
         return costs.eager_cost(sum(tokens[i] for i in indices))
 
-    kept, why, forced = [], [], len(eager)
+    forced = len(eager)
+    kept, eager, why = _move_packs(packs, eager, eager_price, costs)
+    if kept and (whole := _one_eager_call(kept, eager, eager_price, costs)) is not None:
+        return Route([], whole.eager, whole.why, len(whole.eager) - forced)
+    return Route(kept, eager, "; ".join(why) or "nothing to replay", len(eager) - forced)
+
+
+def _move_packs(packs: list[PackPlan], eager: list[int], eager_price: Callable[[Sequence[int]], float | None],
+                costs: CostModel) -> tuple[list[PackPlan], list[int], list[str]]:
+    """Largest budget first, each pack moved to the eager call when its items cost less there than its replay;
+    the packs kept (in the packing's order), the eager items, and why for each pack."""
+    kept, why = [], []
     for pack in sorted(packs, key=lambda p: -p.budget):
         before, after, replay = eager_price(eager), eager_price([*eager, *pack.indices]), costs.replay_cost(pack.budget)
         if None in (before, after, replay):
@@ -128,13 +139,17 @@ def route(tokens: Sequence[int], packs: list[PackPlan], eager: list[int], costs:
         else:
             kept.append(pack)
             why.append(f"budget {pack.budget}: replayed ({replay:.2f} against +{after - before:.2f} eager)")
-    kept = [p for p in packs if any(p is k for k in kept)]  # in the packing's order
-    if kept:
-        together = eager_price([*eager, *(i for p in kept for i in p.indices)])
-        replays = [costs.replay_cost(p.budget) for p in kept]
-        part = eager_price(eager)
-        if together is not None and part is not None and None not in replays and together < sum(replays) + part:
-            everything = [*eager, *(i for p in kept for i in p.indices)]
-            return Route([], everything, f"one eager call ({together:.2f}) is cheaper than the replays and eager "
-                         f"part ({sum(replays) + part:.2f})", len(everything) - forced)
-    return Route(kept, eager, "; ".join(why) or "nothing to replay", len(eager) - forced)
+    return [p for p in packs if any(p is k for k in kept)], eager, why
+
+
+def _one_eager_call(kept: list[PackPlan], eager: list[int], eager_price: Callable[[Sequence[int]], float | None],
+                    costs: CostModel) -> Route | None:
+    """Every item in one eager call, when that is measured cheaper than the replays of ``kept`` plus the eager
+    call of ``eager``; else None."""
+    everything = [*eager, *(i for p in kept for i in p.indices)]
+    together, part = eager_price(everything), eager_price(eager)
+    replays = [costs.replay_cost(p.budget) for p in kept]
+    if together is None or part is None or None in replays or together >= sum(replays) + part:
+        return None
+    return Route([], everything, f"one eager call ({together:.2f}) is cheaper than the replays and eager "
+                 f"part ({sum(replays) + part:.2f})")

@@ -49,6 +49,23 @@ log = logging.getLogger("vitcg.runtime")
 ENGINE_LIMITS = frozenset(inspect.signature(engine_config).parameters)
 """The keyword arguments the manager takes in place of a ``vllm_config``."""
 
+def _one_path_config(model: SupportsEncoderCudaGraph) -> Any:
+    """The model's encoder graph config; BudgetError unless it declares the one path the manager serves."""
+    config = model.get_encoder_cudagraph_config()
+    if set(config.paths) != {DEFAULT_PATH} or config.paths[DEFAULT_PATH].min_token_budget is not None:
+        raise BudgetError(f"the model declares encoder paths {sorted(config.paths)}; vitcg's manager "
+                          "serves one path, 'default', on the manager's own ladder")
+    return config
+
+
+def _engine_config(limits: Mapping[str, Any]) -> EngineConfig:
+    """:func:`engine_config` of the manager's keyword limits; UsageError naming any it does not know."""
+    if unknown := sorted(set(limits) - ENGINE_LIMITS):
+        raise UsageError(f"EncoderCudaGraphManager: unknown engine limits {unknown}; the limits are "
+                         f"{sorted(ENGINE_LIMITS)}, and packing and routing are ManagerOptions fields")
+    return engine_config(**limits)
+
+
 class EncoderCudaGraphManager:
     """Captures one graph per token budget and serves batches of items through them.
 
@@ -61,15 +78,9 @@ class EncoderCudaGraphManager:
                  options: ManagerOptions | None = None, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, **engine_limits: Any):
         self.model = model
-        self.config = model.get_encoder_cudagraph_config()
-        if set(self.config.paths) != {DEFAULT_PATH} or self.config.paths[DEFAULT_PATH].min_token_budget is not None:
-            raise BudgetError(f"the model declares encoder paths {sorted(self.config.paths)}; vitcg's manager "
-                              "serves one path, 'default', on the manager's own ladder")
+        self.config = _one_path_config(model)
         options = options or ManagerOptions()
-        if unknown := sorted(set(engine_limits) - ENGINE_LIMITS):
-            raise UsageError(f"EncoderCudaGraphManager: unknown engine limits {unknown}; the limits are "
-                             f"{sorted(ENGINE_LIMITS)}, and packing and routing are ManagerOptions fields")
-        self.vllm_config = vllm_config if vllm_config is not None else engine_config(**engine_limits)
+        self.vllm_config = vllm_config if vllm_config is not None else _engine_config(engine_limits)
         self.plan = self._plan_budgets(options)
         self.extension = Extension.of(model)
         """The members of the vitcg extension the model offers (frames per item, item groups, graph scope)."""
@@ -157,14 +168,11 @@ class EncoderCudaGraphManager:
         if not tokens:
             return []
         self.capture()
-        frames = self.extension.item_frames(mm_kwargs) if self.extension.item_frames else None
-        routed, poisoned = self.route(tokens, frames), []
-        if routed.packs and self.options.isolate_nonfinite:  # only a replay packs items together: checked then
-            poisoned = nonfinite_items(mm_kwargs, len(tokens), lambda indices: self._select(mm_kwargs, indices)[0])
-            routed = self.route(tokens, frames, poisoned) if poisoned else routed
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("call of %d items, %d tokens: %d replays, %d items eager (%s)", len(tokens), sum(tokens),
-                      len(routed.packs), len(routed.eager), routed.why)
+        return self._encode(mm_kwargs, tokens, mixed)
+
+    def _encode(self, mm_kwargs: Mapping[str, Any], tokens: list[int], mixed: bool) -> list[torch.Tensor]:
+        """Every item of a call, routed, replayed or run eagerly; the results in the caller's order."""
+        routed, poisoned = self._route_call(mm_kwargs, tokens)
         dest: dict[int, torch.Tensor] = {}
         for pack in routed.packs:
             self._replay_pack(mm_kwargs, pack, tokens, dest, mixed)
@@ -178,6 +186,18 @@ class EncoderCudaGraphManager:
         if missing := [i for i in range(len(tokens)) if i not in dest]:
             raise SpecRuntimeError(f"postprocess_encoder_output left items {missing} without output")
         return [dest[i] for i in range(len(tokens))]
+
+    def _route_call(self, mm_kwargs: Mapping[str, Any], tokens: list[int]) -> tuple[Route, list[int]]:
+        """Where one call's items go, and the items with non-finite inputs (each run eagerly, alone)."""
+        frames = self.extension.item_frames(mm_kwargs) if self.extension.item_frames else None
+        routed, poisoned = self.route(tokens, frames), []
+        if routed.packs and self.options.isolate_nonfinite:  # only a replay packs items together: checked then
+            poisoned = nonfinite_items(mm_kwargs, len(tokens), lambda indices: self._select(mm_kwargs, indices)[0])
+            routed = self.route(tokens, frames, poisoned) if poisoned else routed
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("call of %d items, %d tokens: %d replays, %d items eager (%s)", len(tokens), sum(tokens),
+                      len(routed.packs), len(routed.eager), routed.why)
+        return routed, poisoned
 
     def _execute_apart(self, mm_kwargs: Mapping[str, Any], groups: list[list[int]]) -> list[torch.Tensor]:
         """Each group of items encoded by a call of its own, results in the caller's order: a model whose
