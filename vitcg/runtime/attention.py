@@ -132,38 +132,48 @@ def graph_safe_attention(
     through nested modules' ``**kwargs``.
     """
     groups = query.shape[1] // key.shape[1]
-    config = None
     if cu_seq_lens_q is not None and _use_varlen(query):
         config = _triton_config(query, cu_seq_lens_k is None or cu_seq_lens_k is cu_seq_lens_q)
-    if config is not None:
-        q, k, v = (t[0].transpose(0, 1) for t in (query, _repeat_kv(key, groups), _repeat_kv(value, groups)))
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        out = packed_attention(q, k, v, cu_seq_lens_q, float(scale), config.block_m, config.block_n,
-                               config.num_warps, config.num_stages)
-        return out.unsqueeze(0), None
-    if cu_seq_lens_q is not None and _use_varlen(query):
-        varlen_attn, params = _VARLEN
-        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (seq, heads, dim)
-        kwargs = {}
-        if "enable_gqa" in params and groups > 1:
-            kwargs["enable_gqa"] = True
-        else:
-            k, v = (s.repeat_interleave(groups, dim=1) for s in (k, v))
-        if "scale" in params:
-            kwargs["scale"] = scaling
-        elif scaling is not None:
-            q = q * (scaling * q.shape[-1] ** 0.5)  # older torch: fixed 1/sqrt(d) scale
-        out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
-                          int(max_length_q), int(max_length_k if max_length_k is not None else max_length_q), **kwargs)
-        return out.unsqueeze(0), None
-    mask = attention_mask
-    if cu_seq_lens_q is not None:
-        mask = _segment_mask(cu_seq_lens_q, query.shape[2])
+        if config is not None:
+            return _triton_packed(query, key, value, groups, scaling, cu_seq_lens_q, config), None
+        lengths = (max_length_q, max_length_k if max_length_k is not None else max_length_q)
+        return _varlen(query, key, value, groups, scaling, cu_seq_lens_q, cu_seq_lens_k, lengths), None
+    mask = _segment_mask(cu_seq_lens_q, query.shape[2]) if cu_seq_lens_q is not None else attention_mask
     out = F.scaled_dot_product_attention(
         query, _repeat_kv(key, groups), _repeat_kv(value, groups), attn_mask=mask, scale=scaling,
         dropout_p=dropout if module.training else 0.0,
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _triton_packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: int, scaling: float | None,
+                   cu_seqlens: torch.Tensor, config: PackedConfig) -> torch.Tensor:
+    """vitcg's Triton packed kernel over ``(1, heads, seq, dim)`` inputs; ``(1, seq, heads, dim)``."""
+    q, k, v = (t[0].transpose(0, 1) for t in (query, _repeat_kv(key, groups), _repeat_kv(value, groups)))
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = packed_attention(q, k, v, cu_seqlens, float(scale), config.block_m, config.block_n,
+                           config.num_warps, config.num_stages)
+    return out.unsqueeze(0)
+
+
+def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: int, scaling: float | None,
+            cu_seq_lens_q: torch.Tensor, cu_seq_lens_k: torch.Tensor | None, lengths: tuple) -> torch.Tensor:
+    """torch's ``varlen_attn`` (FlashAttention-2) over ``(1, heads, seq, dim)`` inputs; ``(1, seq, heads, dim)``.
+    ``lengths``: the longest query and key segment."""
+    varlen_attn, params = _VARLEN
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (seq, heads, dim)
+    kwargs = {}
+    if "enable_gqa" in params and groups > 1:
+        kwargs["enable_gqa"] = True
+    else:
+        k, v = (s.repeat_interleave(groups, dim=1) for s in (k, v))
+    if "scale" in params:
+        kwargs["scale"] = scaling
+    elif scaling is not None:
+        q = q * (scaling * q.shape[-1] ** 0.5)  # older torch: fixed 1/sqrt(d) scale
+    out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
+                      int(lengths[0]), int(lengths[1]), **kwargs)
+    return out.unsqueeze(0)
 
 
 def _static_mask(*args, **kwargs):

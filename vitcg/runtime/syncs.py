@@ -29,23 +29,36 @@ _TEXT = frozenset({"__format__", "__repr__", "__str__"})
 
 
 def _offending(func, args, kwargs) -> str | None:
+    """What about this call a CUDA graph cannot capture, or None."""
     name = getattr(func, "__name__", str(func))
     if name in _ALWAYS:
         return name
     if name in _TEXT:  # printing reads the values on the host
         return f"{name} (a tensor formatted into text)"
-    if name == "repeat_interleave" and "output_size" not in (kwargs or {}):
-        repeats = args[1] if len(args) > 1 else (kwargs or {}).get("repeats")
-        if isinstance(repeats, torch.Tensor) and repeats.numel() > 1:
-            return "repeat_interleave without output_size"
-    if name == "__getitem__" and len(args) > 1:
-        index = args[1]
-        parts = index if isinstance(index, tuple) else (index,)
-        if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
-            return "boolean-mask indexing"
-    if name == "where" and len(args) == 1 and not kwargs:
-        return "where(condition)"
+    check = _BY_ARGUMENTS.get(name)
+    return check(args, kwargs or {}) if check is not None else None
+
+
+def _repeats_without_size(args: tuple, kwargs: dict) -> str | None:
+    repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+    if "output_size" not in kwargs and isinstance(repeats, torch.Tensor) and repeats.numel() > 1:
+        return "repeat_interleave without output_size"
     return None
+
+
+def _mask_index(args: tuple, kwargs: dict) -> str | None:
+    parts = (args[1] if isinstance(args[1], tuple) else (args[1],)) if len(args) > 1 else ()
+    if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
+        return "boolean-mask indexing"
+    return None
+
+
+def _where_condition(args: tuple, kwargs: dict) -> str | None:
+    return "where(condition)" if len(args) == 1 and not kwargs else None
+
+
+_BY_ARGUMENTS = {"repeat_interleave": _repeats_without_size, "__getitem__": _mask_index, "where": _where_condition}
+"""Calls a graph cannot capture with some arguments only: the check of each, by name."""
 
 
 def _caller() -> str:
