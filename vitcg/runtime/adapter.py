@@ -147,16 +147,7 @@ class _Adapter:
         self._boundary: Boundary = Scope(spec, module) if spec.graph_scope else \
             WholeCall(spec, module, self.combine_output, self.pixel_layout)
         """What the graphs capture: the whole encoder call or the scoped submodule call."""
-        ahead = AheadOfTime() if compile_forward else None
-        self._blocks = compile_blocks(repeated_blocks(self._boundary.target), ahead=ahead) if compile_forward else {}
-        """The compiled forward of each repeated block, patched in while the graph path runs."""
-        self.ahead = ahead if self._blocks else None
-        """The blocks' functions compiled ahead of time, which the persistent compile cache stores and loads."""
-        self._boundary.use_forwards(self._blocks)
-        self._compiled = compile_forward and not self._blocks
-        """Whether the whole fixed-shape forward is compiled (an encoder without repeated blocks)."""
-        if self._compiled:
-            self._boundary.compile()
+        self._compile_graph_path(compile_forward)
         self._configs = configs_of(module)
         self._eager_blocks = compile_blocks(repeated_blocks(module), dynamic=True) if compile_eager else {}
         """The repeated blocks compiled with dynamic shapes for the eager forward (``compile_eager``)."""
@@ -179,6 +170,31 @@ class _Adapter:
                          for b in spec.buffers if not b.is_host}
         self._reader = InputReader(spec, self.geometry, self.device, self.item_spec)
         register()
+
+    def _compile_graph_path(self, compile_forward: bool) -> None:
+        """``compile_forward``'s compilations: the repeated blocks (ahead of time where they can be), else the
+        whole fixed-shape forward."""
+        ahead = AheadOfTime() if compile_forward else None
+        self._blocks = compile_blocks(repeated_blocks(self._boundary.target), ahead=ahead) if compile_forward else {}
+        """The compiled forward of each repeated block, patched in while the graph path runs."""
+        self.ahead = ahead if self._blocks else None
+        """The blocks' functions compiled ahead of time, which the persistent compile cache stores and loads."""
+        self._boundary.use_forwards(self._blocks)
+        self._compiled = compile_forward and not self._blocks
+        """Whether the whole fixed-shape forward is compiled (an encoder without repeated blocks)."""
+        if self._compiled:
+            self._boundary.compile()
+
+    def _zeros(self, buffer: Buffer, names: Mapping[str, int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """A device buffer of one capture, zeros of its shape (checked against its provider's capacity) and of its
+        provider's dtype (``model``: the graphs' dtype)."""
+        kind = PROVIDERS[buffer.provider].dtype
+        if kind == "param":
+            kind = buffer.params.get("dtype", "model")
+        shape = tuple(f.evaluate(names) for f in buffer.shape)
+        self._check_capacity(buffer, shape[0], names)
+        shape = self._boundary.storage_shape(buffer, shape)
+        return torch.zeros(shape, dtype=dtype if kind == "model" else providers.DTYPES[kind], device=device)
 
     def _inputs(self, mm_kwargs: Mapping[str, Any]) -> list[Input]:
         return self._reader.read(mm_kwargs)
@@ -248,28 +264,24 @@ class _Adapter:
             local = [i - starts[k] for i, o in zip(indices, owner) if o == k]
             if not local and (indices or k):  # no items here; an empty selection keeps the first modality
                 continue
-            rows = inp.counts_cpu.tolist()
-            sizes = [self.item_spec(inp.modality, row, None, values).input_size  # pixel rows match: read checked
-                     for row, _, values in inp.items()]
-            offsets = [0]
-            for size in sizes:
-                offsets.append(offsets[-1] + size)
-            everything = local == list(range(len(rows)))
-            for role, tensor in (("pixels", inp.pixels), *inp.extras.items()):
-                key = inp.modality.inputs[role]
-                selected[key] = tensor if everything else (
-                    torch.cat([tensor[offsets[i]:offsets[i + 1]] for i in local]) if local else tensor[:0])
-            per_item = [(inp.modality.count_key, inp.counts)] if inp.counts is not None else []
-            per_item += [(inp.modality.inputs[role], tensor) for role, tensor in inp.item_inputs.items()]
-            if inp.backend_rows is not None:  # the backend's bookkeeping travels with its items
-                per_item.append((BACKEND_ROW_KEYS[inp.modality.name], inp.backend_rows))
-            for key, tensor in per_item:  # one entry per item: indexed, not sliced by rows
-                selected[key] = tensor if everything else tensor[
-                    torch.tensor(local, dtype=torch.long, device=tensor.device)]
+            everything = local == list(range(len(inp.counts_cpu)))
+            selected.update(self._select_rows(inp, None if everything else local))
+            selected.update(_select_per_item(inp, None if everything else local))
             if self.spec.separate_modalities:  # the graphs of this modality (the capture axis)
                 # a tuple: vLLM's manager keys its graphs by (budget, axis keys), so they must be hashable
                 selected[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] = (inp.modality.name,)
         return selected
+
+    def _select_rows(self, inp: Input, local: list[int] | None) -> dict[str, torch.Tensor]:
+        """The pixel rows (and extra row inputs) of one modality's items at ``local`` in that order (None: all)."""
+        tensors = {inp.modality.inputs[role]: tensor for role, tensor in (("pixels", inp.pixels), *inp.extras.items())}
+        if local is None:
+            return tensors
+        offsets = [0]
+        for row, _, values in inp.items():  # pixel rows match: read checked
+            offsets.append(offsets[-1] + self.item_spec(inp.modality, row, None, values).input_size)
+        return {key: torch.cat([tensor[offsets[i]:offsets[i + 1]] for i in local]) if local else tensor[:0]
+                for key, tensor in tensors.items()}
 
     def _owners(self, inputs: Sequence[Any], indices: list[int]) -> tuple[list[int], list[int]]:
         """Each modality's first canonical index, and the modality of each of ``indices``; raises InputError for an
@@ -339,19 +351,9 @@ class _Adapter:
         if axis_keys and self.spec.separate_modalities and axis_keys[0] != "video":
             max_frames_per_batch = 0  # the graphs of a modality kept apart from video never see frames
         names = {**capacity_names(token_budget, max_batch_size, max_frames_per_batch, self._splits), **self.geometry}
-        values: dict[str, torch.Tensor | int] = {}
-        for buffer in self.spec.buffers:
-            if buffer.is_host:
-                values[buffer.name] = buffer.value.evaluate(names)
-                continue
-            kind = PROVIDERS[buffer.provider].dtype
-            if kind == "param":
-                kind = buffer.params.get("dtype", "model")
-            shape = tuple(f.evaluate(names) for f in buffer.shape)
-            self._check_capacity(buffer, shape[0], names)
-            shape = self._boundary.storage_shape(buffer, shape)
-            values[buffer.name] = torch.zeros(shape, dtype=dtype if kind == "model" else providers.DTYPES[kind],
-                                              device=device)
+        values: dict[str, torch.Tensor | int] = {
+            buffer.name: buffer.value.evaluate(names) if buffer.is_host else self._zeros(buffer, names, device, dtype)
+            for buffer in self.spec.buffers}
         capacity = self.row_capacity(values)
         for buffer in self.spec.buffers:
             if not buffer.is_host:
@@ -465,6 +467,18 @@ class _Adapter:
         if not outputs:
             return torch.zeros(0, self.geometry["out_hidden_size"], device=self.device, dtype=self.dtype)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+def _select_per_item(inp: Input, local: list[int] | None) -> dict[str, torch.Tensor]:
+    """The one-entry-per-item inputs of one modality's items at ``local`` (None: all): counts, per-item roles and
+    the backend's bookkeeping, which travels with its items; indexed, not sliced by rows."""
+    per_item = [(inp.modality.count_key, inp.counts)] if inp.counts is not None else []
+    per_item += [(inp.modality.inputs[role], tensor) for role, tensor in inp.item_inputs.items()]
+    if inp.backend_rows is not None:
+        per_item.append((BACKEND_ROW_KEYS[inp.modality.name], inp.backend_rows))
+    if local is None:
+        return dict(per_item)
+    return {key: tensor[torch.tensor(local, dtype=torch.long, device=tensor.device)] for key, tensor in per_item}
 
 
 class SpecAdapter(_Adapter):
