@@ -152,34 +152,38 @@ class Scope:
         """The call's arguments as buffer values; anything no buffer carries must be None or its default."""
         covered = {b.arg for b in self.spec.buffers}
         for name, value in arguments.items():
-            if name in covered or value is None:
-                continue
-            if name == HIDDEN_STATES_FLAG and self.stack:
-                if _last_layer_only(value):
-                    continue
-                raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes {name}={value!r}, but graph_scope "
-                                       f"{self.spec.graph_scope!r} is one graph for the whole stack: only the last "
-                                       "layer's output exists, so only -1 can be asked for")
-            param = self.signature.parameters.get(name)
-            default = param.default if param is not None else inspect.Parameter.empty
-            if not isinstance(value, torch.Tensor) and default is not inspect.Parameter.empty and value == default:
-                continue
-            raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes {name}={_described(value)}, which no "
-                                   f"buffer carries (the graph would silently ignore it); {_carry(name, value)}")
-        values = {}
-        for buffer in self.spec.buffers:
-            value = arguments.get(buffer.arg)
-            if buffer.is_host:
-                values[buffer.name] = None
-            elif value is None:
-                values[buffer.name] = self._absent(buffer, arguments)
-            elif not isinstance(value, torch.Tensor):
-                raise SpecRuntimeError(f"{self.spec.name}: buffer {buffer.name!r} (arg: {buffer.arg}) expects a tensor, "
-                                       f"but the scoped call passes {buffer.arg}={_described(value)}; "
-                                       f"{_carry(buffer.arg, value)}")
-            else:
-                values[buffer.name] = value.movedim(buffer.rows_dim, 0) if buffer.rows_dim else value
-        return values
+            if name not in covered and value is not None:
+                self._check_uncarried(name, value)
+        return {buffer.name: self._value(buffer, arguments) for buffer in self.spec.buffers}
+
+    def _check_uncarried(self, name: str, value: Any) -> None:
+        """An argument no buffer carries is fine only as its default (or, for a stack, the last layer's hidden
+        states); SpecRuntimeError naming it otherwise: the graph would silently ignore it."""
+        if name == HIDDEN_STATES_FLAG and self.stack:
+            if _last_layer_only(value):
+                return
+            raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes {name}={value!r}, but graph_scope "
+                                   f"{self.spec.graph_scope!r} is one graph for the whole stack: only the last "
+                                   "layer's output exists, so only -1 can be asked for")
+        param = self.signature.parameters.get(name)
+        default = param.default if param is not None else inspect.Parameter.empty
+        if not isinstance(value, torch.Tensor) and default is not inspect.Parameter.empty and value == default:
+            return
+        raise SpecRuntimeError(f"{self.spec.name}: the scoped call passes {name}={_described(value)}, which no "
+                               f"buffer carries (the graph would silently ignore it); {_carry(name, value)}")
+
+    def _value(self, buffer: Buffer, arguments: Mapping[str, Any]) -> Any:
+        """One buffer's value from the call's arguments (rows first), None for a host buffer."""
+        value = arguments.get(buffer.arg)
+        if buffer.is_host:
+            return None
+        if value is None:
+            return self._absent(buffer, arguments)
+        if not isinstance(value, torch.Tensor):
+            raise SpecRuntimeError(f"{self.spec.name}: buffer {buffer.name!r} (arg: {buffer.arg}) expects a tensor, "
+                                   f"but the scoped call passes {buffer.arg}={_described(value)}; "
+                                   f"{_carry(buffer.arg, value)}")
+        return value.movedim(buffer.rows_dim, 0) if buffer.rows_dim else value
 
     def _absent(self, buffer: Buffer, arguments: Mapping[str, Any]) -> Any:
         """The value of ``buffer`` for a call that passes None for it: its ``absent`` value (from the call's rows),
