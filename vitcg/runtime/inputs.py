@@ -117,6 +117,14 @@ class _LastRead:
     """Copies of the values read for their contents (counts, item values, valid rows, the backend's rows)."""
     found: list[Input]
 
+    def answers(self, values: tuple[tuple[str, Any], ...], mm_kwargs: Mapping[str, Any]) -> bool:
+        """Whether a read of ``values`` would find what this one did: the same keys and very objects, with the same
+        metadata, and the contents read equal to the copies taken."""
+        return (len(self.values) == len(values)
+                and all(k == k2 and v is v2 for (k, v), (k2, v2) in zip(values, self.values))
+                and self.metas == tuple(_meta(v) for _, v in values)
+                and all(_same(saved, mm_kwargs[k]) for k, saved in self.contents.items()))
+
 
 def _type_name(value: Any) -> str:
     kind = type(value)
@@ -213,6 +221,14 @@ def _shape(dims: tuple) -> str:
     return "(" + ", ".join("*" if d is None else str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
 
 
+def _content_keys(spec: Spec) -> frozenset[str]:
+    """The input keys whose values a read depends on: counts, per-item roles, and the ``valid`` role's input."""
+    keys = [k for m in spec.modalities for k in (m.count_key, *(m.inputs[r] for r in m.item_roles)) if k]
+    if spec.valid:
+        keys += [m.inputs[spec.valid.role] for m in spec.modalities if spec.valid.role in m.inputs]
+    return frozenset(keys)
+
+
 class InputReader:
     """Reads one call's multimodal kwargs into :class:`Input` records, one per modality present.
 
@@ -246,10 +262,7 @@ class InputReader:
         self.merge = geometry.get(MERGE_NAME)
         self.merged = spec.attention_style.merged if self.merge else ()
         """Item names that must be multiples of :attr:`merge`: only where the spec defines a merge size."""
-        self.content_keys = frozenset(
-            [k for m in spec.modalities for k in (m.count_key, *(m.inputs[r] for r in m.item_roles)) if k]
-            + [m.inputs[spec.valid.role] for m in spec.modalities if spec.valid and spec.valid.role in m.inputs]
-            + list(self.backend_rows.values()))
+        self.content_keys = _content_keys(spec) | frozenset(self.backend_rows.values())
         """Keys whose values (not only their shapes) a read depends on: small integer tensors, but for ``valid``."""
         self._last: _LastRead | None = None
         """The last read and what it found (see :meth:`read`)."""
@@ -268,12 +281,8 @@ class InputReader:
         only for its shape (pixels) is passed on as the object itself, so its new values are what the caller
         gets anyway."""
         values = tuple(mm_kwargs.items())
-        last = self._last
-        if (last is not None and len(last.values) == len(values)
-                and all(k == k2 and v is v2 for (k, v), (k2, v2) in zip(values, last.values))
-                and last.metas == tuple(_meta(v) for _, v in values)
-                and all(_same(saved, mm_kwargs[k]) for k, saved in last.contents.items())):
-            return list(last.found)
+        if self._last is not None and self._last.answers(values, mm_kwargs):
+            return list(self._last.found)
         found = self._read(mm_kwargs)
         contents = {k: _content(v).clone() for k, v in values if k in self.content_keys and v is not None}
         self._last = _LastRead(values, tuple(_meta(v) for _, v in values), contents, found)
@@ -281,36 +290,44 @@ class InputReader:
 
     def _read(self, mm_kwargs: Mapping[str, Any]) -> list[Input]:
         self._check_keys(mm_kwargs)
-        found = []
-        for modality in self.spec.modalities:
-            keys = list(modality.inputs.values())
-            present = [k for k in keys if mm_kwargs.get(k) is not None]
-            if not present:
-                continue
-            missing = [k for k in keys if k not in present]
-            if missing:
-                raise InputError(f"{self.spec.name}: {present[0]!r} is given without {missing[0]!r}")
-            pixels = self._tensor(modality.pixels_key, mm_kwargs[modality.pixels_key])
-            self._check_pixels(modality.pixels_key, pixels)
-            counts, counts_cpu = self._counts(modality, mm_kwargs, pixels)
-            extras = {role: self._aligned(modality, role, mm_kwargs[modality.inputs[role]], pixels)
-                      for role in modality.extra_roles}
-            item_inputs = {role: self._per_item(modality, role, mm_kwargs[modality.inputs[role]], counts_cpu)
-                           for role in modality.item_roles}
-            item_values = None
-            if item_inputs:
-                columns = {role: value.tolist() for role, value in item_inputs.items()}  # one host read
-                self._check_signs(modality, columns)
-                item_values = tuple(tuple((role, columns[role][i]) for role in item_inputs)
-                                    for i in range(counts_cpu.shape[0]))
-            valid = self._check_items(modality, counts_cpu, pixels, self._valid_rows(extras), item_values)
-            encoder_counts = counts_cpu
-            if modality.split is not None and self.spec.attention_style.segmented:
-                rows = [r for row in counts_cpu.tolist() for r in modality.encoder_rows(row)]
-                encoder_counts = torch.tensor(rows, dtype=torch.int64).reshape(-1, counts_cpu.shape[1])
-            found.append(Input(modality, pixels, counts, counts_cpu, encoder_counts, extras, valid, item_inputs,
-                               item_values))
-        return self._backend_rows(mm_kwargs, found)
+        found = [self._read_modality(modality, mm_kwargs) for modality in self.spec.modalities]
+        return self._backend_rows(mm_kwargs, [inp for inp in found if inp is not None])
+
+    def _read_modality(self, modality: Modality, mm_kwargs: Mapping[str, Any]) -> Input | None:
+        """One modality's input, checked; None when the call has none of its keys."""
+        keys = list(modality.inputs.values())
+        present = [k for k in keys if mm_kwargs.get(k) is not None]
+        if not present:
+            return None
+        if missing := [k for k in keys if k not in present]:
+            raise InputError(f"{self.spec.name}: {present[0]!r} is given without {missing[0]!r}")
+        pixels = self._tensor(modality.pixels_key, mm_kwargs[modality.pixels_key])
+        self._check_pixels(modality.pixels_key, pixels)
+        counts, counts_cpu = self._counts(modality, mm_kwargs, pixels)
+        extras = {role: self._aligned(modality, role, mm_kwargs[modality.inputs[role]], pixels)
+                  for role in modality.extra_roles}
+        item_inputs = {role: self._per_item(modality, role, mm_kwargs[modality.inputs[role]], counts_cpu)
+                       for role in modality.item_roles}
+        item_values = self._item_values(modality, item_inputs, counts_cpu.shape[0])
+        valid = self._check_items(modality, counts_cpu, pixels, self._valid_rows(extras), item_values)
+        return Input(modality, pixels, counts, counts_cpu, self._encoder_counts(modality, counts_cpu), extras, valid,
+                     item_inputs, item_values)
+
+    def _encoder_counts(self, modality: Modality, counts_cpu: torch.Tensor) -> torch.Tensor:
+        """The count rows the encoder sees: a modality split by frames has a row per segment."""
+        if modality.split is None or not self.spec.attention_style.segmented:
+            return counts_cpu
+        rows = [r for row in counts_cpu.tolist() for r in modality.encoder_rows(row)]
+        return torch.tensor(rows, dtype=torch.int64).reshape(-1, counts_cpu.shape[1])
+
+    def _item_values(self, modality: Modality, item_inputs: Mapping[str, torch.Tensor],
+                     items: int) -> tuple | None:
+        """Each item's per-item role values, ``((role, value), ...)``, read in one host read; None without any."""
+        if not item_inputs:
+            return None
+        columns = {role: value.tolist() for role, value in item_inputs.items()}
+        self._check_signs(modality, columns)
+        return tuple(tuple((role, columns[role][i]) for role in item_inputs) for i in range(items))
 
     def _backend_rows(self, mm_kwargs: Mapping[str, Any], found: list[Input]) -> list[Input]:
         """``found`` with the backend's rows per item attached where given (:data:`BACKEND_ROW_KEYS`). Raises
@@ -320,13 +337,7 @@ class InputReader:
             value = mm_kwargs.get(key)
             if value is None:
                 continue
-            try:
-                given = torch.as_tensor(value)
-            except (TypeError, ValueError, RuntimeError):
-                raise self._error(key, f"expected a tensor of integers, got {_type_name(value)}") from None
-            if given.is_meta or given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
-                raise self._error(key, f"expected a tensor of integers with data, got {given.dtype}"
-                                       f"{' (meta)' if given.is_meta else ''}")
+            given = self._integers(key, value)
             index = next((i for i, inp in enumerate(found) if inp.modality.name == name), None)
             actual = given.flatten().tolist()  # on the CPU, where the backend keeps it: no device sync
             if index is None:
@@ -340,6 +351,17 @@ class InputReader:
                                        f"{name} item, items.input_size: {self.spec.input_size}), got {actual}")
             found[index] = dataclasses.replace(inp, backend_rows=given.reshape(-1))
         return found
+
+    def _integers(self, key: str, value: Any) -> torch.Tensor:
+        """``value`` as a tensor of integers with data; InputError naming ``key`` otherwise."""
+        try:
+            given = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise self._error(key, f"expected a tensor of integers, got {_type_name(value)}") from None
+        if given.is_meta or given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+            raise self._error(key, f"expected a tensor of integers with data, got {given.dtype}"
+                                   f"{' (meta)' if given.is_meta else ''}")
+        return given
 
     def _check_keys(self, mm_kwargs: Mapping[str, Any]) -> None:
         # the protocol reserves the axis keys' name: a selection carries them for the manager to pop; the
@@ -543,38 +565,45 @@ class InputReader:
         """Checks each item's counts and sizes; returns each item's non-padding rows (None without
         ``items.valid``)."""
         key = modality.count_key or modality.pixels_key
-        names = self.spec.attention_style.item_names
         total = 0
         valid: list[int] = []
         for index, row in enumerate(counts_cpu.tolist()):
-            values = row if isinstance(row, list) else [row]
-            if min(values) < 1:
-                raise self._error(key, f"item {index} is {row}: expected positive {', '.join(names)}")
-            off = [n for n in self.merged if values[names.index(n)] % self.merge]
-            if off:
-                raise self._error(key, f"item {index} is {row}: expected {' and '.join(self.merged)} to be "
-                                       f"multiples of {MERGE_NAME} {self.merge}, {' and '.join(off)} is not")
             values = item_values[index] if item_values is not None else None
-            try:
-                item = self._item_spec(modality, row, None, values)
-                if valid_rows is not None:  # input_size never reads valid: it locates the item's rows
-                    valid.append(sum(valid_rows[total:total + item.input_size]))
-                    full, item = item, self._item_spec(modality, row, valid[-1], values)
-                    self._check_whole_tokens(modality, index, row, values, valid[-1], full.output_tokens,
-                                             item.output_tokens)
-            except FormulaError as exc:
-                raise self._error(key, f"item {index} is {row}{_described(values)}: {exc}") from None
-            if item.input_size < 1 or item.output_tokens < 1:
-                raise self._error(key, f"item {index} is {row}{_described(values)}: expected a positive input_size "
-                                       "and output_tokens "
-                                       f"(items: {self.spec.input_size}, {self.spec.output_tokens}), got "
-                                       f"{item.input_size} and {item.output_tokens}")
+            item = self._checked_item(modality, key, index, row, values, valid_rows, total, valid)
             total += item.input_size
         if total != pixels.shape[0]:
             raise InputError(
                 f"{self.spec.name}: {modality.pixels_key!r} has {pixels.shape[0]} rows but {key!r} describes "
                 f"{total} (items.input_size: {self.spec.input_size})")
         return tuple(valid) if valid_rows is not None else None
+
+    def _checked_item(self, modality: Modality, key: str, index: int, row: Any, values: tuple | None,
+                      valid_rows: list[int] | None, start: int, valid: list[int]) -> EncoderItemSpec:
+        """Item ``index`` (count row ``row``, pixel rows from ``start``) checked: positive counts, multiples of the
+        merge size, formulas that evaluate to a positive size; with ``valid_rows``, its non-padding rows are
+        appended to ``valid`` and must make whole output tokens. Raises InputError naming ``key``."""
+        names = self.spec.attention_style.item_names
+        counted = row if isinstance(row, list) else [row]
+        if min(counted) < 1:
+            raise self._error(key, f"item {index} is {row}: expected positive {', '.join(names)}")
+        if off := [n for n in self.merged if counted[names.index(n)] % self.merge]:
+            raise self._error(key, f"item {index} is {row}: expected {' and '.join(self.merged)} to be "
+                                   f"multiples of {MERGE_NAME} {self.merge}, {' and '.join(off)} is not")
+        try:
+            item = self._item_spec(modality, row, None, values)
+            if valid_rows is not None:  # input_size never reads valid: it locates the item's rows
+                valid.append(sum(valid_rows[start:start + item.input_size]))
+                full, item = item, self._item_spec(modality, row, valid[-1], values)
+                self._check_whole_tokens(modality, index, row, values, valid[-1], full.output_tokens,
+                                         item.output_tokens)
+        except FormulaError as exc:
+            raise self._error(key, f"item {index} is {row}{_described(values)}: {exc}") from None
+        if item.input_size < 1 or item.output_tokens < 1:
+            raise self._error(key, f"item {index} is {row}{_described(values)}: expected a positive input_size "
+                                   "and output_tokens "
+                                   f"(items: {self.spec.input_size}, {self.spec.output_tokens}), got "
+                                   f"{item.input_size} and {item.output_tokens}")
+        return item
 
 
 def _valid_names(spec: Spec, modality: Modality, row: Any, geometry: Mapping[str, int],
