@@ -349,19 +349,30 @@ def persistent_compile_cache(key: str, root: str | os.PathLike | None = None, *,
         payload, use.refused, replaceable = None, str(exc), exc.replace
         _warn(f"not loading the compile cache: {exc}; compiling instead")
     if payload is not None:
-        try:
-            use.loaded = torch.compiler.load_cache_artifacts(payload) is not None  # None: torch could not read it
-            if not use.loaded:
-                use.refused = "torch could not read the artifacts"
-        except Exception as exc:  # a stale file (another torch build): compile as if it were absent, then replace it
-            use.refused = f"{type(exc).__name__}: {exc}"
-        if use.loaded:
-            log.info("compile cache: loaded %d bytes of artifacts from %s", len(payload), path)
-        else:
-            _warn(f"ignoring the compile cache {path}: {use.refused}; compiling instead")
+        _load_artifacts(use, payload)
     yield use
     if use.loaded or not replaceable:  # what vitcg never wrote is left alone (warned about above)
         return
+    _store_artifacts(use, path, key, needed)
+
+
+def _load_artifacts(use: CompileCacheUse, payload: bytes) -> None:
+    """Hand a vouched-for payload to torch; ``use`` says whether it loaded, or why not (with one warning)."""
+    try:
+        use.loaded = torch.compiler.load_cache_artifacts(payload) is not None  # None: torch could not read it
+        if not use.loaded:
+            use.refused = "torch could not read the artifacts"
+    except Exception as exc:  # a stale file (another torch build): compile as if it were absent, then replace it
+        use.refused = f"{type(exc).__name__}: {exc}"
+    if use.loaded:
+        log.info("compile cache: loaded %d bytes of artifacts from %s", len(payload), use.path)
+    else:
+        _warn(f"ignoring the compile cache {use.path}: {use.refused}; compiling instead")
+
+
+def _store_artifacts(use: CompileCacheUse, path: Path, key: str, needed: Callable[[], bool]) -> None:
+    """Store what this capture compiled under ``key`` (unless ``needed()`` says nothing reads it); with nothing to
+    store, drop a refused file so that it is not read again."""
     artifacts = torch.compiler.save_cache_artifacts() if needed() else None
     blob = artifacts[0] if artifacts else b""
     with _storing("the compile cache", path):

@@ -116,13 +116,19 @@ class _Packer:
         total = sum(self.tokens[i] for i in order)
         below = [b for b in self.plan.budgets if b <= total]
         if below and (not candidates or below[-1] < candidates[0][0].budget):
-            chosen: list[int] = []
-            for i in order:
-                if self.feasible([*chosen, i], below[-1]):
-                    chosen.append(i)
-            if chosen:
-                taken = set(chosen)
-                candidates.append([self.pack(chosen), *self.tight([i for i in order if i not in taken])])
+            candidates += self._filled(order, below[-1])
         if not candidates:  # nothing fits under the total: the largest item alone, then the rest
             candidates.append([self.pack(order[:1]), *self.tight(order[1:])])
         return min(candidates, key=lambda packs: sum(self.price(p.budget) for p in packs))
+
+    def _filled(self, order: list[int], budget: int) -> list[list[PackPlan]]:
+        """The candidate of :meth:`tight` that fills ``budget`` largest item first and packs the rest the same way
+        (none when no item fits it)."""
+        chosen: list[int] = []
+        for i in order:
+            if self.feasible([*chosen, i], budget):
+                chosen.append(i)
+        if not chosen:
+            return []
+        taken = set(chosen)
+        return [[self.pack(chosen), *self.tight([i for i in order if i not in taken])]]
