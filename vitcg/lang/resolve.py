@@ -140,12 +140,17 @@ class _Merge:
         base = _at(self.base.data, b) if b is not None else None
         if isinstance(base, dict) and isinstance(over, dict):
             self.copy.mark(self.over, o, dst)
-            return {k: self.node(b + (k,) if k in base else None, o + (k,) if k in over else None, dst + (k,))
-                    for k in [*base, *(k for k in over if k not in base)]}
+            return self.keys(b, o, dst, [*base, *(k for k in over if k not in base)])
         if dst == ("buffers",) and isinstance(base, list) and isinstance(over, list):
             self.copy.mark(self.over, o, dst)
             return self.buffers(b, o, base, over)
         return self.copy.place(self.over, o, dst)
+
+    def keys(self, b: Path_, o: Path_, dst: Path_, keys: list) -> dict:
+        """The mappings at ``b`` (inherited) and ``o`` (written) merged key by key, in the order of ``keys``."""
+        base, over = _at(self.base.data, b), _at(self.over.data, o)
+        return {k: self.node(b + (k,) if k in base else None, o + (k,) if k in over else None, dst + (k,))
+                for k in keys}
 
     def buffers(self, b: Path_, o: Path_, base: list, over: list) -> list:
         """Buffers by the merge rule: inherited ones in their order (merged, dropped by ``remove: true``, or
@@ -216,8 +221,7 @@ class _Merge:
         base, over = _at(self.base.data, b), _at(self.over.data, o)
         self.copy.mark(self.over, o, dst)
         keys = [k for k in base if not (k in _EXCLUSIVE and k not in over and any(x in over for x in _EXCLUSIVE))]
-        return {k: self.node(b + (k,) if k in base else None, o + (k,) if k in over else None, dst + (k,))
-                for k in [*keys, *(k for k in over if k not in base)]}
+        return self.keys(b, o, dst, [*keys, *(k for k in over if k not in base)])
 
 
 def _replaced(base: list, over: list, named: dict[str, int]) -> set[int]:
