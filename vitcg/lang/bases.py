@@ -80,6 +80,7 @@ def data(name: str) -> dict[str, Any]:
     return copy.deepcopy(_resolved(name).data)
 
 
+@functools.cache
 def chain(name: str) -> tuple[tuple[str, str], ...]:
     """``(name, file)`` of base ``name`` and each base it extends, nearest first."""
     path = file(name)
