@@ -68,7 +68,7 @@ def validate(
                                            "using the cached facts.")] = False,
     resolved: Annotated[bool, typer.Option("--resolved", help="Print each spec file as checks see it: merged "
                                            "with the spec it extends, its NAME.tests.yaml harness and its "
-                                           "style base (vitcg/lang/styles/_STYLE.yaml), under a comment naming "
+                                           "style base (in vitcg/lang/styles/), under a comment naming "
                                            "those files (YAML, or JSON with --json); checked as without "
                                            "--resolved: exit 1 and its diagnostics (YAML comments) when it "
                                            "does not validate.")] = False,
