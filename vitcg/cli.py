@@ -67,10 +67,11 @@ def validate(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Re-import transformers classes instead of "
                                            "using the cached facts.")] = False,
     resolved: Annotated[bool, typer.Option("--resolved", help="Print each spec file as checks see it: merged "
-                                           "with the spec it extends, its NAME.tests.yaml harness and the "
-                                           "language's defaults (YAML, or JSON with --json); checked as "
-                                           "without --resolved: exit 1 and its diagnostics (YAML comments) "
-                                           "when it does not validate.")] = False,
+                                           "with the spec it extends, its NAME.tests.yaml harness and its "
+                                           "style base (in vitcg/lang/styles/), under a comment naming "
+                                           "those files (YAML, or JSON with --json); checked as without "
+                                           "--resolved: exit 1 and its diagnostics (YAML comments) when it "
+                                           "does not validate.")] = False,
 ) -> None:
     """Check spec files: YAML, schema, formulas, semantics and transformers bindings. Prints every error.
     Without PATH: the packaged specs, then $VITCG_SPECS_DIR's folders (a later spec replaces one of its name)."""

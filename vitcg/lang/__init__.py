@@ -1,7 +1,7 @@
 """Spec files -> diagnostics or typed specs: discovery, the per-file pipeline, and the front door.
 
 Pipeline per file: :mod:`.loader` (YAML with positions) -> :mod:`.resolve` (the spec it ``extends``, its
-``NAME.tests.yaml`` harness, the language's defaults) -> :mod:`.checks` (schema, formulas, semantics, bindings)
+``NAME.tests.yaml`` harness, its style base from ``styles/``) -> :mod:`.checks` (schema, formulas, semantics, bindings)
 -> :class:`.model.Spec`. Within one folder, names must be unique; across folders, a later folder's
 spec replaces an earlier one of the same name (:mod:`.folders` has the order: the packaged specs, then
 ``$VITCG_SPECS_DIR``, then the caller's folders). Every caller that reads spec files goes through one

@@ -125,9 +125,14 @@ class AttentionStyle:
     merged: tuple[str, ...] = ()
     """Item names the encoder merges in blocks of geometry :data:`MERGE_NAME` (when the spec defines it): each
     must be a multiple of it."""
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    """What a spec of this style gets unless it writes otherwise (:mod:`.resolve` merges the spec over it):
-    ``items``, ``budget`` and, for a spec without ``graph_scope``, the standard ``buffers``."""
+
+    @property
+    def defaults(self) -> Mapping[str, Any]:
+        """What a spec of this style gets unless it writes otherwise: ``items``, ``budget`` and, for a spec without
+        ``graph_scope``, the standard ``buffers``. Written in the style's base file (``vitcg/lang/styles/_NAME.yaml``,
+        :mod:`.bases`), which :mod:`.resolve` merges the spec over."""
+        from .bases import style_defaults
+        return MappingProxyType(style_defaults(self.name))
 
     @property
     def segmented(self) -> bool:
@@ -183,57 +188,49 @@ _PACKED_SHAPING = {
                    " * spatial_merge_size"},
 }
 
-_SEGMENT_ITEMS = {"input_size": "t * h * w",
-                  "output_tokens": "t * (h // spatial_merge_size) * (w // spatial_merge_size)"}
-_WHOLE_BUDGET = "min(max_num_batched_tokens, max_model_len)"
-_ROWS = "budget * spatial_merge_size ** 2"
-_PACKED_BUFFERS = [
-    {"name": "pixel_values", "provider": "pixels",
-     "shape": [_ROWS, "in_channels * temporal_patch_size * patch_size ** 2"], "padding": "zeros"},
-    {"name": "grid_thw", "provider": "grid", "shape": ["max_items + 1", 3], "padding": "zeros"},
-    {"name": "cu_seqlens", "provider": "cu_seqlens", "shape": ["max_segments + 2"], "padding": "trailing_segment"},
-    {"name": "max_seqlen", "provider": "max_seqlen", "value": _ROWS, "padding": "fixed"},
-    {"name": "position_ids", "provider": "position_ids", "shape": [_ROWS, 2], "padding": "zeros"},
-]
-_PACKED_DEFAULTS = {"items": _SEGMENT_ITEMS, "budget": {"min": 64, "max": _WHOLE_BUDGET}, "buffers": _PACKED_BUFFERS}
-_WINDOWED_DEFAULTS = {**_PACKED_DEFAULTS, "buffers": [
-    *_PACKED_BUFFERS,
-    {"name": "window_index", "provider": "window_index", "shape": ["budget"], "padding": "identity"},
-    {"name": "cu_window_seqlens", "provider": "cu_window_seqlens", "shape": ["budget + 2"],
-     "padding": "trailing_segment"},
-    {"name": "max_window_seqlen", "provider": "max_window_seqlen", "value": "(window_size // patch_size) ** 2",
-     "padding": "fixed"},
-]}
-_TILES_DEFAULTS = {
-    "items": {"input_size": "n", "output_tokens": "n * tokens_per_tile"},
-    "budget": {"min": "tokens_per_tile", "max": _WHOLE_BUDGET},
-    "buffers": [{"name": "pixel_values", "provider": "pixels",
-                 "shape": ["budget // tokens_per_tile", "in_channels", "image_size", "image_size"], "padding": "zeros"}],
-}
-
 STYLES: Mapping[str, AttentionStyle] = MappingProxyType({s.name: s for s in (
     AttentionStyle("packed", "packed varlen (rotary)",
                    "one sequence of patch rows; varlen attention by cu_seqlens", "grid", ("t", "h", "w"),
                    ("frame", "clip"), True, ("pixels", "cu_seqlens", "max_seqlen"),
                    ("patch_size", "spatial_merge_size"), _PACKED_SHAPING,
-                   ("get_vision_attention_seqlens", "get_vision_cu_seqlens"), ("h", "w"), _PACKED_DEFAULTS),
+                   ("get_vision_attention_seqlens", "get_vision_cu_seqlens"), ("h", "w")),
     AttentionStyle("windowed", "windowed varlen (rotary)",
                    "packed, plus Qwen2.5-VL-style windows between full-attention layers", "grid", ("t", "h", "w"),
                    ("frame", "clip"), True,
                    ("pixels", "cu_seqlens", "max_seqlen", "window_index", "cu_window_seqlens", "max_window_seqlen"),
-                   ("patch_size", "spatial_merge_size"), _PACKED_SHAPING, ("get_vision_window_index",), ("h", "w"),
-                   _WINDOWED_DEFAULTS),
+                   ("patch_size", "spatial_merge_size"), _PACKED_SHAPING, ("get_vision_window_index",), ("h", "w")),
     AttentionStyle("tiles", "fixed-size tiles on dim 0",
                    "fixed-size tiles batched on dim 0; attention within each tile", "tiles", ("n",),
-                   ("tile",), False, ("pixels",), (), {"image": {"n": "1"}, "video": {"n": "frames"}},
-                   defaults=_TILES_DEFAULTS),
+                   ("tile",), False, ("pixels",), (), {"image": {"n": "1"}, "video": {"n": "frames"}}),
 )})
 
-STYLE_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({s.name: s.defaults for s in STYLES.values()})
-"""Each style's defaults (:attr:`AttentionStyle.defaults`), by style name."""
-TESTS_DEFAULTS: Mapping[str, Any] = MappingProxyType({"budgets": [1024, 2048, 4096], "max_model_len": 8192})
-"""What a spec's harness (``tests``) gets unless it writes otherwise: the budgets ``vitcg check`` captures and the
-``max_model_len`` it assumes."""
+class _Deferred(Mapping[str, Any]):
+    """A read-only mapping computed when first read: the defaults live in the base files (:mod:`.bases`), which
+    need the YAML loader, itself needing this module."""
+
+    def __init__(self, compute):
+        self._compute = compute
+
+    def __getitem__(self, key: str) -> Any:
+        return self._compute()[key]
+
+    def __iter__(self):
+        return iter(self._compute())
+
+    def __len__(self) -> int:
+        return len(self._compute())
+
+
+def _harness_defaults() -> Mapping[str, Any]:
+    from .bases import harness_defaults
+    return harness_defaults()
+
+
+STYLE_DEFAULTS: Mapping[str, Mapping[str, Any]] = _Deferred(lambda: {s.name: s.defaults for s in STYLES.values()})
+"""Each style's defaults (:attr:`AttentionStyle.defaults`, from its base file), by style name."""
+TESTS_DEFAULTS: Mapping[str, Any] = _Deferred(_harness_defaults)
+"""What a spec's harness (``tests``) gets unless it writes otherwise (``vitcg/lang/styles/_spec.yaml``): the budgets
+``vitcg check`` captures and the ``max_model_len`` it assumes."""
 
 
 

@@ -2,18 +2,25 @@
 
 Three sources are merged under the file's own text, weakest first:
 
-1. the defaults of the spec language: the attention style's usual ``items``, ``budget`` and (for a spec without
-   ``graph_scope``) standard ``buffers`` (``catalogue.STYLE_DEFAULTS``; a buffer the spec writes under another
-   name for the same provider replaces that provider's default), and the harness's usual ``budgets`` and
-   ``max_model_len`` (``catalogue.TESTS_DEFAULTS``);
-2. the spec it ``extends`` (by name: ``NAME.yaml`` beside the file, else in the spec folders), resolved the same
-   way, recursively;
+1. its style base (:mod:`.bases`), for a spec that extends no other: ``vitcg/lang/styles/_STYLE.yaml`` of its
+   ``attention.style`` (``_spec.yaml`` for another style), itself merged over the bases it extends: the style's
+   usual ``items``, ``budget`` and standard ``buffers``, and the harness's usual ``budgets`` and ``max_model_len``.
+   A spec with ``graph_scope`` takes no ``buffers`` from it, and its ``tests`` fill a harness the spec has, never
+   make one up. A value from a base is reported at the line that chose the base (``attention.style``, or
+   ``extends: _STYLE`` written out), naming the default;
+2. the spec it ``extends`` (by name: ``NAME.yaml`` beside the file, else in the spec folders; a base by its name,
+   ``extends: _packed``), resolved the same way, recursively;
 3. the file itself, with its harness: the ``tests`` mapping, written in the file or in ``NAME.tests.yaml`` (or
    ``NAME.tests.yml``) beside it.
 
-Merging: mappings merge key by key; ``buffers`` merge by ``name`` (a buffer of an inherited name merges into the
-inherited one, ``remove: true`` drops it, a new name is appended); any other list, and every scalar, is replaced.
-Checks run on the result (:mod:`.checks`); ``vitcg validate --resolved`` prints it.
+The merge rule, one for every layer (a file over its parent, a spec over its base, a base over its base):
+mappings merge key by key; ``buffers``, the spec's one list of named entries, merges entry by entry: an entry
+merges into the inherited entry of its ``name`` key by key, where ``shape`` and ``value`` count as one key (writing
+either replaces the other), ``remove: true`` drops that entry, and an entry of a new name is appended, replacing
+the inherited entry of its ``provider`` where that provider fills one buffer (all but ``aligned`` and
+``scope_arg``); every other value, a list or a scalar, is replaced. A ``remove:`` list beside ``extends`` takes
+mapping keys out of the parent first. Checks run on the result (:mod:`.checks`); ``vitcg validate --resolved``
+prints it, under the chain of files it extends.
 """
 
 from __future__ import annotations
@@ -24,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Diagnostic, shown, suggest
-from . import catalogue as cat
+from . import bases
 from .lets import expand as expand_lets
 from .loader import LoadedYaml, Path_, Position, load_file, load_text
+from .rules.buffers import SHARED_PROVIDERS
 
 HARNESS_SUFFIXES = (".tests.yaml", ".tests.yml")
 """``NAME.tests.yaml`` (or ``NAME.tests.yml``) beside ``NAME.yaml`` holds that spec's harness: the mapping its
@@ -34,7 +42,7 @@ HARNESS_SUFFIXES = (".tests.yaml", ".tests.yml")
 MAX_CHAIN = 8
 """Longest ``extends`` chain: a family needs two or three levels."""
 _EXCLUSIVE = ("shape", "value")
-"""Buffer keys of which a spec holds one: writing one drops the other inherited."""
+"""Buffer keys that count as one in the merge rule: writing one replaces the other inherited."""
 
 
 def harness_files(spec_file: Path) -> list[Path]:
@@ -132,48 +140,69 @@ class _Merge:
         base = _at(self.base.data, b) if b is not None else None
         if isinstance(base, dict) and isinstance(over, dict):
             self.copy.mark(self.over, o, dst)
-            return {k: self.node(b + (k,) if k in base else None, o + (k,) if k in over else None, dst + (k,))
-                    for k in [*base, *(k for k in over if k not in base)]}
+            return self.keys(b, o, dst, [*base, *(k for k in over if k not in base)])
         if dst == ("buffers",) and isinstance(base, list) and isinstance(over, list):
             self.copy.mark(self.over, o, dst)
             return self.buffers(b, o, base, over)
         return self.copy.place(self.over, o, dst)
 
+    def keys(self, b: Path_, o: Path_, dst: Path_, keys: list) -> dict:
+        """The mappings at ``b`` (inherited) and ``o`` (written) merged key by key, in the order of ``keys``."""
+        base, over = _at(self.base.data, b), _at(self.over.data, o)
+        return {k: self.node(b + (k,) if k in base else None, o + (k,) if k in over else None, dst + (k,))
+                for k in keys}
+
     def buffers(self, b: Path_, o: Path_, base: list, over: list) -> list:
-        """Buffers merged by name: inherited ones in their order (merged, or dropped by ``remove: true``), then
-        the new ones in the file's order."""
+        """Buffers by the merge rule: inherited ones in their order (merged, dropped by ``remove: true``, or
+        replaced by a new entry of their one-buffer provider), then the new ones in the file's order."""
+        named = self.named(o, over)
+        replaced = _replaced(base, over, named)
+        inherited = {_name(e) for e in base} - {None}
+        out: list = []
+        for i, entry in enumerate(base):
+            if i not in replaced:
+                self.inherited(b + (i,), entry, o, named.get(_name(entry)), out)
+        for j, entry in enumerate(over):
+            if _name(entry) not in inherited and self.addable(o + (j,), entry, inherited):
+                out.append(self.copy.place(self.over, o + (j,), ("buffers", len(out))))
+        return out
+
+    def named(self, o: Path_, over: list) -> dict[str, int]:
+        """The index of each name the file's buffers use; a name used twice is a diagnostic (merging by name would
+        hide it)."""
         named: dict[str, int] = {}
         for j, e in enumerate(over):
             name = _name(e)
-            if name is not None and name in named:  # checked here: merging by name would hide it
+            if name is not None and name in named:
                 self.problems.append(self.over.diagnostic(o + (j, "name"), f"buffer name {name!r} is already used "
                                                           f"by buffers[{named[name]}]", code="semantic"))
             elif name is not None:
                 named[name] = j
-        inherited = {_name(e) for e in base} - {None}
-        out: list = []
-        for i, entry in enumerate(base):
-            j = named.get(_name(entry))
-            if j is None:
-                out.append(self.copy.place(self.base, b + (i,), ("buffers", len(out))))
-            elif not self.removed(o + (j,), over[j]):
-                out.append(self.entry(b + (i,), o + (j,), ("buffers", len(out))))
-            else:
-                arg = entry.get("arg", entry.get("name"))
-                at = o + (j, "remove")
-                self.copy.out.removed[("buffer", str(arg))] = (self.over.file_of(at), self.over.position(at, key=True))
-        for j, entry in enumerate(over):
-            if _name(entry) in inherited:
-                continue
-            if isinstance(entry, dict) and "remove" in entry:
-                self.problems.append(self.over.diagnostic(
-                    o + (j, "remove"), f"no inherited buffer named {shown(entry.get('name'))} to remove",
-                    hint="remove: true drops a buffer the spec would inherit (from its parent or its attention "
-                         "style); inherited here: " + (", ".join(sorted(map(str, inherited))) or "none"),
-                    code="extends", key=True))
-                continue
-            out.append(self.copy.place(self.over, o + (j,), ("buffers", len(out))))
-        return out
+        return named
+
+    def inherited(self, b: Path_, entry: Any, o: Path_, j: int | None, out: list) -> None:
+        """The inherited buffer at ``b`` into ``out``: as it is, merged with the file's entry ``j`` of its name, or
+        dropped where that entry says ``remove: true`` (recorded, for a check that misses it)."""
+        if j is None:
+            out.append(self.copy.place(self.base, b, ("buffers", len(out))))
+        elif not self.removed(o + (j,), _at(self.over.data, o + (j,))):
+            out.append(self.entry(b, o + (j,), ("buffers", len(out))))
+        else:
+            arg = entry.get("arg", entry.get("name"))
+            at = o + (j, "remove")
+            self.copy.out.removed[("buffer", str(arg))] = (self.over.file_of(at), self.over.position(at, key=True))
+
+    def addable(self, at: Path_, entry: Any, inherited: set) -> bool:
+        """Whether the file's entry of a new name at ``at`` is appended: not a ``remove`` of a name nothing supplies
+        (a diagnostic)."""
+        if not (isinstance(entry, dict) and "remove" in entry):
+            return True
+        self.problems.append(self.over.diagnostic(
+            at + ("remove",), f"no inherited buffer named {shown(entry.get('name'))} to remove",
+            hint="remove: true drops a buffer the spec would inherit (from its parent or its attention "
+                 "style); inherited here: " + (", ".join(sorted(map(str, inherited))) or "none"),
+            code="extends", key=True))
+        return False
 
     def removed(self, at: Path_, entry: dict) -> bool:
         """Whether ``entry`` says ``remove: true`` (alone with its name, else a diagnostic)."""
@@ -187,12 +216,20 @@ class _Merge:
         return True
 
     def entry(self, b: Path_, o: Path_, dst: Path_) -> dict:
-        """One buffer merged key by key; writing ``shape`` drops an inherited ``value`` and the other way round."""
+        """One buffer merged key by key, ``shape`` and ``value`` counting as one key (writing either replaces the
+        other)."""
         base, over = _at(self.base.data, b), _at(self.over.data, o)
         self.copy.mark(self.over, o, dst)
         keys = [k for k in base if not (k in _EXCLUSIVE and k not in over and any(x in over for x in _EXCLUSIVE))]
-        return {k: self.node(b + (k,) if k in base else None, o + (k,) if k in over else None, dst + (k,))
-                for k in [*keys, *(k for k in over if k not in base)]}
+        return self.keys(b, o, dst, [*keys, *(k for k in over if k not in base)])
+
+
+def _replaced(base: list, over: list, named: dict[str, int]) -> set[int]:
+    """The inherited buffers that a new entry of the file replaces: those of a provider that fills one buffer,
+    which an entry of another name names (``target_sizes`` for ``grid``), unless the file names them itself."""
+    providers = {e["provider"] for e in over if _name(e) is not None and isinstance(e.get("provider"), str)}
+    return {i for i, e in enumerate(base) if isinstance(e, dict) and _name(e) not in named
+            and e.get("provider") in providers - set(SHARED_PROVIDERS)}
 
 
 def _name(entry: Any) -> str | None:
@@ -232,38 +269,25 @@ def _synthetic(data: dict, anchor: LoadedYaml, at: Path_, label: str, root: Path
     return out
 
 
-def _not_provided(defaults: list[dict], written: list) -> list[dict]:
-    """The default buffers whose provider no written buffer of another name fills: a spec that writes its own
-    buffer for a provider (``target_sizes`` for ``grid``) replaces the default of that provider."""
-    taken = {(e.get("provider"), e.get("name")) for e in written
-             if isinstance(e, dict) and isinstance(e.get("provider"), str) and isinstance(e.get("name"), str)}
-    return [d for d in defaults if not any(p == d["provider"] and n != d["name"] for p, n in taken)]
-
-
 def _nest(root: Path_, data: dict) -> dict:
     for key in reversed(root):
         data = {key: data}
     return data
 
 
-def language_defaults(spec: LoadedYaml) -> LoadedYaml | None:
-    """The spec language's defaults for ``spec`` (one that extends no other), as a LoadedYaml anchored at the line
-    that chose them; None when none apply."""
-    data = spec.data
-    attention = data.get("attention")
-    style = attention.get("style") if isinstance(attention, dict) else None
+def base_layer(spec: LoadedYaml, name: str, anchor: Path_) -> LoadedYaml | None:
+    """Base ``name`` (:mod:`.bases`) as the layer under ``spec``, each value placed as if written at ``spec``'s
+    ``anchor`` (the line that chose the base) and labelled as the default it is; None when it brings nothing. A
+    spec with ``graph_scope`` takes no ``buffers`` from it, and its ``tests`` fill a harness the spec has."""
+    data = bases.data(name)
+    tests = data.pop("tests", None)
+    if "graph_scope" in spec.data:
+        data.pop("buffers", None)
     layers: list[LoadedYaml] = []
-    if isinstance(style, str) and style in cat.STYLE_DEFAULTS:
-        defaults = dict(cat.STYLE_DEFAULTS[style])
-        if "graph_scope" in data:
-            defaults.pop("buffers", None)
-        elif isinstance(data.get("buffers"), list):
-            defaults["buffers"] = _not_provided(defaults["buffers"], data["buffers"])
-        if defaults:
-            layers.append(_synthetic(defaults, spec, ("attention", "style"), f"the {style!r} style's default"))
-    if isinstance(data.get("tests"), dict):
-        layers.append(_synthetic(dict(cat.TESTS_DEFAULTS), spec, ("tests",), "the harness's default",
-                                 ("tests",)))
+    if data:
+        layers.append(_synthetic(data, spec, anchor, f"the {bases.style_of(name)!r} style's default"))
+    if tests is not None and isinstance(spec.data.get("tests"), dict):
+        layers.append(_synthetic(tests, spec, ("tests",), "the harness's default", ("tests",)))
     if not layers:
         return None
     result = layers[0]
@@ -290,6 +314,8 @@ class Resolver:
         file was resolved first)."""
         self._depth: dict[Path, int] = {}
         """How many specs the chain of each resolved file holds, itself included (1 when it extends none)."""
+        self._ancestry: dict[Path | None, tuple[tuple[str, str], ...]] = {}
+        """What each resolved file extends (:meth:`ancestry`); None: the text last resolved."""
 
     def resolve_file(self, path: Path, display: str | None = None) -> tuple[LoadedYaml | None, list[Diagnostic]]:
         """The resolved spec of the file at ``path``, or None and the diagnostics that explain why not."""
@@ -342,29 +368,28 @@ class Resolver:
 
     def _loaded(self, loaded: LoadedYaml, folder: Path | None,
                 chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
-        """``loaded`` with its own ``let`` names written out (:mod:`.lets`), on its parent (when it extends one) and
-        the language's defaults, ``extends`` taken out."""
-        if "extends" in loaded.data:  # the parent holds the defaults already
+        """``loaded`` with its own ``let`` names written out (:mod:`.lets`), merged over its parent (the spec it
+        extends, else its style base), ``extends`` and ``remove`` taken out."""
+        if "extends" in loaded.data:
             parent, problems = self._parent(loaded, folder, chain)
-            if parent is None:
-                return None, problems
-            problems = expand_lets(loaded, parent.data)
-            if problems:
-                return None, problems
-            parent, problems = _removed(parent, loaded)
-            if problems:
-                return None, problems
-            merged, problems = merge(parent, _without(loaded, "extends", "remove"))
         elif "remove" in loaded.data:
             return None, [loaded.diagnostic(("remove",), "remove drops keys a spec inherits; this spec extends none",
                                             hint="add extends: PARENT, or delete the remove list", code="extends",
                                             key=True)]
         else:
-            problems = expand_lets(loaded)
-            if problems:
-                return None, problems
-            defaults = language_defaults(loaded)
-            merged, problems = merge(defaults, loaded) if defaults is not None else (loaded, [])
+            name = bases.for_style(_style(loaded.data))
+            self._ancestry[chain[-1]] = bases.chain(name)
+            parent, problems = base_layer(loaded, name, ("attention", "style")), []
+        if problems:
+            return None, problems
+        problems = expand_lets(loaded, parent.data if parent is not None else None)
+        if not problems and parent is not None and "remove" in loaded.data:
+            parent, problems = _removed(parent, loaded)
+        if problems:
+            return None, problems
+        if parent is None:
+            return loaded, []
+        merged, problems = merge(parent, without(loaded, "extends", "remove"))
         return (None, problems) if problems else (merged, [])
 
     def _parent(self, loaded: LoadedYaml, folder: Path | None,
@@ -372,54 +397,114 @@ class Resolver:
         """The resolved parent of ``loaded`` (the last of ``chain``), or None and the diagnostics at its
         ``extends`` line."""
         name = loaded.data["extends"]
+        try:
+            _named_parent(loaded, name)
+            if bases.is_base(name):
+                return self._base(loaded, name, chain)
+            path = self._find(name, folder)
+            key = path.resolve()
+            self._no_cycle(key, chain)
+            parent, problems = self._ancestor(path, chain)
+            if parent is None and problems and all(d.line == 0 for d in problems):
+                return None, [_via(d, loaded.file) for d in problems]  # unreadable: what it is, at its own path
+            self._valid(parent, problems, name, path)
+            self._within_limit(key, name, chain)
+        except _Refused as refused:
+            return None, [loaded.diagnostic(("extends",), refused.message, hint=refused.hint, code="extends")]
+        self._ancestry[chain[-1]] = ((name, str(path)), *self._ancestry.get(key, ()))
+        return parent, []
 
-        def fail(message: str, hint: str | None = None) -> tuple[None, list[Diagnostic]]:
-            return None, [loaded.diagnostic(("extends",), message, hint=hint, code="extends")]
+    def _base(self, loaded: LoadedYaml, name: str, chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        """Style base ``name`` as the parent ``loaded`` names: the layer it gets without ``extends``, where its
+        style is the base's."""
+        style, own = bases.style_of(name), _style(loaded.data)
+        if style is not None and isinstance(own, str) and own != style:
+            raise _Refused(f"{name} holds the {style} style's defaults, but attention.style is {shown(own)}",
+                           f"extends: {bases.for_style(own)}, or leave extends out: a spec that extends no other "
+                           "extends the base of its style")
+        self._ancestry[chain[-1]] = bases.chain(name)
+        layer = base_layer(loaded, name, ("extends",))
+        return (layer if layer is not None else LoadedYaml(loaded.file, {})), []
 
-        if not isinstance(name, str) or not name:
-            return fail(f"extends names one spec, not {shown(name)}", "write the parent spec's name: extends: qwen2_vl")
-        if "name" not in loaded.data:
-            return fail("a spec that extends another states its own name", f"add name: (not {name!r})")
+    def _find(self, name: str, folder: Path | None) -> Path:
         path = self.find(name, folder)
         if path is None:
-            known = getattr(self.find, "names", lambda _: [])(folder)
-            return fail(f"no spec named {name!r} to extend", suggest(name, known) or
-                        "a parent is NAME.yaml beside this file or in the spec folders (vitcg/specs, $VITCG_SPECS_DIR)")
-        key = path.resolve()
+            known = [*getattr(self.find, "names", lambda _: [])(folder), *bases.NAMES]
+            raise _Refused(f"no spec named {name!r} to extend", suggest(name, known) or
+                           "a parent is NAME.yaml beside this file or in the spec folders (vitcg/specs, "
+                           "$VITCG_SPECS_DIR), or a style base (" + ", ".join(bases.NAMES) + ")")
+        return path
+
+    def _no_cycle(self, key: Path, chain: Chain) -> None:
+        """Refuse a parent that is already on ``chain``, recording the cycle for each of its members."""
         if key in chain:
             cycle = chain[chain.index(key):]
             for i, member in enumerate(cycle):
                 self._cycles[member] = cycle[i:] + cycle[:i]
-            return fail(*_cycle(self._cycles[chain[-1]]))
+            raise _Refused(*_cycle(self._cycles[chain[-1]]))
+
+    def _ancestor(self, path: Path, chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        """The parent at ``path`` resolved; a chain too long is refused by its first file only."""
         if len(chain) >= MAX_CHAIN:  # the first of the chain has too many ancestors; this file may have few
-            raise _ChainTooLong((*chain, key))
+            raise _ChainTooLong((*chain, path.resolve()))
         try:
             parent, problems = self._file(path, str(path), chain)
         except _ChainTooLong as too_long:
             if len(chain) > 1:
                 raise
             names = " -> ".join("(text)" if p is None else p.stem for p in too_long.chain)
-            return fail(f"extends chain longer than {MAX_CHAIN} specs: {shown(names)[1:-1]} -> ...", _LONG)
+            raise _Refused(f"extends chain longer than {MAX_CHAIN} specs: {shown(names)[1:-1]} -> ...", _LONG) from None
         if parent is None and chain[-1] in self._cycles:
-            return fail(*_cycle(self._cycles[chain[-1]]))
-        if parent is None and problems and all(d.line == 0 for d in problems):
-            return None, [_via(d, loaded.file) for d in problems]  # unreadable: what it is, at its own path
+            raise _Refused(*_cycle(self._cycles[chain[-1]]))
+        return parent, problems
+
+    def _valid(self, parent: LoadedYaml | None, problems: list[Diagnostic], name: str, path: Path) -> None:
+        """Refuse a parent that does not validate alone, or whose file name is not its spec name."""
         if parent is not None and self.check is not None:
             problems = self.check(parent)
         if parent is None or problems:
             count = len(problems)
-            return fail(f"the parent spec {name!r} ({path}) does not validate ({count} error{'s' * (count != 1)})",
-                        f"vitcg validate {path} lists them; fix the parent first")
+            raise _Refused(f"the parent spec {name!r} ({path}) does not validate ({count} error{'s' * (count != 1)})",
+                           f"vitcg validate {path} lists them; fix the parent first")
         if parent.data.get("name") != name:
-            return fail(f"{path} is named {shown(parent.data.get('name'))}, not {name!r}",
-                        "a parent is found by its file name, which must be its spec name")
+            raise _Refused(f"{path} is named {shown(parent.data.get('name'))}, not {name!r}",
+                           "a parent is found by its file name, which must be its spec name")
+
+    def _within_limit(self, key: Path, name: str, chain: Chain) -> None:
+        """Record the chain's length for the file at hand; refuse one past :data:`MAX_CHAIN`."""
         depth = self._depth.get(key, 1) + 1
         if depth > MAX_CHAIN:  # the parent was resolved before, from a shorter chain: its depth says it
-            return fail(f"extends chain longer than {MAX_CHAIN} specs: {shown(name)} is one of {depth - 1} "
-                        "already", _LONG)
+            raise _Refused(f"extends chain longer than {MAX_CHAIN} specs: {shown(name)} is one of {depth - 1} "
+                           "already", _LONG)
         if chain[-1] is not None:
             self._depth[chain[-1]] = depth
-        return parent, []
+
+    def ancestry(self, path: Path) -> tuple[tuple[str, str], ...]:
+        """What the resolved file at ``path`` extends, nearest first, as ``(name, file)``: its parents, then the
+        style base under them and the bases that one extends (``vitcg validate --resolved`` prints it)."""
+        return self._ancestry.get(Path(path).resolve(), ())
+
+
+def _named_parent(loaded: LoadedYaml, name: Any) -> None:
+    """Refuse an ``extends`` that names no spec, or a file that states no name of its own."""
+    if not isinstance(name, str) or not name:
+        raise _Refused(f"extends names one spec, not {shown(name)}", "write the parent spec's name: extends: qwen2_vl")
+    if "name" not in loaded.data:
+        raise _Refused("a spec that extends another states its own name", f"add name: (not {name!r})")
+
+
+def _style(data: dict) -> Any:
+    """The spec's ``attention.style`` as written (None where it writes none)."""
+    attention = data.get("attention")
+    return attention.get("style") if isinstance(attention, dict) else None
+
+
+class _Refused(Exception):
+    """A parent refused: the message and hint of the diagnostic at the ``extends`` line."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.hint = message, hint
 
 
 _LONG = "a family needs two or three levels: extend a spec nearer the root of the chain"
@@ -443,7 +528,8 @@ def _cycle(members: tuple[Path, ...]) -> tuple[str, str]:
     return f"extends cycle: {shown(names)[1:-1]}", "a spec cannot inherit from itself: remove one extends: of the cycle"
 
 
-def _without(loaded: LoadedYaml, *keys: str) -> LoadedYaml:
+def without(loaded: LoadedYaml, *keys: str) -> LoadedYaml:
+    """A copy of ``loaded`` without the top-level ``keys``."""
     copy = _Copy(loaded.file)
     copy.out.data = copy.place(loaded, (), ())
     copy.out.removed = dict(loaded.removed)

@@ -21,7 +21,8 @@ def _in_order(data: dict) -> dict:
 
 def resolved_report(paths: Sequence[str | Path], as_json: bool, bindings: Bindings | None = None) -> tuple[str, bool]:
     """The resolved spec of each file under ``paths`` (default: the spec folders), checked as ``vitcg validate``
-    checks it (``bindings`` too, when given): as YAML documents (``---`` between them) whose diagnostics, hint lines
+    checks it (``bindings`` too, when given): as YAML documents (``---`` between them) where a comment names what
+    the file extends (its parents, then its style base and the bases under it) and its diagnostics, hint lines
     included, are comments above the spec, so that the text stays YAML; or one JSON object by file (the spec, or
     ``{"diagnostics": [...], "resolved": spec}`` for a file that does not validate, without ``resolved`` when it
     does not even resolve). Returns the text and whether every file validated. Raises UsageError when no spec file
@@ -46,13 +47,19 @@ def resolved_report(paths: Sequence[str | Path], as_json: bool, bindings: Bindin
         out[str(path)] = {"diagnostics": [d.to_json() for d in problems], "resolved": data} if problems else data
         title = f"# {path}, resolved" + (f" (does not validate: {len(problems)} error{'s' * (len(problems) != 1)})"
                                          if problems else "")
-        texts.append(title + "\n" + _comments(problems) + yaml.safe_dump(
+        texts.append(title + "\n" + _extends(resolving.ancestry(path)) + _comments(problems) + yaml.safe_dump(
             data, sort_keys=False, allow_unicode=True, width=120, default_flow_style=None))
     if bindings is not None:
         bindings.save()
     if as_json:
         return json.dumps(out, indent=1) + "\n", ok
     return "---\n".join(texts), ok
+
+
+def _extends(ancestry: Sequence[tuple[str, str]]) -> str:
+    """What the file extends, nearest first, as one YAML comment: its parents, then its style base and the bases
+    under it (files a user can open)."""
+    return "# extends: " + " -> ".join(f"{name} ({file})" for name, file in ancestry) + "\n" if ancestry else ""
 
 
 def _comments(problems: Sequence[Diagnostic]) -> str:
