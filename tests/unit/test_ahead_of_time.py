@@ -63,6 +63,37 @@ def test_one_function_per_signature_serves_every_block_and_loads_without_tracing
     assert counters["stats"]["unique_graphs"] == traced  # nothing traced again
 
 
+def _run_any_shape(tower: Tower, ahead: regions.AheadOfTime, *inputs: torch.Tensor) -> list[torch.Tensor]:
+    blocks = regions.compile_blocks(regions.repeated_blocks(tower), dynamic=True, ahead=ahead)
+    with regions.compiled_blocks(blocks), torch.no_grad():
+        return [tower(x) for x in inputs]
+
+
+def test_functions_with_dynamic_shapes_serve_every_size_and_load_without_tracing(eager_backend):
+    """The eager forward's functions (``dynamic``): one serves calls of 5, 9 and 300 rows; a call of one row, which
+    dynamo specializes, gets a second function under the same signature; stored and loaded, they serve the same
+    calls without compiling or tracing anything."""
+    torch.manual_seed(0)
+    tower = Tower().eval()
+    inputs = (torch.randn(5, 8), torch.randn(9, 8), torch.randn(300, 8), torch.randn(1, 8))
+    expected = _expected(tower, *inputs)
+    ahead = regions.AheadOfTime(dynamic=True)
+    for got, want in zip(_run_any_shape(tower, ahead, *inputs[:3]), expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert ahead.disabled is None and ahead.compiled == 1 and len(ahead.blobs) == 1 and ahead.fallbacks == 0
+    (got,) = _run_any_shape(tower, ahead, inputs[3])
+    torch.testing.assert_close(got, expected[3], rtol=1e-5, atol=1e-6)
+    assert ahead.compiled == 2 and len(ahead.blobs) == 2 and ahead.fallbacks == 0
+
+    traced = counters["stats"]["unique_graphs"]
+    loaded = regions.AheadOfTime(dynamic=True)
+    loaded.load(ahead.blobs)
+    for got, want in zip(_run_any_shape(tower, loaded, *inputs), expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert loaded.compiled == 0 and loaded.fallbacks == 0
+    assert counters["stats"]["unique_graphs"] == traced
+
+
 def test_calls_it_cannot_describe_or_compile_fall_back_to_the_plain_compilation(eager_backend):
     torch.manual_seed(0)
     tower = Tower().eval()
@@ -95,6 +126,9 @@ def test_signatures_tell_shapes_dtypes_values_and_block_classes_apart():
               regions.call_signature(Tower(), (x,), {"scale": 0.5})]
     assert len({base, *others}) == 1 + len(others)
     assert regions.call_signature(block, (x,), {"extra": object()}) is None
+    assert regions.call_signature(block, (torch.randn(7, 8),), {"scale": 0.5}, sizes=False) == \
+        regions.call_signature(block, (x,), {"scale": 0.5}, sizes=False) != \
+        regions.call_signature(block, (torch.randn(7, 8, 1),), {"scale": 0.5}, sizes=False)
     windowed = Block()
     windowed.window = 4  # a plain attribute the traced graph may be specialized on
     wider = Block()

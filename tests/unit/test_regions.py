@@ -212,3 +212,33 @@ def test_compile_eager_keeps_its_blocks_when_the_models_own_forward_fails_too(ea
     with pytest.raises(ValueError, match="the model refuses"):
         compiled.encoder_eager_forward(inputs)
     assert compiled.eager_compiled
+
+
+def test_compile_eager_functions_are_stored_at_the_first_eager_call_and_loaded_by_a_later_process(
+        eager_backend, tmp_path, monkeypatch):
+    """The eager side's functions (dynamic shapes) are compiled at the first eager call, not at capture, and stored
+    beside the graphs' (``KEY.eager.aot``); a later adapter loads them at capture and its eager calls compile
+    nothing, with the model's own rows (float32, 1e-5)."""
+    from vitcg.runtime.compile_cache import capture_compiled
+
+    monkeypatch.setenv("VITCG_CACHE_DIR", str(tmp_path))
+    spec = SpecSource(["vitcg/specs"]).get("qwen2_vl")
+    module = encoders.build_encoder(spec, "tiny")
+    inputs = make_inputs(adapter_for(spec, module), WORKLOADS["8x224"], torch.Generator().manual_seed(5))
+    want = adapter_for(spec, module).encoder_eager_forward(inputs)
+
+    def captured():
+        adapter = adapter_for(spec, module, compile_forward=True, compile_eager=True)
+        manager = EncoderCudaGraphManager(adapter, device="cpu", dtype=torch.float32, token_budgets=[256, 1024])
+        capture_compiled(manager, spec)
+        return adapter
+    first = captured()
+    assert first.eager_ahead.compiled == 0 and not list(tmp_path.rglob("*.eager.aot"))
+    torch.testing.assert_close(first.encoder_eager_forward(inputs), want, rtol=1e-5, atol=1e-5)
+    assert first.eager_ahead.compiled >= 1 and len(list(tmp_path.rglob("*.eager.aot"))) == 1
+
+    torch._dynamo.reset()
+    later = captured()
+    assert later.eager_ahead.blobs.keys() == first.eager_ahead.blobs.keys()
+    torch.testing.assert_close(later.encoder_eager_forward(inputs), want, rtol=1e-5, atol=1e-5)
+    assert later.eager_ahead.compiled == 0 and later.eager_ahead.fallbacks == 0 and later.eager_compiled

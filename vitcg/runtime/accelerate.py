@@ -405,7 +405,8 @@ def accelerate(model: nn.Module, *, spec: Spec | str | None = None, specs: SpecS
     ``compile``: compile the encoder's repeated blocks with inductor before capture (faster replays; the first
     capture compiles one block per budget, later processes load its kernels from vitcg's persistent compile cache,
     see :mod:`vitcg.runtime.regions` and :mod:`vitcg.runtime.compile_cache`), and for the calls routed away from
-    the graphs, with dynamic shapes (compiled at the first such call). None (default): on CUDA, and
+    the graphs, with dynamic shapes (compiled at the first such call of a size the cache does not serve, and
+    stored for later processes). None (default): on CUDA, and
     without them (with a warning) when their compilation fails; off on the CPU's static path. False: never.
 
     Build it after moving the model to its device and dtype; if the encoder moves later, the next call

@@ -149,8 +149,15 @@ class _Adapter:
         """What the graphs capture: the whole encoder call or the scoped submodule call."""
         self._compile_graph_path(compile_forward)
         self._configs = configs_of(module)
-        self._eager_blocks = compile_blocks(repeated_blocks(module), dynamic=True) if compile_eager else {}
+        self.eager_ahead = AheadOfTime(dynamic=True) if compile_eager else None
+        """The eager forward's block functions, compiled ahead of time with dynamic shapes: the persistent compile
+        cache loads them (:func:`~vitcg.runtime.compile_cache.capture_compiled`) and stores those compiled later."""
+        self._eager_blocks = compile_blocks(repeated_blocks(module), dynamic=True, ahead=self.eager_ahead) \
+            if compile_eager else {}
         """The repeated blocks compiled with dynamic shapes for the eager forward (``compile_eager``)."""
+        self.on_eager_compiled: Callable[[AheadOfTime], Any] | None = None
+        """Called after an eager call that compiled new block functions (the compile cache stores them)."""
+        self._eager_stored = 0
         self._splits = any(m.split for m in spec.modalities)
         """Whether the encoder may see more grid rows than items (a modality split by frames)."""
         self._item_roles = frozenset(r for m in spec.modalities for r in m.item_roles)
@@ -449,7 +456,7 @@ class _Adapter:
             return self._call(**kwargs)
         try:
             with use_attention(self._configs, ATTENTION_NAME), compiled_blocks(self._eager_blocks):
-                return self._call(**kwargs)
+                output = self._call(**kwargs)
         except Exception as exc:  # noqa: BLE001  (the model's own blocks decide: an input error raises there too)
             output = self._call(**kwargs)
             self._eager_blocks = {}
@@ -457,6 +464,11 @@ class _Adapter:
                           f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); eager calls run the "
                           "model's own blocks from now on", RuntimeWarning, stacklevel=2)
             return output
+        ahead = self.eager_ahead
+        if ahead is not None and ahead.compiled > self._eager_stored and self.on_eager_compiled is not None:
+            self._eager_stored = ahead.compiled
+            self.on_eager_compiled(ahead)
+        return output
 
     def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:
         _check_path(path)

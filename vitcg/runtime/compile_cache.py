@@ -39,6 +39,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -475,6 +476,7 @@ def capture_compiled(manager: Any, spec: Spec) -> tuple[Any, CompileCacheUse]:
     stored only when there were such calls."""
     key = compile_key(spec, manager.device, manager.dtype, budgets=list(manager.budgets),
                       max_items=manager.plan.max_items, max_frames=manager.plan.max_frames)
+    _eager_functions(manager.model, key)
     ahead = getattr(manager.model, "ahead", None)
     if ahead is None or ahead.disabled:
         with persistent_compile_cache(key) as use:
@@ -494,3 +496,17 @@ def capture_compiled(manager: Any, spec: Spec) -> tuple[Any, CompileCacheUse]:
         if stored:
             use.saved_bytes, use.path = use.saved_bytes + stored, path  # the file a later start loads
     return report, use
+
+
+def _eager_functions(adapter: Any, key: str) -> None:
+    """The block functions of ``adapter``'s eager forward (``compile_eager``: dynamic shapes) from ``KEY.eager.aot``,
+    and, unless that file is one vitcg will not replace, the file rewritten each time an eager call compiles new
+    ones: they are compiled at the first eager call of a size they do not serve, not at capture, so a later
+    process loads them instead of compiling at its first eager call."""
+    ahead = getattr(adapter, "eager_ahead", None)
+    if ahead is None:
+        return
+    path = Path(cache_root()) / "compile" / f"{key}.eager.aot"
+    _, refused = _load_ahead(path, key, ahead)
+    if refused is None or refused.replace:
+        adapter.on_eager_compiled = functools.partial(_store_ahead, path, key)

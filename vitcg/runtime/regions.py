@@ -99,18 +99,22 @@ def _lazily(make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
     return call
 
 
-def call_signature(block: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> str | None:
+def call_signature(block: nn.Module, args: tuple, kwargs: Mapping[str, Any], *, sizes: bool = True) -> str | None:
     """What a compiled block function is specialized on: the block's class and structure (see
-    :func:`_structure`), each tensor argument's shape, strides, dtype and device, and every other argument's
-    value. None when an argument is of a kind this cannot describe (its compilation is then not stored)."""
+    :func:`_structure`), each tensor argument's shape, strides, dtype and device, and every other argument's value
+    (without ``sizes``, for a function compiled with dynamic shapes: a tensor's count of dimensions instead of its
+    shape and strides, and no integer's value). None when an argument is of a kind this cannot describe (its
+    compilation is then not stored)."""
     def describe(value: Any) -> str:
         if isinstance(value, torch.Tensor):
-            return (f"T{tuple(value.shape)}{value.stride()}{value.dtype}:{value.device.type}"
-                    f"{'g' if value.requires_grad else ''}")
+            shape = f"{tuple(value.shape)}{value.stride()}" if sizes else f"{value.dim()}d"
+            return f"T{shape}{value.dtype}:{value.device.type}{'g' if value.requires_grad else ''}"
         if isinstance(value, (tuple, list)):
             return f"{type(value).__name__}(" + ",".join(describe(v) for v in value) + ")"
         if isinstance(value, dict):
             return "{" + ",".join(f"{k!r}:{describe(v)}" for k, v in sorted(value.items(), key=lambda item: str(item[0]))) + "}"
+        if type(value) is int and not sizes:  # a symbolic size to dynamo: the functions' guards judge it
+            return "int"
         if value is None or type(value) in (bool, int, float, str):
             return repr(value)
         raise TypeError(type(value).__name__)
@@ -136,6 +140,11 @@ def _structure(block: nn.Module) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+VARIANTS = 4
+"""Functions one signature may hold when compiled with dynamic shapes (:class:`AheadOfTime`); calls their guards
+all refuse run the plain compilation."""
+
+
 class AheadOfTime:
     """Block functions compiled ahead of time (``torch.compile(...).aot_compile``), one per call signature
     (:func:`call_signature`), which serialize to bytes and load in a later process without dynamo tracing
@@ -145,9 +154,14 @@ class AheadOfTime:
     runs it (its own guards checked first); a new signature is compiled ahead of time and kept in :attr:`blobs`
     (for the persistent cache, :mod:`vitcg.runtime.compile_cache`). Where that cannot be done (a torch without
     ``aot_compile``, a block dynamo cannot trace in one graph, an argument of an unknown kind), ``fallback`` (the
-    plain compiled function) runs, and :attr:`disabled` says why once a compilation failed."""
+    plain compiled function) runs, and :attr:`disabled` says why once a compilation failed.
 
-    def __init__(self) -> None:
+    ``dynamic``: the functions are compiled with dynamic shapes (the eager forward's blocks, any token count), their
+    signatures name no sizes, and a signature holds up to :data:`VARIANTS` functions: a call whose sizes the
+    functions' guards refuse (dynamo specializes on sizes 0 and 1: a call of one item) gets one of its own."""
+
+    def __init__(self, dynamic: bool = False) -> None:
+        self.dynamic = dynamic
         self.blobs: dict[str, bytes] = {}
         """Serialized functions by call signature: those loaded, and those compiled in this process."""
         self.compiled = 0
@@ -163,7 +177,7 @@ class AheadOfTime:
     def __reduce__(self) -> tuple[type, tuple]:
         """An empty store: dynamo pickles the state of a block it compiles, which reaches this object through the
         block's patched-in forward; the compiled functions (and their guards) are not part of that state."""
-        return AheadOfTime, ()
+        return AheadOfTime, (self.dynamic,)
 
     def load(self, blobs: Mapping[str, bytes]) -> None:
         """Serialized functions (from a file vitcg vouched for) to use for their signatures; each is
@@ -180,17 +194,19 @@ class AheadOfTime:
         return fallback(block, *args, **kwargs)
 
     def _function(self, block: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> Callable[..., Any] | None:
-        signature = call_signature(block, args, kwargs)
+        signature = call_signature(block, args, kwargs, sizes=not self.dynamic)
         if signature is None:
             return None
-        function = self._functions.get(signature)
-        if function is None and signature in self.blobs:
-            function = self._deserialize(signature)
-        if function is None:
-            function = self._compile(signature, block, args, kwargs)
-        if function is None or not function.guard_check(block, *args, **kwargs):
-            return None
-        return function
+        for key in [signature, *(f"{signature}#{n}" for n in range(1, VARIANTS if self.dynamic else 1))]:
+            function = self._functions.get(key)
+            if function is None and key in self.blobs:
+                function = self._deserialize(key)
+            if function is None:  # the signature's functions so far all refused this call: compile one for it
+                function = self._compile(key, block, args, kwargs)
+                return function if function is not None and function.guard_check(block, *args, **kwargs) else None
+            if function.guard_check(block, *args, **kwargs):
+                return function
+        return None
 
     def _deserialize(self, signature: str) -> Callable[..., Any] | None:
         start = time.perf_counter()
@@ -212,7 +228,8 @@ class AheadOfTime:
             # torch 2.11 gives the compiled function its aot_compile only under this flag; later releases always
             aot = {"enable_aot_compile": True} if hasattr(torch._dynamo.config, "enable_aot_compile") else {}
             with torch._dynamo.config.patch(**aot):
-                self._compiler = torch.compile(_run_block, fullgraph=True, dynamic=False)
+                self._compiler = torch.compile(_run_block_any_shape if self.dynamic else _run_block, fullgraph=True,
+                                               dynamic=self.dynamic)
         try:
             function = self._compiler.aot_compile(((block, *args), dict(kwargs)))
             blob = type(function).serialize(function).serialized_data
