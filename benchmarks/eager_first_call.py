@@ -56,10 +56,13 @@ def run_spec(name: str, workloads: list[str], iters: int) -> dict:
         times = [synced_s(call)[1] * 1e3 for _ in range(iters)]
         error = relative_error(got, plain.encoder_eager_forward(inputs))
         row = {"first_s": round(first_s, 3), "ms": statistics.median(times), "vs_own_eager": error,
-               "compiled": adapter.eager_ahead.compiled, "eager_compiled": adapter.eager_compiled}
+               "compiled": adapter.eager_ahead.compiled, "eager_compiled": adapter.eager_compiled,
+               "ahead_of_time_off": adapter.eager_ahead.disabled}
         result["workloads"][workload] = row
         print(f"  {workload:12s} first call {first_s:6.2f} s  then {row['ms']:8.2f} ms  functions compiled here "
               f"{row['compiled']}  vs own eager {error:.2e}", flush=True)
+        if adapter.eager_ahead.disabled:
+            print(f"    not compiled ahead of time: {adapter.eager_ahead.disabled}", flush=True)
     return result
 
 
