@@ -224,14 +224,19 @@ class AheadOfTime:
 
     def _compile(self, signature: str, block: nn.Module, args: tuple,
                  kwargs: Mapping[str, Any]) -> Callable[..., Any] | None:
+        # with dynamic shapes dynamo turns float arguments into tensors by restarting its analysis, which aot_compile
+        # does not survive (TensorifyScalarRestartAnalysis, torch 2.11 on CUDA): floats stay guarded constants there
+        floats = {"specialize_float": True} if self.dynamic and hasattr(torch._dynamo.config, "specialize_float") \
+            else {}
         if self._compiler is None:
             # torch 2.11 gives the compiled function its aot_compile only under this flag; later releases always
             aot = {"enable_aot_compile": True} if hasattr(torch._dynamo.config, "enable_aot_compile") else {}
-            with torch._dynamo.config.patch(**aot):
+            with torch._dynamo.config.patch(**aot, **floats):
                 self._compiler = torch.compile(_run_block_any_shape if self.dynamic else _run_block, fullgraph=True,
                                                dynamic=self.dynamic)
         try:
-            function = self._compiler.aot_compile(((block, *args), dict(kwargs)))
+            with torch._dynamo.config.patch(**floats):
+                function = self._compiler.aot_compile(((block, *args), dict(kwargs)))
             blob = type(function).serialize(function).serialized_data
         except Exception as exc:  # a graph break or an unserializable graph: the plain compilation serves
             self.disabled = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
