@@ -10,7 +10,8 @@ torch's modules have no bytecode). Inside a CUDA graph the parts left eager (pat
 cost no launch overhead; they lose only the fusion across their few ops.
 
 The compiled forwards are used only while the graph path runs (:func:`compiled_blocks` patches them in for the
-call); the eager path, the reference of every check, keeps the model's own forwards.
+call), and on an adapter's compiled eager side (``compile_eager``: functions with dynamic shapes); the eager path
+of every check's reference keeps the model's own forwards.
 """
 
 from __future__ import annotations
