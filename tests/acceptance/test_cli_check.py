@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import REPO, vitcg
-from inprocess import vitcg_inprocess
-from spec_files import copy_spec
+from support.cli import REPO, vitcg
+from support.inprocess import vitcg_inprocess
+from support.specs import copy_spec
 
 FAILS = REPO / "tests" / "specs" / "check_fails"
 

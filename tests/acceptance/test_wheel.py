@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from support.cli import REPO
 
 pytestmark = pytest.mark.slow
 

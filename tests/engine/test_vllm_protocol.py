@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from eager_check import assert_matches_eager
+from support.eager import assert_matches_eager
+from support.specs import packaged
 from vllm_consumer import ProtocolConsumer
 
 from vitcg.errors import UnsupportedError
-from vitcg.lang import SpecSource
 from vitcg.runtime import protocol
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.engine import engine_config
@@ -26,7 +26,7 @@ from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
 REPO = Path(__file__).resolve().parents[2]
-REGISTRY = SpecSource([REPO / "vitcg" / "specs"])
+REGISTRY = packaged()
 PLAIN = [spec.name for spec in REGISTRY if not spec.graph_scope]
 SCOPED = [spec.name for spec in REGISTRY if spec.graph_scope]
 

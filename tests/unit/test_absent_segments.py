@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spec_files import skip_unavailable, spec_text
+from support.specs import packaged, skip_unavailable, spec_text
 
 from vitcg.errors import SpecRuntimeError
-from vitcg.lang import catalogue as cat
-from vitcg.lang import SpecSource, spec_from_text
+from vitcg.lang import spec_from_text
 from vitcg.runtime import padding
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
@@ -29,7 +28,7 @@ PREFIX = 5  # the tiny config's 3 class tokens and 2 registers, in front of ever
 @pytest.fixture(scope="module")
 def spec():
     skip_unavailable("radio_packed")
-    return SpecSource()["radio_packed"]
+    return packaged()["radio_packed"]
 
 
 @pytest.fixture(scope="module")

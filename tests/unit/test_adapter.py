@@ -5,35 +5,29 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.specs import packaged
+from support.tiny import qwen2_images, qwen2_videos, tiny_adapter, tiny_manager
 from vitcg.errors import InputError, SpecRuntimeError
-from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.runtime.protocol import SupportsEncoderCudaGraph
-from vitcg.tools.encoders import build_encoder
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 
 
 @pytest.fixture(scope="module")
 def qwen2():
-    return SpecAdapter(SPECS["qwen2_vl"], build_encoder(SPECS["qwen2_vl"]))
+    return tiny_adapter(SPECS["qwen2_vl"])
 
 
 @pytest.fixture(scope="module")
 def qwen25():
-    return SpecAdapter(SPECS["qwen2_5_vl"], build_encoder(SPECS["qwen2_5_vl"]))
+    return tiny_adapter(SPECS["qwen2_5_vl"])
 
 
 @pytest.fixture(scope="module")
 def internvl():
-    return SpecAdapter(SPECS["internvl"], build_encoder(SPECS["internvl"]))
-
-
-def images(*grids, dim=1176, seed=0, key="pixel_values", grid_key="image_grid_thw"):
-    g = torch.tensor(grids, dtype=torch.int64)
-    rows = int(g.prod(-1).sum())
-    return {key: torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)), grid_key: g}
+    return tiny_adapter(SPECS["internvl"])
 
 
 def test_adapters_satisfy_the_protocol(qwen2, qwen25, internvl):
@@ -53,8 +47,8 @@ def test_config(qwen2, internvl):
 
 
 def test_input_modality(qwen2):
-    assert qwen2.get_input_modality(images([1, 4, 4])) == "image"
-    both = {**images([1, 4, 4]), **images([2, 4, 4], key="pixel_values_videos", grid_key="video_grid_thw")}
+    assert qwen2.get_input_modality(qwen2_images([1, 4, 4])) == "image"
+    both = {**qwen2_images([1, 4, 4]), **qwen2_videos([2, 4, 4], seed=0)}
     assert qwen2.get_input_modality(both) == "image+video"
     with pytest.raises(InputError, match="no known input key"):
         qwen2.get_input_modality({"pixel_values_flat": torch.zeros(1)})
@@ -63,7 +57,7 @@ def test_input_modality(qwen2):
 
 
 def test_item_specs_follow_the_formulas(qwen2, internvl):
-    kwargs = {**images([1, 4, 6], [1, 8, 8]), **images([3, 4, 4], key="pixel_values_videos", grid_key="video_grid_thw")}
+    kwargs = {**qwen2_images([1, 4, 6], [1, 8, 8]), **qwen2_videos([3, 4, 4], seed=0)}
     specs = qwen2.get_encoder_cudagraph_item_specs(kwargs)
     assert [(s.input_size, s.output_tokens) for s in specs] == [(24, 6), (64, 16), (48, 12)]
     assert qwen2.get_encoder_cudagraph_item_frames(kwargs) == [0, 0, 3]
@@ -77,7 +71,7 @@ def test_bad_grid_shape(qwen2):
 
 
 def test_select_slices_rows_by_cumulative_offsets(qwen2):
-    kwargs = images([1, 2, 2], [1, 2, 4], [1, 4, 4])
+    kwargs = qwen2_images([1, 2, 2], [1, 2, 4], [1, 4, 4])
     picked = qwen2.select_encoder_cudagraph_items(kwargs, [2, 0])  # in the order of the indices
     assert picked["image_grid_thw"].tolist() == [[1, 4, 4], [1, 2, 2]]
     torch.testing.assert_close(picked["pixel_values"], torch.cat([kwargs["pixel_values"][12:], kwargs["pixel_values"][:4]]))
@@ -90,7 +84,7 @@ def test_select_slices_rows_by_cumulative_offsets(qwen2):
 
 
 def test_select_detects_inconsistent_pixels(qwen2):
-    kwargs = images([1, 2, 2])
+    kwargs = qwen2_images([1, 2, 2])
     kwargs["pixel_values"] = kwargs["pixel_values"][:3]
     with pytest.raises(InputError, match="has 3 rows but 'image_grid_thw' describes 4"):
         qwen2.select_encoder_cudagraph_items(kwargs, [0])
@@ -137,8 +131,8 @@ def test_capture_inputs_hold_the_all_padding_layout(qwen25):
 
 
 def test_replay_layout_padding_is_its_own_trailing_segment(qwen25):
-    manager = EncoderCudaGraphManager(qwen25, max_num_batched_tokens=256)
-    kwargs = images([1, 4, 6], [2, 4, 4])
+    manager = tiny_manager(qwen25)
+    kwargs = qwen2_images([1, 4, 6], [2, 4, 4])
     manager.execute(kwargs)
     [budget] = manager.stats.replays_per_budget
     values = manager.graphs[budget].inputs.values
@@ -156,11 +150,11 @@ def test_replay_layout_padding_is_its_own_trailing_segment(qwen25):
 
 
 def test_padding_rows_are_finite_even_from_garbage(qwen2):
-    manager = EncoderCudaGraphManager(qwen2, max_num_batched_tokens=256)
+    manager = tiny_manager(qwen2)
     manager.capture()
     for entry in manager.graphs.values():
         entry.inputs.values["pixel_values"].fill_(float("nan"))  # stale contents must not leak
-    kwargs = images([1, 4, 4])
+    kwargs = qwen2_images([1, 4, 4])
     [out] = manager.execute(kwargs)
     want = qwen2.encoder_eager_forward(kwargs)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
@@ -169,8 +163,8 @@ def test_padding_rows_are_finite_even_from_garbage(qwen2):
 
 
 def test_mixed_image_and_video_in_one_pack(qwen2):
-    manager = EncoderCudaGraphManager(qwen2, max_num_batched_tokens=256)
-    kwargs = {**images([1, 4, 6]), **images([2, 4, 4], key="pixel_values_videos", grid_key="video_grid_thw", seed=3)}
+    manager = tiny_manager(qwen2)
+    kwargs = {**qwen2_images([1, 4, 6]), **qwen2_videos([2, 4, 4], seed=3)}
     out = manager.execute(kwargs)
     assert manager.stats.replays == 1 and len(out) == 2
     for index, got in enumerate(out):
@@ -190,7 +184,7 @@ def test_output_field_missing_is_clear(qwen2):
 def paddle():
     if SPECS["paddleocr_vl"].unavailable:
         pytest.skip(SPECS["paddleocr_vl"].unavailable)
-    return SpecAdapter(SPECS["paddleocr_vl"], build_encoder(SPECS["paddleocr_vl"]))
+    return tiny_adapter(SPECS["paddleocr_vl"])
 
 
 def paddle_images(*grids, seed=0):
@@ -263,7 +257,7 @@ def test_navit_pixels_lie_side_by_side_in_the_call():
 @pytest.mark.skipif(SPECS["minicpmv4_6"].unavailable is not None, reason="needs transformers 5.23")
 def test_navit_capture_buffers_hold_rows_first_and_a_row_for_the_padding_item():
     spec = SPECS["minicpmv4_6"]
-    adapter = SpecAdapter(spec, build_encoder(spec))
+    adapter = tiny_adapter(spec)
     values = adapter.prepare_encoder_cudagraph_capture_inputs(256, 3, 3).values
     assert values["pixel_values"].shape == (1024, 3, 14, 14)  # 256 tokens after the tower's 2x2 merge
     assert values["target_sizes"].tolist() == [[2, 512], [0, 0], [0, 0], [0, 0]]  # all padding: one item

@@ -8,29 +8,25 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.specs import packaged
+from support.tiny import qwen2_images, tiny_adapter, tiny_manager
 from vitcg.errors import InputError
-from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import SpecAdapter
-from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.runtime.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = SpecSource()
-ROW = 1176  # tiny qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
+SPECS = packaged()
 
 
 @pytest.fixture(scope="module")
 def qwen2():
-    return SpecAdapter(SPECS["qwen2_vl"], build_encoder(SPECS["qwen2_vl"]))
+    return tiny_adapter(SPECS["qwen2_vl"])
 
 
 def images(*grids, rows=None):
     """qwen2_vl image kwargs of ``grids`` with the backend's rows per item (``rows``; default: the grids')."""
-    grid = torch.tensor(grids, dtype=torch.int64)
-    count = int(grid.prod(-1).sum())
-    return {"pixel_values": torch.randn(count, ROW, generator=torch.Generator().manual_seed(0)),
-            "image_grid_thw": grid, "num_image_patches": grid.prod(-1) if rows is None else torch.tensor(rows)}
+    kwargs = qwen2_images(*grids)
+    grid = kwargs["image_grid_thw"]
+    return {**kwargs, "num_image_patches": grid.prod(-1) if rows is None else torch.tensor(rows)}
 
 
 def test_backend_rows_are_accepted_and_never_reach_the_encoder(qwen2):
@@ -52,7 +48,7 @@ def test_a_selection_carries_the_backend_rows_of_its_items_in_order(qwen2):
 
 def test_vitcgs_manager_serves_kwargs_with_backend_rows(qwen2):
     kwargs = images([1, 4, 4], [1, 4, 8])
-    outputs = EncoderCudaGraphManager(qwen2, max_num_batched_tokens=256).execute(kwargs)
+    outputs = tiny_manager(qwen2).execute(kwargs)
     assert [tuple(o.shape) for o in outputs] == [(4, 48), (8, 48)]
 
 
@@ -83,7 +79,7 @@ def test_capture_axis_keys_are_a_hashable_tuple(name):
     """vLLM's manager looks its graphs up by ``(budget, axis keys)``: the keys must be hashable, a tuple as vLLM's
     own models return them."""
     spec = SPECS[name]
-    adapter = SpecAdapter(spec, build_encoder(spec))
+    adapter = tiny_adapter(spec)
     builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(0))
     kwargs = builder.inputs("image", [builder.image(2, 2)])
     keys = adapter.select_encoder_cudagraph_items(kwargs, [0])[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG]

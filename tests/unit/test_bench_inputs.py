@@ -5,19 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import adapter_for
+from support.specs import packaged
+from support.tiny import tiny_adapter
 from vitcg.runtime.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, _item_size, make_inputs, on_device
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 
 
 @pytest.mark.parametrize("name", SPECS.names)
 def test_every_spec_gets_inputs_the_adapter_accepts(name):
     spec = SPECS[name]
-    adapter = adapter_for(spec, build_encoder(spec))
+    adapter = tiny_adapter(spec)
     shaped = 0
     for workload in WORKLOADS.values():
         inputs = make_inputs(adapter, workload, torch.Generator().manual_seed(0))
@@ -38,22 +37,22 @@ def test_every_spec_gets_inputs_the_adapter_accepts(name):
 
 
 def test_processor_shaped_sizes():
-    qwen2 = adapter_for(SPECS["qwen2_vl"], build_encoder(SPECS["qwen2_vl"]))
+    qwen2 = tiny_adapter(SPECS["qwen2_vl"])
     image, video = SPECS["qwen2_vl"].modality("image"), SPECS["qwen2_vl"].modality("video")
     assert _item_size(qwen2, image, (480, 640)) == [1, 34, 46]  # rounded to 28 px: 476 x 644
     assert _item_size(qwen2, video, (4, 448, 448)) == [2, 32, 32]  # temporal patch 2
     internvl = SPECS["internvl"]
-    tiles = adapter_for(internvl, build_encoder(internvl, "real", device="meta"))
+    tiles = tiny_adapter(internvl, "real", device="meta")
     assert _item_size(tiles, internvl.modality("image"), (448, 448)) == 1
     assert _item_size(tiles, internvl.modality("image"), (768, 1024)) == 3 * 2 + 1  # 6 tiles and a thumbnail
     assert _item_size(tiles, internvl.modality("video"), (4, 448, 448)) == 4  # one tile per frame
-    siglip = adapter_for(SPECS["siglip"], build_encoder(SPECS["siglip"]))
+    siglip = tiny_adapter(SPECS["siglip"])
     assert _item_size(siglip, SPECS["siglip"].modality("image"), (720, 1280)) == 1  # resized to one tile
 
 
 def test_inputs_move_to_the_device_but_counts_stay_on_the_host():
     spec = SPECS["idefics3"]
-    adapter = adapter_for(spec, build_encoder(spec, dtype=torch.bfloat16))
+    adapter = tiny_adapter(spec, dtype=torch.bfloat16)
     moved = on_device(adapter, make_inputs(adapter, WORKLOADS["1x224"], torch.Generator()), torch.bfloat16)
     assert moved["pixel_values"].dtype == torch.bfloat16
     assert moved["patch_attention_mask"].dtype == torch.bool  # masks keep their dtype

@@ -6,23 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.lang import SpecSource
+from support.specs import packaged
+from support.tiny import tiny_adapter
 from vitcg.runtime import extension, scope
-from vitcg.runtime.adapter import ScopedSpecAdapter, SpecAdapter, WholeCall, adapter_for
+from vitcg.runtime.adapter import ScopedSpecAdapter, SpecAdapter, WholeCall
 from vitcg.runtime.scope import Boundary, Scope
-from vitcg.tools.encoders import build_encoder
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 
 
 @pytest.fixture(scope="module")
 def whole():
-    return adapter_for(SPECS["qwen2_vl"], build_encoder(SPECS["qwen2_vl"]))
+    return tiny_adapter(SPECS["qwen2_vl"])
 
 
 @pytest.fixture(scope="module")
 def scoped():
-    return adapter_for(SPECS["pixtral"], build_encoder(SPECS["pixtral"]))
+    return tiny_adapter(SPECS["pixtral"])
 
 
 def test_a_whole_encoder_spec_gets_the_whole_call(whole):
@@ -50,7 +50,7 @@ def test_the_fixed_shape_forward_is_the_boundarys(name, request, monkeypatch):
 
 def test_the_whole_call_stores_pixels_rows_first_and_nothing_else_moves():
     spec = SPECS["paddleocr_vl"]  # the tower takes (1, rows, C, p, p)
-    adapter = adapter_for(spec, build_encoder(spec))
+    adapter = tiny_adapter(spec)
     pixels, grid = next(b for b in spec.buffers if b.name == "pixel_values"), next(b for b in spec.buffers if b.name == "grid_thw")
     assert adapter._boundary.storage_shape(pixels, (1, 64, 3, 14, 14)) == (64, 3, 14, 14)
     assert adapter._boundary.storage_shape(grid, (5, 3)) == (5, 3)

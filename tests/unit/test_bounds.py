@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from vitcg.lang import SpecSource
+from support.specs import packaged
 from vitcg.lang.formulas import parse
 from vitcg.tools.check import cases
 from vitcg.tools.check.bounds import Bound, Overrun, audit, bounds_of, longest
@@ -22,7 +22,7 @@ window boundaries count its 64 patch rows."""
 
 def _qwen2_5_vl(buffer: str = "", value: str = ""):
     """The packaged qwen2_5_vl spec, with ``buffer``'s value formula replaced by ``value``."""
-    spec = SpecSource().get("qwen2_5_vl")
+    spec = packaged().get("qwen2_5_vl")
     if not buffer:
         return spec
     names = {"budget", "window_size", "patch_size", "spatial_merge_size"}

@@ -8,10 +8,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from spec_files import skip_unavailable
+from support.specs import skip_unavailable
+from support.tiny import tiny_adapter
 
 from vitcg.errors import SpecRuntimeError
-from vitcg.lang import catalogue as cat
 from vitcg.lang import SpecSource
 from vitcg.lang.formulas import parse
 from vitcg.runtime.adapter import adapter_for
@@ -53,7 +53,7 @@ def test_a_written_capacity_above_the_need_is_valid(tmp_path):
 @pytest.mark.parametrize(("budget", "items", "frames"), [(64, 1, 0), (64, 40, 0), (256, 3, 24)])
 def test_a_capture_allocates_the_written_shape_and_never_more(name, budget, items, frames):
     spec = SPECS[name]
-    adapter = adapter_for(spec, build_encoder(spec))
+    adapter = tiny_adapter(spec)
     values = adapter.prepare_encoder_cudagraph_capture_inputs(budget, items, frames, device="cpu").values
     names = {**cat.buffer_names(budget, items, frames), **adapter.geometry}
     for buffer in spec.buffers:

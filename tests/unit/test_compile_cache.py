@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from spec_files import spec_text
+from support.specs import packaged, spec_text
 from torch.utils._appending_byte_serializer import BytesWriter
 
 from vitcg.lang import SpecSource
@@ -45,7 +45,7 @@ def artifacts(monkeypatch):
 
 
 def test_the_key_follows_spec_shapes_dtype_and_file(repo, tmp_path):
-    registry = SpecSource([repo / "vitcg" / "specs"])
+    registry = packaged()
     spec = registry.get("qwen2_vl")
     key = compile_key(spec, torch.device("cpu"), torch.float32, budgets=[64, 128])
     assert key == compile_key(spec, torch.device("cpu"), torch.float32, budgets=[64, 128])

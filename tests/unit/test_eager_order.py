@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import torch
 
+from support.tiny import tiny_adapter, tiny_manager
 from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.costs import CostModel
-from vitcg.runtime.manager import EncoderCudaGraphManager
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
 
 def test_a_mixed_call_routed_eagerly_matches_eager_per_item():
     spec = SpecSource(["vitcg/specs/qwen2_vl.yaml"])["qwen2_vl"]
-    adapter = adapter_for(spec, build_encoder(spec))
+    adapter = tiny_adapter(spec)
     builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(0))
     kwargs = {**builder.inputs("image", [builder.image(2, 2)]), **builder.inputs("video", [builder.video(2, 4, 4)])}
-    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=256)
+    manager = tiny_manager(adapter)
     # replays dear, eager cheap: the one pack (video first, the larger item) goes to the eager call
     manager.costs = CostModel({b: 100.0 for b in manager.budgets}, eager=lambda tokens: 1.0)
     routed = manager.route([item.output_tokens for item in adapter.get_encoder_cudagraph_item_specs(kwargs)],

@@ -7,12 +7,13 @@ import dataclasses
 import pytest
 import torch
 
+from support.specs import packaged
+from support.tiny import tiny_adapter
 from vitcg.errors import SpecRuntimeError
-from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.tools.encoders import build_encoder
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 
 
 def test_complex_buffers_keep_their_dtype():
@@ -33,7 +34,7 @@ def test_same_seed_same_weights():
 def adapter_with_outputs(*outputs: str) -> SpecAdapter:
     spec = SPECS["qwen2_vl"]
     spec = dataclasses.replace(spec, encoder=dataclasses.replace(spec.encoder, outputs=outputs))
-    return SpecAdapter(spec, build_encoder(spec))
+    return tiny_adapter(spec)
 
 
 def test_output_selection_and_clear_errors():

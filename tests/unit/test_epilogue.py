@@ -6,17 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.specs import packaged
+from support.tiny import tiny_adapter
 from vitcg.errors import HostSyncError, InputError, SpecRuntimeError
-from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.epilogue import epilogue, kept_first, masked_rows
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.runtime.protocol import SupportsEncoderCudaGraph
 from vitcg.runtime.syncs import no_host_syncs
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 
 
 def test_kept_first_puts_the_kept_rows_first_in_order():
@@ -64,7 +63,7 @@ def _image(builder: InputBuilder, width: int, height: int) -> dict[str, torch.Te
 @needs_gemma4
 def test_gemma4_rows_per_image_come_from_its_padding_and_match_eager():
     spec = SPECS["gemma4"]
-    adapter = adapter_for(spec, build_encoder(spec))
+    adapter = tiny_adapter(spec)
     assert isinstance(adapter, SupportsEncoderCudaGraph)  # an epilogue keeps the protocol
     builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(0))
     example = builder.inputs("image", [1])["image_position_ids"]  # tests.inputs: formulas over `i`
@@ -87,7 +86,7 @@ def test_gemma4_rows_per_image_come_from_its_padding_and_match_eager():
 @needs_gemma4
 def test_gemma4_an_image_of_padding_only_is_refused():
     spec = SPECS["gemma4"]
-    adapter = adapter_for(spec, build_encoder(spec))
+    adapter = tiny_adapter(spec)
     kwargs = InputBuilder(spec, adapter, torch.Generator().manual_seed(0)).inputs("image", [1])
     kwargs["image_position_ids"] = torch.full_like(kwargs["image_position_ids"], -1)
     with pytest.raises(InputError, match="expected a positive input_size and output_tokens"):

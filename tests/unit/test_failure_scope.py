@@ -13,7 +13,7 @@ import pathlib
 import re
 
 import pytest
-from spec_files import spec_text
+from support.specs import spec_text
 
 from vitcg.errors import SpecError, UsageError
 from vitcg.lang import InvalidSpec, SpecSource, spec_folders

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.specs import packaged
 from vitcg.lang import SpecSource
 from vitcg.lang.model import freeze, thaw
-from vitcg.tools.check import vlm as stage
 from vitcg.tools.check.cases import check_spec
 from vitcg.tools.check.failures import StepFailed, describe, step
 
@@ -20,7 +20,7 @@ FAILS = Path(__file__).resolve().parents[1] / "specs" / "check_fails"
 
 def _with_vlm_config(name: str, **config):
     """The packaged spec ``name``, its end-to-end stage's VLM config updated with ``config`` (one level deep)."""
-    spec = SpecSource().get(name)
+    spec = packaged().get(name)
     merged = thaw(spec.tests.vlm.config)
     for key, value in config.items():
         merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value

@@ -6,33 +6,26 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eager_check import assert_matches_eager
+from support.eager import assert_matches_eager
+from support.specs import packaged
+from support.tiny import qwen2_videos, tiny_adapter, tiny_manager
 
 from vitcg.errors import InputError, VitcgError
-from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.extension import Extension
 from vitcg.runtime.manager import EncoderCudaGraphManager
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = SpecSource(["vitcg/specs"])
-
-
-def videos(*grids: list[int]) -> dict[str, torch.Tensor]:
-    grid = torch.tensor(grids, dtype=torch.int64)
-    pixels = torch.randn(int(grid.prod(-1).sum()), 1176, generator=torch.Generator().manual_seed(1))
-    return {"pixel_values_videos": pixels, "video_grid_thw": grid}
+SPECS = packaged()
 
 
 @pytest.fixture(scope="module")
 def qwen2():
-    return adapter_for(SPECS["qwen2_vl"], build_encoder(SPECS["qwen2_vl"]))
+    return tiny_adapter(SPECS["qwen2_vl"])
 
 
 def test_every_adapter_offers_its_frames_to_the_manager(qwen2):
     """A whole-encoder adapter is no full extension (it has no scoped forward), yet the manager reads its frames."""
-    manager = EncoderCudaGraphManager(qwen2, max_num_batched_tokens=1024)
+    manager = tiny_manager(qwen2, 1024)
     assert manager.extension.item_frames is not None and not manager.extension.scoped
     assert Extension.of(object()) == Extension(item_frames=None, item_groups=None, scoped=False)
 
@@ -40,7 +33,7 @@ def test_every_adapter_offers_its_frames_to_the_manager(qwen2):
 def test_a_video_longer_than_a_pack_runs_eagerly(qwen2):
     """40 frames (max_frames_per_video 32) with one item per pack: the buffers hold 33 segments."""
     manager = EncoderCudaGraphManager(qwen2, max_num_batched_tokens=8192, max_items_per_batch=1)
-    kwargs = videos([40, 4, 4])
+    kwargs = qwen2_videos([40, 4, 4])
     assert_matches_eager(qwen2, kwargs, manager.execute(kwargs))
     assert manager.stats.misses == 1 and manager.stats.replays == 0
 
@@ -48,7 +41,7 @@ def test_a_video_longer_than_a_pack_runs_eagerly(qwen2):
 def test_a_frame_heavy_call_is_split_into_packs(qwen2):
     """Five 32-frame videos (16 temporal patches each) where a pack holds 32 frames: packs of two, no error."""
     manager = EncoderCudaGraphManager(qwen2, max_num_batched_tokens=8192)
-    kwargs = videos(*[[16, 4, 4]] * 5)
+    kwargs = qwen2_videos(*[[16, 4, 4]] * 5)
     assert_matches_eager(qwen2, kwargs, manager.execute(kwargs))
     assert manager.stats.replays == 3 and manager.stats.misses == 0
 
@@ -57,12 +50,12 @@ def test_the_protocol_refuses_by_name_a_pack_its_buffers_cannot_hold(qwen2):
     """An engine packing by items and tokens only (vLLM) asks for more frames than the buffers were captured for:
     a named InputError with the numbers and the remedies, raised before any buffer is filled."""
     with pytest.raises(InputError) as caught:
-        qwen2.prepare_encoder_cudagraph_replay_buffers(videos([40, 4, 4]), 1, 32)
+        qwen2.prepare_encoder_cudagraph_replay_buffers(qwen2_videos([40, 4, 4]), 1, 32)
     message = str(caught.value)
     assert "40 frames" in message and "max_frames_per_batch 32" in message
     assert "encoder_cudagraph_max_frames_per_batch" in message
     # a pack within the buffers' segments is served even when its frames exceed max_frames_per_batch
-    values = qwen2.prepare_encoder_cudagraph_replay_buffers(videos([40, 4, 4]), 16, 32).values
+    values = qwen2.prepare_encoder_cudagraph_replay_buffers(qwen2_videos([40, 4, 4]), 16, 32).values
     assert values["cu_seqlens"].shape[0] == 41
 
 
@@ -71,7 +64,7 @@ def test_kimi_chunk_longer_than_a_pack_meets_the_models_own_answer():
     """A 5-frame Kimi-K2.5 chunk (chunks hold 4): it runs eagerly, so the caller gets the tower's own answer (its
     temporal table has no row for frame 5), never a vitcg padding error."""
     spec = SPECS["kimi_k25"]
-    adapter = adapter_for(spec, build_encoder(spec))
+    adapter = tiny_adapter(spec)
     kwargs = InputBuilder(spec, adapter, torch.Generator().manual_seed(0)).inputs("video", [[5, 4, 4]])
     with pytest.raises(Exception) as own:
         adapter.encoder_eager_forward(kwargs)

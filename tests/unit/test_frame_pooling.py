@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.specs import packaged
+from support.tiny import tiny_adapter
 from vitcg.errors import InputError
-from vitcg.lang import SpecSource
 from vitcg.lang.model import Buffer
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.hf import Layout
@@ -19,12 +20,11 @@ from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.runtime.padding import fill
 from vitcg.runtime.protocol import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from vitcg.runtime.providers import Pack, RowCache, argument_rebuild, compute
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import relative_error
 
 kimi = pytest.importorskip("transformers.models.kimi_k25.modeling_kimi_k25")  # transformers >= 5.23
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 needs_kimi_spec = pytest.mark.skipif(bool(SPECS["kimi_k25"].unavailable), reason=str(SPECS["kimi_k25"].unavailable))
 """accelerate refuses, and check skips, a spec the installed transformers is too old for (5.17 has the module)."""
 GEOMETRY = {"spatial_merge_size": 2}
@@ -98,7 +98,7 @@ def test_repeat_padding_fills_the_frame_slots_and_refuses_what_does_not_divide()
 @pytest.fixture(scope="module")
 def kimi_adapter():
     spec = SPECS["kimi_k25"]
-    return adapter_for(spec, build_encoder(spec))
+    return tiny_adapter(spec)
 
 
 def grid_inputs(adapter, key: str, rows) -> dict:

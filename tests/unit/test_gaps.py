@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-from vitcg.lang import SpecSource
+from support.specs import packaged
 from vitcg.lang.bindings import release, transformers_version
 from vitcg.lang.gaps import GAPS
 
@@ -20,7 +20,7 @@ LISTED = [t for gap in GAPS for t in gap.model_types]
 
 
 def test_no_listed_model_type_is_covered_by_a_spec(repo):
-    covered = {t for spec in SpecSource([repo / "vitcg" / "specs"]) for t in spec.model_types}
+    covered = {t for spec in packaged() for t in spec.model_types}
     assert len(LISTED) == len(set(LISTED))
     assert not covered & set(LISTED)
 

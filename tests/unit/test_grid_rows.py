@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from support.specs import packaged
+from support.tiny import tiny_adapter
 from vitcg.errors import InputError, SpecRuntimeError
 from vitcg.lang import SpecSource
 from vitcg.lang.formulas import parse
@@ -18,22 +20,21 @@ from vitcg.lang.model import Modality
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.check import vlm
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import relative_error
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 ROW = 1176  # tiny glm4v and qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
 HW_GRID = SpecSource.of_files(["tests/specs/valid/hw_grid.yaml"]).specs[0]
 
 
 @pytest.fixture(scope="module")
 def glm():
-    return SpecAdapter(SPECS["glm4v"], build_encoder(SPECS["glm4v"], seed=1))
+    return tiny_adapter(SPECS["glm4v"], seed=1)
 
 
 @pytest.fixture(scope="module")
 def hw():
-    return SpecAdapter(HW_GRID, build_encoder(HW_GRID, seed=1))
+    return tiny_adapter(HW_GRID, seed=1)
 
 
 def video(*grids):

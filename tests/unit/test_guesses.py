@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support.specs import packaged
 from vitcg.lang import SpecSource
 from vitcg.tools.guesses import Guess, guesses, is_placeholder, placeholder_checkpoint
 from vitcg.tools.new import scaffold
@@ -44,7 +45,7 @@ def test_the_harness_file_is_read_too_and_a_packaged_spec_has_no_guesses(tmp_pat
     (tmp_path / "llava_x.tests.yaml").write_text("vlm:\n  config: {}   # GUESS: the text config\n")
     (found,) = guesses(_spec(tmp_path / "llava_x.yaml"))
     assert (found.file, found.line) == (str(tmp_path / "llava_x.tests.yaml"), 2)
-    assert not any(guesses(spec) for spec in SpecSource().specs)
+    assert not any(guesses(spec) for spec in packaged().specs)
 
 
 def test_placeholder_checkpoints_are_the_drafts_own():

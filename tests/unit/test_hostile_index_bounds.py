@@ -8,15 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.specs import packaged
 from vitcg.errors import InputError
-from vitcg.lang import SpecSource
 from vitcg.lang.bindings import import_object
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.inputs import role_bounds
 from vitcg.tools.encoders import build_config, build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 
 
 def _word_embeddings(module):

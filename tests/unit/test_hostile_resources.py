@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spec_files import spec_text
+from support.specs import spec_text
 
 from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import catalogue as cat

@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.specs import packaged
+from support.tiny import tiny_adapter
 from vitcg.errors import InputError
-from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.inputs import INDEX_DTYPES, dtype_problem, role_dtypes
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = {spec.name: spec for spec in SpecSource(["vitcg/specs"])}
+SPECS = {spec.name: spec for spec in packaged()}
 NAMES = ("qwen2_vl", "video_llama_3", "gemma4", "instructblip", "idefics2", "mllama", "siglip2")
 
 
@@ -24,7 +23,7 @@ def built():
     out = {}
     for name in NAMES:
         spec = SPECS[name]
-        adapter = adapter_for(spec, build_encoder(spec))
+        adapter = tiny_adapter(spec)
         builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(0))
         item = 1 if not spec.attention_style.segmented else builder.image(2, 4)
         out[name] = adapter, builder.inputs("image", [item])
@@ -175,7 +174,7 @@ def test_gemma4_pools_three_by_three():
     from vitcg.runtime.inputs import pooled_side
 
     spec = SPECS["gemma4"]
-    adapter = adapter_for(spec, build_encoder(spec))
+    adapter = tiny_adapter(spec)
     assert pooled_side(spec, adapter.geometry) == 3
     assert pooled_side(SPECS["qwen2_vl"], {}) is None
 
@@ -183,12 +182,8 @@ def test_gemma4_pools_three_by_three():
 @pytest.mark.parametrize("name", ["idefics2", "gemma4"])
 def test_an_empty_call_gets_empty_replay_buffers_even_with_aligned_roles(name):
     """Was KeyError: 'mask' (idefics2) from the aligned provider: no modality gave the role, and no item needs it."""
-    from vitcg.lang import SpecSource
-    from vitcg.runtime.adapter import adapter_for
-    from vitcg.tools.encoders import build_encoder
-
-    spec = SpecSource()[name]
-    buffers = adapter_for(spec, build_encoder(spec)).prepare_encoder_cudagraph_replay_buffers({}, 4, 0)
+    spec = packaged()[name]
+    buffers = tiny_adapter(spec).prepare_encoder_cudagraph_replay_buffers({}, 4, 0)
     aligned = [b.name for b in spec.buffers if b.provider == "aligned"]
     assert aligned and all(buffers.values[n].numel() == 0 for n in aligned)
 
@@ -197,10 +192,7 @@ def test_an_empty_call_gets_empty_replay_buffers_even_with_aligned_roles(name):
 def test_capture_sizes_are_refused_by_name(sizes):
     """Was a RuntimeError from torch.zeros on every spec for a negative budget, items or frames."""
     from vitcg.errors import InputError
-    from vitcg.lang import SpecSource
-    from vitcg.runtime.adapter import adapter_for
-    from vitcg.tools.encoders import build_encoder
 
-    spec = SpecSource()["qwen2_vl"]
+    spec = packaged()["qwen2_vl"]
     with pytest.raises(InputError, match=r"^(token_budget|max_batch_size|max_frames_per_batch): expected an integer"):
-        adapter_for(spec, build_encoder(spec)).prepare_encoder_cudagraph_capture_inputs(*sizes)
+        tiny_adapter(spec).prepare_encoder_cudagraph_capture_inputs(*sizes)

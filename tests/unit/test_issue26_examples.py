@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import transformers
 from packaging.version import Version
-from spec_files import skip_unavailable, spec_text
+from support.specs import packaged, skip_unavailable, spec_text
 
 from vitcg.errors import SpecError, VitcgError
-from vitcg.lang import SpecSource, spec_from_text
+from vitcg.lang import spec_from_text
 from vitcg.lang.bindings import Bindings
 from vitcg.lang.loader import load_text
 from vitcg.tools.check.vlm import check_vlm
@@ -77,7 +77,7 @@ def test_an_escaped_nul_in_a_string_is_refused_at_its_column():
     assert problem.message == "string holds the control character U+0000"
 
 
-PACKAGED = SpecSource()
+PACKAGED = packaged()
 
 
 @pytest.mark.parametrize("name", PACKAGED.names)

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from spec_files import harness_path, spec_path, spec_text
+from support.specs import harness_path, packaged, spec_path, spec_text
 
 from vitcg.errors import SpecError
 from vitcg.lang import SpecSource, spec_from_text
@@ -35,7 +35,7 @@ def test_kimi_k25_names_its_pixel_rows_once_and_means_what_it_meant_written_out(
     shutil.copy(harness_path("kimi_k25"), tmp_path / "kimi_k25.tests.yaml")
     mine = SpecSource.of_files([tmp_path / "kimi_k25.yaml"])
     assert mine.ok, [d.format() for d in mine.diagnostics]
-    written, packaged = mine.specs[0].to_json(), SpecSource()["kimi_k25"].to_json()
+    written, packaged = mine.specs[0].to_json(), packaged()["kimi_k25"].to_json()
     assert {**written, "file": None} == {**packaged, "file": None}
 
 

@@ -7,19 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import adapter_for
-from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
-from vitcg.tools.encoders import build_encoder
+from support.specs import packaged
+from support.tiny import tiny_adapter, tiny_manager
+from vitcg.runtime.manager import ManagerOptions
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 NAMES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl"]
 
 
 @pytest.fixture(scope="module")
 def adapters():
-    return {name: adapter_for(SPECS[name], build_encoder(SPECS[name])) for name in NAMES}
+    return {name: tiny_adapter(SPECS[name]) for name in NAMES}
 
 
 def poisoned_images(adapter, value: float, seed: int = 0) -> dict:
@@ -40,7 +39,7 @@ def eager_alone(adapter, kwargs, index):
 def test_a_poisoned_item_leaves_the_others_as_eager(name, value, adapters):
     adapter = adapters[name]
     kwargs = poisoned_images(adapter, value)
-    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=1024)
+    manager = tiny_manager(adapter, 1024)
     got = manager.execute(kwargs)
     for index in (0, 2):
         assert torch.isfinite(got[index]).all(), f"item {index} was poisoned by item 1"
@@ -54,7 +53,7 @@ def test_a_poisoned_video_leaves_the_image_of_its_call_as_eager(adapters):
     builder = InputBuilder(adapter.spec, adapter, torch.Generator().manual_seed(1))
     kwargs = {**builder.inputs("image", [builder.image(2, 4)]), **builder.inputs("video", [builder.video(2, 2, 2)])}
     kwargs["pixel_values_videos"][5] = float("nan")
-    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=1024)
+    manager = tiny_manager(adapter, 1024)
     image, video = manager.execute(kwargs)
     torch.testing.assert_close(image, eager_alone(adapter, kwargs, 0), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(video, eager_alone(adapter, kwargs, 1), rtol=1e-5, atol=1e-6, equal_nan=True)
@@ -64,7 +63,7 @@ def test_a_poisoned_video_leaves_the_image_of_its_call_as_eager(adapters):
 def test_without_isolation_packed_attention_spreads_the_poison(adapters):
     """The root cause the option exists for (packed styles; tiles attend within each tile)."""
     adapter = adapters["qwen2_vl"]
-    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=1024, options=ManagerOptions(isolate_nonfinite=False))
+    manager = tiny_manager(adapter, 1024, options=ManagerOptions(isolate_nonfinite=False))
     got = manager.execute(poisoned_images(adapter, float("nan")))
     assert manager.stats.replays == 1 and not torch.isfinite(got[0]).all()
 
@@ -82,6 +81,6 @@ def test_the_quick_check_misses_no_poison_and_flags_no_finite_item(adapters):
     assert _finite({"grid": torch.ones(2, 3, dtype=torch.int64)})  # integer inputs hold no NaN
     adapter = adapters["qwen2_vl"]
     kwargs = poisoned_images(adapter, 3e38)
-    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=256)
+    manager = tiny_manager(adapter)
     manager.execute(kwargs)
     assert manager.stats.nonfinite_items == 0 and manager.stats.hits == 3

@@ -12,35 +12,35 @@ import numpy as np
 import pytest
 import torch
 
+from support.specs import packaged
+from support.tiny import QWEN2_ROW, tiny_adapter
 from vitcg.errors import InputError, SpecRuntimeError
 from vitcg.lang import SpecSource
 from vitcg.lang.formulas import parse
-from vitcg.runtime.adapter import SpecAdapter, adapter_for
+from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.check import vlm
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder, relative_error
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 PER_ITEM = SpecSource.of_files(["tests/specs/valid/per_item_inputs.yaml"]).specs[0]
-ROW = 1176  # tiny qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
 VL3_ROW = 588  # tiny video_llama_3: 3 * 14 ** 2
 
 
 @pytest.fixture(scope="module")
 def qwen():
-    return SpecAdapter(PER_ITEM, build_encoder(PER_ITEM, seed=1))
+    return tiny_adapter(PER_ITEM, seed=1)
 
 
 @pytest.fixture(scope="module")
 def vl3():
     spec = SPECS["video_llama_3"]
-    return adapter_for(spec, build_encoder(spec, seed=1))
+    return tiny_adapter(spec, seed=1)
 
 
 def images(merge_sizes, *grids):
     g = torch.tensor(grids, dtype=torch.int64)
-    return {"pixel_values": torch.randn(int(g.prod(-1).sum()), ROW, generator=torch.Generator().manual_seed(0)),
+    return {"pixel_values": torch.randn(int(g.prod(-1).sum()), QWEN2_ROW, generator=torch.Generator().manual_seed(0)),
             "image_grid_thw": g, "image_merge_sizes": torch.tensor(merge_sizes)}
 
 

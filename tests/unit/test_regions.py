@@ -8,8 +8,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from vitcg.lang import SpecSource
-from vitcg.runtime import adapter as adapter_module
+from support.specs import packaged
 from vitcg.runtime import regions
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
@@ -87,7 +86,7 @@ def test_one_compilation_serves_every_block(eager_backend):
 
 
 def _manager(spec_name: str, **config):
-    spec = SpecSource(["vitcg/specs"]).get(spec_name)
+    spec = packaged().get(spec_name)
     config_obj = encoders.build_config(spec, "tiny")
     for key, value in config.items():
         setattr(config_obj, key, value)
@@ -137,7 +136,7 @@ def test_an_encoder_without_repeated_blocks_compiles_its_whole_forward(monkeypat
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: compiled.append(kwargs) or fn)
     monkeypatch.setattr(adapter_module, "repeated_blocks", lambda root: [])
-    spec = SpecSource(["vitcg/specs"]).get("qwen2_vl")
+    spec = packaged().get("qwen2_vl")
     adapter = adapter_for(spec, encoders.build_encoder(spec, "tiny"), compile_forward=True)
     assert adapter._compiled and not adapter._blocks and compiled == [{"dynamic": True}]
 

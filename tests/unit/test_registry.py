@@ -9,7 +9,7 @@ import pathlib
 import zipfile
 
 import pytest
-from spec_files import spec_text
+from support.specs import spec_text
 
 from vitcg.errors import SpecError, UsageError
 from vitcg.lang import InvalidSpec, SpecSource, packaged_specs_dir, spec_folders

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from spec_files import load_test_configs
+from support.specs import load_test_configs
 
 from vitcg.errors import RenderError, SpecError, UsageError
 from vitcg.lang import SpecSource

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from spec_files import copy_spec, spec_text
+from support.specs import copy_spec, spec_text
 
 from vitcg.lang import catalogue as cat
 from vitcg.lang import SpecSource, resolve_file, resolver

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
-from spec_files import spec_text
+from support.specs import spec_text
 
 from vitcg.lang import catalogue as cat
 from vitcg.lang import resolver

@@ -7,20 +7,17 @@ import numpy as np
 import pytest
 import torch
 
+from support.specs import packaged
+from support.tiny import QWEN2_ROW, tiny_adapter, tiny_manager
 from vitcg.errors import InputError
-from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.inputs import item_indices
-from vitcg.runtime.manager import EncoderCudaGraphManager
-from vitcg.tools.encoders import build_encoder
 
-SPECS = SpecSource(["vitcg/specs"])
-ROW = 1176  # tiny qwen2_vl: in_channels 3 * temporal_patch_size 2 * patch_size 14 ** 2
+SPECS = packaged()
 
 
 @pytest.fixture(scope="module")
 def adapters():
-    return {name: SpecAdapter(SPECS[name], build_encoder(SPECS[name])) for name in ("qwen2_vl", "internvl")}
+    return {name: tiny_adapter(SPECS[name]) for name in ("qwen2_vl", "internvl")}
 
 
 def grid(*rows, dtype=torch.int64):
@@ -28,7 +25,7 @@ def grid(*rows, dtype=torch.int64):
 
 
 def pixels(rows, *row):
-    return torch.randn(rows, *(row or (ROW,)))
+    return torch.randn(rows, *(row or (QWEN2_ROW,)))
 
 
 def tiles(n, side=56):
@@ -37,11 +34,11 @@ def tiles(n, side=56):
 
 # (spec, kwargs, fragments the message must hold: the key, the expected, the actual)
 CASES = {
-    "numpy pixels": ("qwen2_vl", lambda: {"pixel_values": np.zeros((16, ROW), np.float32), "image_grid_thw": grid([1, 4, 4])},
+    "numpy pixels": ("qwen2_vl", lambda: {"pixel_values": np.zeros((16, QWEN2_ROW), np.float32), "image_grid_thw": grid([1, 4, 4])},
                      ["'pixel_values'", "expected a torch.Tensor", "got numpy.ndarray"]),
-    "list pixels": ("qwen2_vl", lambda: {"pixel_values": [[0.0] * ROW] * 16, "image_grid_thw": grid([1, 4, 4])},
+    "list pixels": ("qwen2_vl", lambda: {"pixel_values": [[0.0] * QWEN2_ROW] * 16, "image_grid_thw": grid([1, 4, 4])},
                     ["'pixel_values'", "expected a torch.Tensor", "got list"]),
-    "meta pixels": ("qwen2_vl", lambda: {"pixel_values": torch.zeros(16, ROW, device="meta"),
+    "meta pixels": ("qwen2_vl", lambda: {"pixel_values": torch.zeros(16, QWEN2_ROW, device="meta"),
                                          "image_grid_thw": grid([1, 4, 4])},
                     ["'pixel_values'", "encoder's device cpu", "got one on meta"]),
     "meta grid": ("qwen2_vl", lambda: {"pixel_values": pixels(16), "image_grid_thw": grid([1, 4, 4]).to("meta")},
@@ -65,11 +62,11 @@ CASES = {
                                    ["'pixel_values' has 16 rows", "'image_grid_thw' describes 0", "t * h * w"]),
     "fewer rows than the grid": ("qwen2_vl", lambda: {"pixel_values": pixels(15), "image_grid_thw": grid([1, 4, 4])},
                                  ["'pixel_values' has 15 rows", "'image_grid_thw' describes 16"]),
-    "pixels with an extra dim": ("qwen2_vl", lambda: {"pixel_values": pixels(16, ROW, 1), "image_grid_thw": grid([1, 4, 4])},
-                                 ["'pixel_values'", f"expected shape (rows, {ROW})", f"got (16, {ROW}, 1)"]),
+    "pixels with an extra dim": ("qwen2_vl", lambda: {"pixel_values": pixels(16, QWEN2_ROW, 1), "image_grid_thw": grid([1, 4, 4])},
+                                 ["'pixel_values'", f"expected shape (rows, {QWEN2_ROW})", f"got (16, {QWEN2_ROW}, 1)"]),
     "pixels with a wrong last dim": ("qwen2_vl", lambda: {"pixel_values": pixels(16, 1), "image_grid_thw": grid([1, 4, 4])},
-                                     ["'pixel_values'", f"expected shape (rows, {ROW})", "got (16, 1)"]),
-    "integer pixels": ("qwen2_vl", lambda: {"pixel_values": torch.zeros(16, ROW, dtype=torch.int64),
+                                     ["'pixel_values'", f"expected shape (rows, {QWEN2_ROW})", "got (16, 1)"]),
+    "integer pixels": ("qwen2_vl", lambda: {"pixel_values": torch.zeros(16, QWEN2_ROW, dtype=torch.int64),
                                             "image_grid_thw": grid([1, 4, 4])},
                        ["'pixel_values'", "expected a floating dtype", "got torch.int64"]),
     "unknown extra key": ("qwen2_vl", lambda: {"pixel_values": pixels(16), "image_grid_thw": grid([1, 4, 4]),
@@ -110,7 +107,7 @@ def test_protocol_entry_points_reject(case, adapters):
                                   "zero tiles"])
 def test_the_manager_rejects_before_any_replay(case, adapters):
     name, make, fragments = CASES[case]
-    manager = EncoderCudaGraphManager(adapters[name], max_num_batched_tokens=256)
+    manager = tiny_manager(adapters[name])
     _raises(lambda: manager.execute(make()), fragments)
     assert manager.stats.replays == manager.stats.eager_calls == 0
 
@@ -122,7 +119,7 @@ def test_none_values_and_empty_selections_stay_valid(adapters):
     assert [s.output_tokens for s in qwen2.get_encoder_cudagraph_item_specs(kwargs)] == [4]
     empty = {"pixel_values": pixels(0), "image_grid_thw": torch.zeros(0, 3, dtype=torch.int64)}
     assert qwen2.get_encoder_cudagraph_item_specs(empty) == []
-    assert EncoderCudaGraphManager(qwen2, max_num_batched_tokens=256).execute(empty) == []
+    assert tiny_manager(qwen2).execute(empty) == []
     int32 = {"pixel_values": pixels(16).double(), "image_grid_thw": grid([1, 4, 4], dtype=torch.int32)}
     assert len(qwen2.get_encoder_cudagraph_item_specs(int32)) == 1  # any integer grid, any floating pixels
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spec_files import spec_text
+from support.specs import packaged, spec_text
 
 from vitcg.errors import SpecRuntimeError
-from vitcg.lang import SpecSource, spec_from_text
+from vitcg.lang import spec_from_text
 from vitcg.runtime.scope import Scope
 from vitcg.tools.encoders import build_encoder
 
@@ -20,7 +20,7 @@ ROTARY = PIXTRAL[PIXTRAL.index("  - name: rotary_cos\n"):PIXTRAL.index("\ndocs:"
 
 @pytest.fixture(scope="module")
 def tower():
-    return build_encoder(SpecSource(["vitcg/specs"])["pixtral"])
+    return build_encoder(packaged()["pixtral"])
 
 
 def scope_of(tower, rotary_buffers: str) -> Scope:

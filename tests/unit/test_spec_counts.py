@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from vitcg.lang import SpecSource
+from support.specs import packaged
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-REGISTRY = SpecSource()
+REGISTRY = packaged()
 SPECS = len(REGISTRY.names)
 SKIPPED = sum(1 for n in REGISTRY.names if REGISTRY.get(n).tests.vlm is not None and REGISTRY.get(n).tests.vlm.skip)
 PROVEN = SPECS - SKIPPED

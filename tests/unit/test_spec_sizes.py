@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 import yaml
-from spec_files import SPECS, spec_path
+from support.specs import SPECS, spec_path
 
 VARIANT_MAX = 20
 TILES_MAX = 35

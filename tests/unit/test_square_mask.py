@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from support.specs import packaged
+from support.tiny import tiny_manager
 from vitcg.errors import InputError, SpecRuntimeError
-from vitcg.lang import SpecSource
 from vitcg.lang.catalogue import PADDINGS
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.padding import EMPTY, fill, mask_values
@@ -98,7 +99,7 @@ def test_the_rule_is_no_row_buffer():
 
 @pytest.fixture(scope="module")
 def pixtral():
-    spec = SpecSource(["vitcg/specs"])["pixtral"]
+    spec = packaged()["pixtral"]
     if spec.unavailable:
         pytest.skip(spec.unavailable)
     return spec, build_encoder(spec, seed=0)
@@ -150,10 +151,9 @@ def test_a_scoped_specs_real_replays_are_timed_for_routing(pixtral):
     """The manager prices a scope's replay by its first real replays, as for whole-encoder specs (capture-time
     replays run padding rows only): the H100 found VideoLLaMA3's scoped 1x448 slower than eager, unrouted."""
     from vitcg.runtime.costs import OBSERVED
-    from vitcg.runtime.manager import EncoderCudaGraphManager
 
     spec, module = pixtral
-    manager = EncoderCudaGraphManager(adapter_for(spec, module), max_num_batched_tokens=256)
+    manager = tiny_manager(adapter_for(spec, module))
     manager.capture()
     manager.costs.replay.update({b: 0.5 for b in manager.budgets})  # launch-bound: never explored
     manager.costs.learn = True  # as on CUDA: the timing below is injected

@@ -9,17 +9,16 @@ import dataclasses
 import pytest
 import torch
 
+from support.specs import packaged
 from vitcg.errors import VitcgError
-from vitcg.lang import SpecSource
 from vitcg.lang.model import freeze, thaw
 from vitcg.runtime.accelerate import AccelerateStats
 from vitcg.tools.check import failures
-from vitcg.tools.check import vlm as stage
 
 
 def _qwen2_vl(**text_config):
     """The packaged qwen2_vl spec, its end-to-end stage's text_config updated with ``text_config``."""
-    spec = SpecSource().get("qwen2_vl")
+    spec = packaged().get("qwen2_vl")
     config = thaw(spec.tests.vlm.config)
     config["text_config"] = {**config["text_config"], **text_config}
     test = dataclasses.replace(spec.tests.vlm, config=freeze(config))
@@ -49,7 +48,7 @@ def test_model_code_failing_while_the_vlm_is_built_names_the_step_the_place_and_
 
 def test_calls_that_never_reached_the_graphs_say_why():
     """Was "the VLM's calls ran the original encoder call: " with nothing after the colon."""
-    spec = SpecSource().get("qwen2_vl")
+    spec = packaged().get("qwen2_vl")
     never = stage.not_routed(spec, AccelerateStats(), {})
     assert never.startswith("the VLM's feature calls never called model.visual.forward")
     assert "encoder.vlm_attribute and encoder.method" in never
@@ -63,7 +62,7 @@ def test_a_feature_call_without_rows_names_the_call_and_the_fix(monkeypatch: pyt
     """Was ``TypeError: 'NoneType' object is not iterable`` (a feature call whose pooler_output is None)."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    spec = SpecSource().get("qwen2_vl")
+    spec = packaged().get("qwen2_vl")
     model = stage.build_vlm(spec)
     monkeypatch.setattr(model.base_model, "get_image_features",
                         lambda **_: BaseModelOutputWithPooling(last_hidden_state=torch.zeros(1, 4)))
@@ -79,7 +78,7 @@ def test_a_call_missing_a_required_argument_points_at_the_arguments_not_the_outp
     def forward(hidden_states, grid_thw):
         return hidden_states
 
-    spec = SpecSource().get("qwen2_vl")
+    spec = packaged().get("qwen2_vl")
     with pytest.raises(VitcgError) as raised, failures.step("the feature call", stage._uncaptured(spec, {})):
         forward(torch.zeros(1))
     message = str(raised.value)

@@ -8,13 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import adapter_for
-from vitcg.runtime.manager import EncoderCudaGraphManager
-from vitcg.tools.encoders import build_encoder
+from support.specs import packaged
+from support.tiny import tiny_adapter, tiny_manager
 from vitcg.tools.workloads import InputBuilder
 
-SPECS = SpecSource(["vitcg/specs"])
+SPECS = packaged()
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +22,7 @@ def built():
     def get(name):
         if name not in made:
             spec = SPECS[name]
-            adapter = adapter_for(spec, build_encoder(spec))
+            adapter = tiny_adapter(spec)
             made[name] = adapter, InputBuilder(spec, adapter, torch.Generator().manual_seed(0))
         return made[name]
     return get
@@ -46,7 +44,7 @@ def test_qwen2_grid_written_through_a_numpy_view_is_served_as_written(built):
     """Through the manager: the second call's items are those of the grid as it is now, equal to the eager output."""
     adapter, builder = built("qwen2_vl")
     kwargs = builder.inputs("image", [builder.image(2, 4)])
-    manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=256)
+    manager = tiny_manager(adapter)
     assert [o.shape[0] for o in manager.execute(kwargs)] == [8]
     adapter.get_encoder_cudagraph_item_specs(kwargs)  # the reader's last read: these very kwargs
     kwargs["image_grid_thw"].numpy()[0, 1:] = [8, 4]  # same rows, another shape: 8 tokens, other positions

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from support.specs import packaged
 from vitcg.errors import VitcgError
 from vitcg.lang import SpecSource
 from vitcg.lang.harness import Placeholder
-from vitcg.tools.check import vlm as stage
 from vitcg.tools.check.cases import CaseResult, SpecReport
 from vitcg.tools.check.report import verdict
 
@@ -44,14 +44,14 @@ def test_features_out_of_reach_still_compares_the_greedy_tokens(monkeypatch: pyt
 
 
 def test_without_it_the_features_are_compared():
-    spec = SpecSource().get("qwen2_vl")
+    spec = packaged().get("qwen2_vl")
     assert spec.tests.vlm.features_out_of_reach is None
 
 
 def test_the_feature_comparison_fails_where_it_is_in_reach(monkeypatch: pytest.MonkeyPatch):
     _features_that_differ_under_the_graphs(monkeypatch)
     with pytest.raises(VitcgError, match="image features differ from the VLM's own"):
-        stage.check_vlm(SpecSource().get("qwen2_vl"))
+        stage.check_vlm(packaged().get("qwen2_vl"))
 
 
 def test_the_verdict_says_only_the_tokens_were_compared():

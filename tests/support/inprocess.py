@@ -3,7 +3,7 @@
 in the same shape (``subprocess.CompletedProcess``: returncode, stdout, stderr).
 
 A subprocess pays Python's start-up and the import of torch and transformers on every call, several seconds
-each on a 2-core machine; in the test process they are paid once. ``helpers.vitcg`` stays for what only a
+each on a 2-core machine; in the test process they are paid once. ``support.cli.vitcg`` stays for what only a
 process shows (the console script itself, the exit status the interpreter reports, output flushed at exit):
 every command keeps at least one subprocess test.
 
@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from helpers import REPO
+from support.cli import REPO
 
 PYTHON_WARNING_FILTERS = (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
                           ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),

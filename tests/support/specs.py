@@ -1,9 +1,11 @@
 """The packaged spec files as tests read and copy them: a spec is ``NAME.yaml`` plus, for the shipped specs, its
 harness ``NAME.tests.yaml`` beside it. A test that edits a spec's text works on :func:`spec_text`, the spec with its
-harness written in as a ``tests:`` section (the other form the language accepts), so one string holds both."""
+harness written in as a ``tests:`` section (the other form the language accepts), so one string holds both.
+:func:`packaged` is the packaged specs as one :class:`~vitcg.lang.SpecSource`, loaded once for the session."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import shutil
 import sys
@@ -12,7 +14,18 @@ from typing import Any
 
 import pytest
 
-SPECS = Path(__file__).resolve().parents[1] / "vitcg" / "specs"
+REPO = Path(__file__).resolve().parents[2]
+SPECS = REPO / "vitcg" / "specs"
+
+
+@functools.cache
+def packaged():
+    """The packaged specs (``vitcg/specs/`` of the imported vitcg, bindings checked), loaded once for the session: loading all of them
+    takes seconds, and a test that only reads specs needs no fresh source. The suite never sees
+    ``$VITCG_SPECS_DIR`` (tests/conftest.py unsets it); a test that sets it, or edits spec files, loads its own."""
+    from vitcg.lang import SpecSource, packaged_specs_dir
+
+    return SpecSource([packaged_specs_dir()])
 
 
 def spec_path(name: str) -> Path:
@@ -50,12 +63,8 @@ def copy_spec(name: str, folder: Path, text: str | None = None) -> Path:
 def skip_unavailable(name: str) -> None:
     """Skip the calling test, saying why, where the installed transformers predates packaged spec ``name`` (its
     ``transformers:`` key): its classes may be missing, and validate and check report it as unavailable there."""
-    import pytest
-
-    from vitcg.lang import SpecSource
-
-    spec = SpecSource().get(name)
-    if spec is not None and spec.unavailable:
+    spec = packaged().get(name)
+    if spec.unavailable:
         pytest.skip(f"{name}: {spec.unavailable}")
 
 
