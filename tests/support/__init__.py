@@ -12,3 +12,8 @@ The stand-ins for other projects' code live beside the tests that drive them, ea
 ``tests/engine/vllm_consumer.py`` and ``tests/engine/backend_standin.py`` (vLLM's consumer of the protocol and
 its Transformers backend), ``tests/vllm/doubles.py`` (what vLLM's own manager needs of a GPU).
 """
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+"""The repository's root: a test finds files by it, wherever under tests/ it lives."""

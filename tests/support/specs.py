@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from support import REPO
+
 SPECS = REPO / "vitcg" / "specs"
 
 

@@ -5,9 +5,9 @@ a capture allocates the spec's shape, never more."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
+from support import REPO
 from support.specs import skip_unavailable
 from support.tiny import tiny_adapter
 
@@ -17,7 +17,6 @@ from vitcg.lang.formulas import parse
 from vitcg.runtime.adapter import adapter_for
 from vitcg.tools.encoders import build_encoder
 
-REPO = Path(__file__).resolve().parents[2]
 SPECS = SpecSource([REPO / "vitcg/specs"])
 
 

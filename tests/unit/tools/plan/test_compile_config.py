@@ -6,14 +6,12 @@ import json
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from vitcg.errors import BudgetError, UsageError
 from vitcg.tools.plan.compile_config import compile_config, parse_base, parse_budgets, serve_command
-
-REPO = Path(__file__).resolve().parents[2]
+from support import REPO
 
 
 @pytest.mark.parametrize("modality, items", [("image", 1), ("video", 1), ("image+video", 2)])

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
+from support import REPO
 from vitcg.errors import UsageError
 from vitcg.lang import SpecSource
 from vitcg.lang.bindings import release, transformers_version
 from vitcg.tools.check.cases import check_spec
 from vitcg.tools.check.report import check_text, text_report
 
-REPO = Path(__file__).resolve().parents[2]
 FUTURE = REPO / "tests" / "specs" / "valid" / "needs_future_transformers.yaml"
 
 

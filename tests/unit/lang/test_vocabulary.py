@@ -12,11 +12,10 @@ import pathlib
 import jsonschema
 import pytest
 
+from support import REPO
 from vitcg.lang import catalogue as cat
 from vitcg.lang.checks import schema
 from vitcg.runtime import padding, providers
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_shipped_schema_file_carries_the_catalogue_vocabulary():

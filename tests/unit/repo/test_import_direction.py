@@ -21,8 +21,9 @@ import subprocess
 import sys
 
 import pytest
+from support import REPO
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "vitcg"
+PACKAGE = REPO / "vitcg"
 ROOMS = ("lang", "runtime", "tools")
 SHARED = {"vitcg", "vitcg.errors"}
 PROTOCOL_SIDE = SHARED | {"vitcg.runtime", "vitcg.runtime.budgets", "vitcg.runtime.costs", "vitcg.runtime.engine",

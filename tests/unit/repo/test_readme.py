@@ -1,6 +1,6 @@
 """The README stays a five-minute read (issue 40): the two commands first, a short page with its sections in
 order, every reference page of docs/ linked from it, and its example command's output as the command prints it.
-The counts it states are tests/unit/test_spec_counts.py's; its walk-through is run by tests/acceptance/test_cli_new.py."""
+The counts it states are tests/unit/repo/test_spec_counts.py's; its walk-through is run by tests/acceptance/test_cli_new.py."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support import REPO
+
 README = (REPO / "README.md").read_text()
 MAX_LINES = 220
 SECTIONS = ["What vitcg is", "Quick start", "Serving with vLLM", "Adding a model", "Headline results",

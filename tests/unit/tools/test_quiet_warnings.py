@@ -37,7 +37,7 @@ def test_both_channels_are_kept_in_order_and_nothing_is_printed(capfd):
         warn("causal_conv1d_fn")
         warn("causal_conv1d_fn")
         logging.getLogger("transformers").info("below the library's level: not kept")
-    assert kept.lines() == [f"FutureWarning: causal_conv1d_fn is deprecated (test_quiet.py:{LINE}) (2x)",
+    assert kept.lines() == [f"FutureWarning: causal_conv1d_fn is deprecated (test_quiet_warnings.py:{LINE}) (2x)",
                             "[transformers] causal_conv1d_fn is falling back (2x)"]
     assert capfd.readouterr().err == ""
     assert library.handlers == handlers  # transformers prints its warnings again after the block
@@ -80,7 +80,7 @@ def test_a_failed_spec_shows_its_reason_table_and_warnings(check):
     lines = run.stdout.splitlines()
     assert lines[0] == "qwen2_vl  proven: 1 case, and the VLM end to end on 3 items"
     assert lines[1] == "siglip    FAILED: one small image: VitcgError: item 0: wrong rows"
-    assert lines[-4:] == ["  warnings (2):", f"    FutureWarning: siglip is deprecated (test_quiet.py:{LINE})",
+    assert lines[-4:] == ["  warnings (2):", f"    FutureWarning: siglip is deprecated (test_quiet_warnings.py:{LINE})",
                           "    [transformers] siglip is falling back",
                           "2 specs checked: 1 passed (1 proven), 1 failed (siglip)"]
     assert "qwen2_vl is deprecated" not in run.stdout  # the passing spec's warnings stay with it

@@ -3,18 +3,18 @@ every listed type exists in the newest transformers CI runs, and the generated s
 and docs/writing-specs.md name every one."""
 
 import re
-from pathlib import Path
 
 import pytest
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
+from support import REPO
 from support.specs import packaged
 from vitcg.lang.bindings import release, transformers_version
 from vitcg.lang.gaps import GAPS
 
-SETUP = (Path(__file__).resolve().parents[2] / ".ci" / "setup").read_text()
+SETUP = (REPO / ".ci" / "setup").read_text()
 NEWEST = re.search(r"^transformers=\$\{2:-([0-9.]+)\}$", SETUP, re.M).group(1)
-"""CI's newest stage (.ci/setup's default; tests/unit/test_transformers_range.py ties it to pyproject's range):
+"""CI's newest stage (.ci/setup's default; tests/unit/lang/test_transformers_range.py ties it to pyproject's range):
 the list is of model types that release has. An older one may lack some (5.17 has no lfm3_vl)."""
 LISTED = [t for gap in GAPS for t in gap.model_types]
 

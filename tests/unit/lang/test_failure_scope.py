@@ -13,12 +13,13 @@ import pathlib
 import re
 
 import pytest
+from support import REPO
 from support.specs import spec_text
 
 from vitcg.errors import SpecError, UsageError
 from vitcg.lang import InvalidSpec, SpecSource, spec_folders
 
-PACKAGED = pathlib.Path(__file__).resolve().parents[2] / "vitcg" / "specs"
+PACKAGED = REPO / "vitcg" / "specs"
 
 
 def unparsable(path: pathlib.Path) -> int:

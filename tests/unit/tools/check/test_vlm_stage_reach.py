@@ -4,12 +4,12 @@ both; the processor's other inputs that the VLM's forward names reach ``generate
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from support import REPO
 from support.specs import packaged
 from vitcg.errors import VitcgError
 from vitcg.lang import SpecSource
@@ -17,7 +17,7 @@ from vitcg.lang.harness import Placeholder
 from vitcg.tools.check.cases import CaseResult, SpecReport
 from vitcg.tools.check.report import verdict
 
-VALID = Path(__file__).resolve().parents[1] / "specs" / "valid"
+VALID = REPO / "tests" / "specs" / "valid"
 
 
 def _features_that_differ_under_the_graphs(monkeypatch: pytest.MonkeyPatch) -> None:

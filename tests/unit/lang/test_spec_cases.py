@@ -6,13 +6,13 @@ diagnostic, in order.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
+from support import REPO
 from vitcg.lang import SpecSource
 
-CASES = Path(__file__).resolve().parents[1] / "specs"
+CASES = REPO / "tests" / "specs"
 VALID = sorted((CASES / "valid").glob("*.yaml"))
 INVALID = sorted((CASES / "invalid").glob("*.yaml"))
 

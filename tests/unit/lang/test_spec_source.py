@@ -9,13 +9,13 @@ import pathlib
 import zipfile
 
 import pytest
+from support import REPO
 from support.specs import spec_text
 
 from vitcg.errors import SpecError, UsageError
 from vitcg.lang import InvalidSpec, SpecSource, packaged_specs_dir, spec_folders
 from vitcg.lang import folders as folders_module
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGED = REPO / "vitcg" / "specs"
 REGISTRY = SpecSource([PACKAGED], bindings=False)
 

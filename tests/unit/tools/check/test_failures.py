@@ -4,18 +4,18 @@ fault (issue 39, item 3): one wording for both stages (vitcg/tools/check/failure
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 
+from support import REPO
 from support.specs import packaged
 from vitcg.lang import SpecSource
 from vitcg.lang.model import freeze, thaw
 from vitcg.tools.check.cases import check_spec
 from vitcg.tools.check.failures import StepFailed, describe, step
 
-FAILS = Path(__file__).resolve().parents[1] / "specs" / "check_fails"
+FAILS = REPO / "tests" / "specs" / "check_fails"
 
 
 def _with_vlm_config(name: str, **config):

@@ -8,13 +8,13 @@ prove (the README's block is its output); the counts it must show follow from th
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
+from support import REPO
 from support.specs import packaged
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+README = (REPO / "README.md").read_text()
 REGISTRY = packaged()
 SPECS = len(REGISTRY.names)
 SKIPPED = sum(1 for n in REGISTRY.names if REGISTRY.get(n).tests.vlm is not None and REGISTRY.get(n).tests.vlm.skip)

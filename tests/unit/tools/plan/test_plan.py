@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +13,8 @@ from vitcg.errors import UsageError
 from vitcg.lang import SpecSource
 from vitcg.tools.plan import planner as P
 from vitcg.tools.plan.compile_config import compile_config
+from support import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 COSTS = REPO / "benchmarks" / "results-costs-2026-11-22-h100.json"
 
 

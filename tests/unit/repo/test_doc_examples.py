@@ -8,9 +8,9 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support import REPO
+
 DOCS = REPO / "docs"
 
 

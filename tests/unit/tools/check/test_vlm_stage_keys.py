@@ -4,9 +4,9 @@ by the encoder call's arguments, so before this such a spec passed both stages a
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
+from support import REPO
 from support.specs import spec_text
 
 from vitcg.errors import SpecError, VitcgError
@@ -15,7 +15,7 @@ from vitcg.lang.bindings import Bindings
 from vitcg.tools.check.vlm import check_vlm
 
 pytest.importorskip("PIL")
-QWEN2_PATH = Path(__file__).resolve().parents[2] / "vitcg" / "specs" / "qwen2_vl.yaml"
+QWEN2_PATH = REPO / "vitcg" / "specs" / "qwen2_vl.yaml"
 QWEN2 = spec_text("qwen2_vl")
 IMAGE_KEYS = "inputs: {pixels: pixel_values, grid: image_grid_thw}"
 

@@ -7,8 +7,8 @@ import pathlib
 import re
 
 import pytest
+from support import REPO
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PATH = re.compile(r"(?<![\w/.-])(?:vitcg|tests|benchmarks|docs|registry)/[\w/.-]*\w\.(?:py|yaml|json|j2|md|sh|png)\b")
 """A path inside the repository with a file suffix, not the tail of a longer path (``my_specs/x.yaml``)."""

@@ -2,7 +2,7 @@
 
 Golden outputs of every template for the fixed specs in ``tests/specs/render/specs/`` live in
 ``tests/specs/render/golden/NAME.golden``. After an intended change, refresh them with
-``VITCG_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render.py`` and review the diff.
+``VITCG_UPDATE_GOLDEN=1 python -m pytest tests/unit/tools/test_render.py`` and review the diff.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import REPO
 from support.specs import load_test_configs
 
 from vitcg.errors import RenderError, SpecError, UsageError
@@ -32,7 +33,6 @@ from vitcg.tools.render import (
     template_names,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "vitcg" / "templates"
 CASES = REPO / "tests" / "specs" / "render"
 GOLDEN = CASES / "golden"

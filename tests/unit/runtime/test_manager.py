@@ -281,7 +281,6 @@ def test_finite_inputs_take_the_usual_path(toy):
 
 
 
-
 @pytest.mark.parametrize("eager_ms, served", [(31.0, "graphs"), (12.0, "eager")])
 def test_the_router_explores_then_keeps_the_side_measured_faster(toy, monkeypatch, eager_ms, served):
     """Timings injected as the H100 gave them (a budget-32 replay 21 ms; eager calls of this size 31 ms, or 12):

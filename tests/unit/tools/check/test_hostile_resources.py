@@ -4,9 +4,9 @@ The validate-time bounds are cases in tests/specs/invalid/ (budget_too_large, bu
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
+from support import REPO
 from support.specs import spec_text
 
 from vitcg.errors import SpecError, VitcgError
@@ -15,7 +15,7 @@ from vitcg.lang import spec_from_text
 from vitcg.lang.bindings import Bindings
 from vitcg.tools.check import cases
 
-SPECS = Path(__file__).resolve().parents[2] / "vitcg" / "specs"
+SPECS = REPO / "vitcg" / "specs"
 BOUNDED = "max: min(max_num_batched_tokens, max_model_len)"
 
 
