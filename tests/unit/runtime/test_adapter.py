@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.inputs import qwen2_images, qwen2_videos
 from support.specs import packaged
-from support.tiny import qwen2_images, qwen2_videos, tiny_adapter, tiny_manager
+from support.tiny import tiny_adapter, tiny_manager
 from vitcg.errors import InputError, SpecRuntimeError
 from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.manager import EncoderCudaGraphManager

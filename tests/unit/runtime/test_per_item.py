@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from support.inputs import QWEN2_ROW
 from support.specs import packaged
-from support.tiny import QWEN2_ROW, tiny_adapter
+from support.tiny import tiny_adapter
 from vitcg.errors import InputError, SpecRuntimeError
 from vitcg.lang import SpecSource
 from vitcg.lang.formulas import parse

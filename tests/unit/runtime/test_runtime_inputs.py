@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from support.inputs import QWEN2_ROW
 from support.specs import packaged
-from support.tiny import QWEN2_ROW, tiny_adapter, tiny_manager
+from support.tiny import tiny_adapter, tiny_manager
 from vitcg.errors import InputError
 from vitcg.runtime.inputs import item_indices
 
