@@ -35,8 +35,8 @@ def test_kimi_k25_names_its_pixel_rows_once_and_means_what_it_meant_written_out(
     shutil.copy(harness_path("kimi_k25"), tmp_path / "kimi_k25.tests.yaml")
     mine = SpecSource.of_files([tmp_path / "kimi_k25.yaml"])
     assert mine.ok, [d.format() for d in mine.diagnostics]
-    written, packaged = mine.specs[0].to_json(), packaged()["kimi_k25"].to_json()
-    assert {**written, "file": None} == {**packaged, "file": None}
+    written, shipped = mine.specs[0].to_json(), packaged()["kimi_k25"].to_json()
+    assert {**written, "file": None} == {**shipped, "file": None}
 
 
 def test_a_let_is_written_out_with_the_parentheses_its_use_needs():

@@ -14,6 +14,7 @@ import torch
 from support.specs import packaged, skip_unavailable, spec_text
 
 from vitcg.errors import SpecRuntimeError
+from vitcg.lang import catalogue as cat
 from vitcg.lang import spec_from_text
 from vitcg.runtime import padding
 from vitcg.runtime.adapter import adapter_for

@@ -8,16 +8,17 @@ import dataclasses
 
 import pytest
 from support import REPO
-from support.specs import skip_unavailable
+from support.specs import packaged, skip_unavailable
 from support.tiny import tiny_adapter
 
 from vitcg.errors import SpecRuntimeError
+from vitcg.lang import catalogue as cat
 from vitcg.lang import SpecSource
 from vitcg.lang.formulas import parse
 from vitcg.runtime.adapter import adapter_for
 from vitcg.tools.encoders import build_encoder
 
-SPECS = SpecSource([REPO / "vitcg/specs"])
+SPECS = packaged()
 
 
 INVALID = REPO / "tests/specs/invalid"

@@ -9,6 +9,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from support.specs import packaged
+from vitcg.runtime import adapter as adapter_module
 from vitcg.runtime import regions
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager

@@ -12,6 +12,7 @@ from support import REPO
 from support.specs import packaged
 from vitcg.lang import SpecSource
 from vitcg.lang.model import freeze, thaw
+from vitcg.tools.check import vlm as stage
 from vitcg.tools.check.cases import check_spec
 from vitcg.tools.check.failures import StepFailed, describe, step
 

@@ -14,6 +14,7 @@ from vitcg.errors import VitcgError
 from vitcg.lang.model import freeze, thaw
 from vitcg.runtime.accelerate import AccelerateStats
 from vitcg.tools.check import failures
+from vitcg.tools.check import vlm as stage
 
 
 def _qwen2_vl(**text_config):

@@ -14,6 +14,7 @@ from support.specs import packaged
 from vitcg.errors import VitcgError
 from vitcg.lang import SpecSource
 from vitcg.lang.harness import Placeholder
+from vitcg.tools.check import vlm as stage
 from vitcg.tools.check.cases import CaseResult, SpecReport
 from vitcg.tools.check.report import verdict
 
