@@ -22,11 +22,14 @@ SPECS = REPO / "vitcg" / "specs"
 @functools.cache
 def packaged():
     """The packaged specs (``vitcg/specs/`` of the imported vitcg, bindings checked), loaded once for the session: loading all of them
-    takes seconds, and a test that only reads specs needs no fresh source. The suite never sees
-    ``$VITCG_SPECS_DIR`` (tests/conftest.py unsets it); a test that sets it, or edits spec files, loads its own."""
-    from vitcg.lang import SpecSource, packaged_specs_dir
+    takes seconds, and a test that only reads specs needs no fresh source (tests/conftest.py loads it while
+    collecting, before any test can patch what it reads). The suite never sees ``$VITCG_SPECS_DIR``
+    (tests/conftest.py unsets it); a test that sets it, or edits spec files, loads its own."""
+    import vitcg
+    from vitcg.lang import SpecSource
 
-    return SpecSource([packaged_specs_dir()])
+    # the folder itself, not packaged_specs_dir(): a test may patch that to a folder of its own
+    return SpecSource([Path(vitcg.__file__).parent / "specs"])
 
 
 def spec_path(name: str) -> Path:
