@@ -28,8 +28,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.cli import REPO, snapshot
 
+from support.cli import REPO, snapshot
 from vitcg import cli
 
 EXAMPLES = int(os.environ.get("VITCG_FUZZ_EXAMPLES", "0"))

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
+
 from support.cli import REPO, snapshot, vitcg
 from support.inprocess import vitcg_inprocess
 from support.specs import copy_spec
-
 import vitcg as package
 
 HEADER = "generated from specs/ by vitcg — do not edit"

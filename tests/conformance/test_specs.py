@@ -13,9 +13,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from support.specs import load_test_configs, packaged
 from support.tiny import tiny_adapter
-
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.check.cases import check_spec
 from vitcg.tools.workloads import relative_error

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from backend_standin import plugged
-from support.eager import assert_items_match, assert_matches_eager
-from support.tiny import tiny_adapter
 from test_vllm_protocol import REGISTRY, sizes_for
 from vllm_consumer import ProtocolConsumer
 
+from support.eager import assert_items_match, assert_matches_eager
+from support.tiny import tiny_adapter
 from vitcg.runtime.engine import engine_config
 from vitcg.tools.check.vlm import Unavailable, backend_batches, build_vlm
 from vitcg.tools.workloads import InputBuilder

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from support.eager import assert_items_match
 from support.specs import packaged
-
 from vitcg.tools.check.vlm import backend_batches, build_vlm
 
 REGISTRY = packaged()

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import torch
 from doubles import CpuCaptureManager, modalities_from_model, no_accelerator_empty_cache
+
 from support.eager import assert_items_match
 from support.specs import packaged
-
 from vitcg.tools.check.vlm import Unavailable, backend_batches, build_vlm
 
 REGISTRY = packaged()

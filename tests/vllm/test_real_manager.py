@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 from doubles import CpuCaptureManager
+
 from support.eager import assert_matches_eager
 from support.specs import packaged, spec_text
 from support.tiny import tiny_adapter
-
 from vitcg.errors import InputError
 from vitcg.lang import spec_from_text
 from vitcg.runtime.adapter import SpecAdapter

@@ -13,9 +13,9 @@ import pathlib
 import re
 
 import pytest
+
 from support import REPO
 from support.specs import spec_text
-
 from vitcg.errors import SpecError, UsageError
 from vitcg.lang import InvalidSpec, SpecSource, spec_folders
 

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.specs import harness_path, packaged, spec_path, spec_text
 
+from support.specs import harness_path, packaged, spec_path, spec_text
 from vitcg.errors import SpecError
 from vitcg.lang import SpecSource, spec_from_text
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.specs import copy_spec, spec_text
 
+from support.specs import copy_spec, spec_text
 from vitcg.lang import catalogue as cat
 from vitcg.lang import SpecSource, resolve_file, resolver
 from vitcg.lang.resolve import merge

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
-from support.specs import spec_text
 
+from support.specs import spec_text
 from vitcg.lang import catalogue as cat
 from vitcg.lang import resolver
 from vitcg.lang.checks import check

@@ -9,9 +9,9 @@ import pathlib
 import zipfile
 
 import pytest
+
 from support import REPO
 from support.specs import spec_text
-
 from vitcg.errors import SpecError, UsageError
 from vitcg.lang import InvalidSpec, SpecSource, packaged_specs_dir, spec_folders
 from vitcg.lang import folders as folders_module

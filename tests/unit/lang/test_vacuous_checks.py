@@ -6,8 +6,8 @@ the layers, mergers or modality in question."""
 from __future__ import annotations
 
 import pytest
-from support.specs import skip_unavailable, spec_text
 
+from support.specs import skip_unavailable, spec_text
 from vitcg.errors import Diagnostic, SpecError
 from vitcg.lang import spec_from_text
 from vitcg.lang.bindings import Bindings

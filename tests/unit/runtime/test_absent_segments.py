@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.specs import packaged, skip_unavailable, spec_text
 
+from support.specs import packaged, skip_unavailable, spec_text
 from vitcg.errors import SpecRuntimeError
 from vitcg.lang import catalogue as cat
 from vitcg.lang import spec_from_text

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from support import REPO
 from support.specs import packaged, skip_unavailable
 from support.tiny import tiny_adapter
-
 from vitcg.errors import SpecRuntimeError
 from vitcg.lang import catalogue as cat
 from vitcg.lang import SpecSource

@@ -6,9 +6,9 @@ import warnings
 
 import pytest
 import torch
-from support.specs import packaged, spec_text
 from torch.utils._appending_byte_serializer import BytesWriter
 
+from support.specs import packaged, spec_text
 from vitcg.lang import SpecSource
 from vitcg.runtime import compile_cache
 from vitcg.runtime.compile_cache import compile_key, persistent_compile_cache

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from support.eager import assert_matches_eager
 from support.inputs import qwen2_videos
 from support.specs import packaged
 from support.tiny import tiny_adapter, tiny_manager
-
 from vitcg.errors import InputError, VitcgError
 from vitcg.runtime.extension import Extension
 from vitcg.runtime.manager import EncoderCudaGraphManager

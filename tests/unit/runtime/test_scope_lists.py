@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.specs import packaged, spec_text
 
+from support.specs import packaged, spec_text
 from vitcg.errors import SpecRuntimeError
 from vitcg.lang import spec_from_text
 from vitcg.runtime.scope import Scope

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support import REPO
 from support.specs import load_test_configs
-
 from vitcg.errors import RenderError, SpecError, UsageError
 from vitcg.lang import SpecSource
 from vitcg.tools.render import (

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import transformers
 from packaging.version import Version
-from support.specs import packaged, skip_unavailable, spec_text
 
+from support.specs import packaged, skip_unavailable, spec_text
 from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import spec_from_text
 from vitcg.lang.bindings import Bindings

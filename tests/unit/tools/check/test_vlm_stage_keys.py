@@ -6,9 +6,9 @@ from __future__ import annotations
 
 
 import pytest
+
 from support import REPO
 from support.specs import spec_text
-
 from vitcg.errors import SpecError, VitcgError
 from vitcg.lang import spec_from_text
 from vitcg.lang.bindings import Bindings

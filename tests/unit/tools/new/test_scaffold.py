@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.specs import skip_unavailable
 
+from support.specs import skip_unavailable
 from vitcg.errors import UsageError, VitcgError
 from vitcg.tools.new import scaffold
 

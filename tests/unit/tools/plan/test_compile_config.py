@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from support import REPO
 from vitcg.errors import BudgetError, UsageError
 from vitcg.tools.plan.compile_config import compile_config, parse_base, parse_budgets, serve_command
-from support import REPO
 
 
 @pytest.mark.parametrize("modality, items", [("image", 1), ("video", 1), ("image+video", 2)])

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from support import REPO
 from vitcg.errors import UsageError
 from vitcg.tools.files import MAX_JSON_BYTES, MAX_JSON_DEPTH, read_json
 from vitcg.tools.plan import planner as P
-from support import REPO
 
 COSTS = REPO / "benchmarks" / "results-costs-2026-11-22-h100.json"
 QWEN = 2  # qwen2_vl's index in COSTS' "specs"

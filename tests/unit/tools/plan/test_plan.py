@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from support import REPO
 from vitcg.errors import UsageError
 from vitcg.lang import SpecSource
 from vitcg.tools.plan import planner as P
 from vitcg.tools.plan.compile_config import compile_config
-from support import REPO
 
 COSTS = REPO / "benchmarks" / "results-costs-2026-11-22-h100.json"
 
