@@ -36,9 +36,9 @@ def pytest_unconfigure(config):
 
 def _unavailable_specs() -> dict[str, str]:
     """Spec name -> why the installed transformers cannot run it (too old for the spec's ``transformers``)."""
-    from vitcg.lang import SpecSource
+    from support.specs import packaged
 
-    return {s.name: s.unavailable for s in SpecSource.of_files([SPECS], bindings=False).unavailable}
+    return {s.name: s.unavailable for s in packaged().unavailable}
 
 
 def pytest_collection_modifyitems(config, items):

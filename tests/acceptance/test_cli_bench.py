@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import REPO, vitcg
-from inprocess import vitcg_inprocess
+from support.cli import REPO, vitcg
+from support.inprocess import vitcg_inprocess
 
 SMOKE = ("--device", "cpu", "--size", "tiny", "--dtype", "float32", "--iters", "1", "--warmup", "0", "--no-compile")
 

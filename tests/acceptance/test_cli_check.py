@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import REPO, vitcg
-from inprocess import vitcg_inprocess
-from spec_files import copy_spec
+from support.cli import REPO, vitcg
+from support.inprocess import vitcg_inprocess
+from support.specs import copy_spec
 
 FAILS = REPO / "tests" / "specs" / "check_fails"
 
@@ -132,7 +132,7 @@ def _specs_folder(tmp_path: Path, *names: str) -> Path:
 def test_a_broken_spec_in_the_folder_blocks_nothing(tmp_path: Path):
     """A draft that does not validate, beside good specs in a --specs folder: checking a good one by name works,
     and checking both reports the broken one as a failed row of its own while the other still runs (--all
-    does the same over every spec: tests/unit/test_registry.py selects them)."""
+    does the same over every spec: tests/unit/lang/test_spec_source.py selects them)."""
     folder = _specs_folder(tmp_path, "internvl")
     run = vitcg_inprocess("check", "internvl", "--specs", str(folder))
     assert run.returncode == 0, run.stdout + run.stderr

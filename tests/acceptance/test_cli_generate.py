@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import REPO, vitcg
-from inprocess import vitcg_inprocess
-from spec_files import copy_spec
+from support.cli import REPO, snapshot, vitcg
+from support.inprocess import vitcg_inprocess
+from support.specs import copy_spec
 
 
 def test_registry_of_the_repository_is_current():
@@ -33,10 +33,6 @@ def own_spec(project: Path, name: str = "qwen2_vl", folder: str = "specs") -> Pa
     """A copy of the packaged spec ``name`` in a folder of the user's inside ``project``: given to --specs, it
     replaces the packaged one."""
     return copy_spec(name, project / folder)
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_spec_change_without_regeneration_fails_the_check(project):

@@ -1,6 +1,6 @@
 """``vitcg new``: a draft spec from a transformers model type that validates, marks its guesses, and checks.
 One test runs the real console entry point in a subprocess (a draft written to its stdout); the others call the
-same entry point in this process (tests/acceptance/inprocess.py)."""
+same entry point in this process (tests/support/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import json
 import re
 
 import pytest
-from helpers import vitcg
-from inprocess import vitcg_inprocess
+from support.cli import vitcg
+from support.inprocess import vitcg_inprocess
+from support.specs import packaged
 
 GUESSED = ("display_name", "architectures", "checkpoints", "class", "vlm_attribute", "args", "outputs",
            "tiny_config", "real_config", "style", "prompt_template", "image_placeholder")
@@ -145,10 +146,9 @@ def test_draft_of_a_tile_encoder_is_valid_but_flags_what_check_disproves(tmp_pat
 
 
 def test_a_family_member_is_drafted_as_extends_and_proven(tmp_path):
-    from vitcg.lang import SpecSource
     from vitcg.lang.bindings import release, transformers_version
 
-    needed = SpecSource()["clip"].tests.vlm.transformers  # the draft inherits clip's end-to-end stage
+    needed = packaged()["clip"].tests.vlm.transformers  # the draft inherits clip's end-to-end stage
     if needed and release(transformers_version()) < release(needed):
         pytest.skip(f"clip's end-to-end stage needs transformers >= {needed}")
     path = tmp_path / "llava.yaml"  # LLaVA's tower is the packaged clip spec's

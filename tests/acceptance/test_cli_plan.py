@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import REPO, vitcg
-from inprocess import vitcg_inprocess
+from support.cli import REPO, vitcg
+from support.inprocess import vitcg_inprocess
 
 
 def test_plan_prints_a_config_compile_config_accepts():

@@ -8,10 +8,10 @@ import subprocess
 
 import jsonschema
 import pytest
-from helpers import REPO, vitcg
-from inprocess import vitcg_inprocess
-from spec_files import spec_text
 
+from support.cli import REPO, vitcg
+from support.inprocess import vitcg_inprocess
+from support.specs import spec_text
 from vitcg.lang import resolve_file
 
 INVALID = REPO / "tests" / "specs" / "invalid"

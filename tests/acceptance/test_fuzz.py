@@ -26,10 +26,10 @@ from unittest import mock
 
 import pytest
 import yaml
-from helpers import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.cli import REPO, snapshot
 from vitcg import cli
 
 EXAMPLES = int(os.environ.get("VITCG_FUZZ_EXAMPLES", "0"))
@@ -157,10 +157,6 @@ def run_in_process(*args: str) -> tuple[int, str, str]:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     return code, out.getvalue(), err.getvalue()
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def assert_validated(path: Path, code: int, stdout: str, stderr: str, as_json: bool) -> None:
@@ -440,12 +436,9 @@ ADAPTERS: dict[str, object] = {}
 
 def _adapter(name: str):
     if name not in ADAPTERS:
-        from vitcg.lang import SpecSource
-        from vitcg.runtime.adapter import adapter_for
-        from vitcg.tools.encoders import build_encoder
+        from support.tiny import tiny_adapter
 
-        spec = next(s for s in SpecSource(["vitcg/specs"]) if s.name == name)
-        ADAPTERS[name] = adapter_for(spec, build_encoder(spec))
+        ADAPTERS[name] = tiny_adapter(name)
     return ADAPTERS[name]
 
 

@@ -5,7 +5,7 @@ traceback, a crash or lost files.
 interpreter (YAML and JSON nested thousands of levels deep), files that could block or exhaust memory (FIFOs,
 /dev/zero: under a timeout and an address-space limit), a closed, full or abandoned standard output, and what
 ``--version`` imports. The other tests refuse arguments and files one line at a time, and ``call`` runs them
-in this process (tests/acceptance/inprocess.py: the same entry point, exit status, stdout and stderr), which
+in this process (tests/support/inprocess.py: the same entry point, exit status, stdout and stderr), which
 imports torch and transformers once instead of once per command."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, vitcg
-from inprocess import vitcg_inprocess
-from spec_files import copy_spec
 
+from support.cli import REPO, snapshot, vitcg
+from support.inprocess import vitcg_inprocess
+from support.specs import copy_spec
 import vitcg as package
 
 HEADER = "generated from specs/ by vitcg — do not edit"
@@ -53,10 +53,6 @@ def assert_usage_error(result: subprocess.CompletedProcess, *names: str) -> None
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     for name in names:
         assert name in lines[0], (name, lines[0])
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 # 1. generate --out never deletes what it did not generate

@@ -7,7 +7,7 @@ import sys
 import warnings
 
 import pytest
-from inprocess import vitcg_inprocess
+from support.inprocess import vitcg_inprocess
 
 
 @pytest.fixture

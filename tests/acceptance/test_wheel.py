@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -138,6 +137,7 @@ def test_new_writes_into_the_working_folder_never_the_package(installed):
 
 ACCELERATE = """
 import json, numpy, torch, vitcg
+from support.cli import REPO
 from vitcg.lang import SpecSource
 from vitcg.tools.check.vlm import build_processor, build_vlm
 

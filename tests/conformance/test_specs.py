@@ -13,17 +13,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spec_files import load_test_configs
 
-from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import adapter_for
+from support.specs import load_test_configs, packaged
+from support.tiny import tiny_adapter
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.check.cases import check_spec
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import relative_error
 
 REPO = Path(__file__).resolve().parents[2]
-REGISTRY = SpecSource([REPO / "vitcg" / "specs"])
+REGISTRY = packaged()
 CONFIGS = load_test_configs(REPO / "registry")
 
 
@@ -56,7 +54,7 @@ _MANAGERS: dict[str, tuple] = {}
 def manager_for(style: str):
     if style not in _MANAGERS:
         spec = STYLES[style]
-        adapter = adapter_for(spec, build_encoder(spec, seed=1))
+        adapter = tiny_adapter(spec, seed=1)
         low, _ = adapter.get_encoder_cudagraph_budget_range({"max_num_batched_tokens": 1 << 20, "max_model_len": 1 << 20})
         _MANAGERS[style] = adapter, EncoderCudaGraphManager(adapter, max_num_batched_tokens=8 * low)
     return _MANAGERS[style]

@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from backend_standin import plugged
-from eager_check import assert_items_match, assert_matches_eager
 from test_vllm_protocol import REGISTRY, sizes_for
 from vllm_consumer import ProtocolConsumer
 
-from vitcg.runtime.adapter import adapter_for
+from support.eager import assert_items_match, assert_matches_eager
+from support.tiny import tiny_adapter
 from vitcg.runtime.engine import engine_config
 from vitcg.tools.check.vlm import Unavailable, backend_batches, build_vlm
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
 pytestmark = pytest.mark.gpu
@@ -31,7 +30,7 @@ assert Path(__file__).parent.name == "engine"
 @pytest.mark.parametrize("name", SEEDS)
 def test_seed_spec_under_cuda_graphs(name, no_tf32):
     spec = REGISTRY[name]
-    adapter = adapter_for(spec, build_encoder(spec, device="cuda", dtype=torch.float32, seed=3))
+    adapter = tiny_adapter(spec, device="cuda", dtype=torch.float32, seed=3)
     builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(7))
     low, _ = adapter.get_encoder_cudagraph_budget_range(engine_config(1 << 20, 1 << 20))
     consumer = ProtocolConsumer(engine_config(4 * low, 1 << 20), torch.device("cuda"), torch.float32, adapter,

@@ -11,16 +11,15 @@ import random
 import pytest
 import torch
 
-from vitcg.lang import SpecSource
-from vitcg.runtime.adapter import adapter_for
+from support.specs import packaged
+from support.tiny import tiny_adapter
 from vitcg.runtime.graphs import capture_graph
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.check.cases import check_spec
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder, on_device, relative_error
 
 pytestmark = pytest.mark.gpu
-REGISTRY = SpecSource(["vitcg/specs"])
+REGISTRY = packaged()
 
 
 @pytest.mark.parametrize("name", REGISTRY.names)
@@ -48,7 +47,7 @@ def _images(adapter, grids, seed):
 @pytest.fixture(scope="module")
 def qwen2():
     spec = REGISTRY["qwen2_vl"]
-    adapter = adapter_for(spec, build_encoder(spec, device="cuda", dtype=torch.bfloat16))
+    adapter = tiny_adapter(spec, device="cuda", dtype=torch.bfloat16)
     manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=1024, device="cuda", dtype=torch.bfloat16)
     manager.capture()
     return adapter, manager
@@ -99,7 +98,7 @@ def test_a_poisoned_item_leaves_the_others_as_eager_float32(name, no_tf32):
     """Under real CUDA graphs (varlen flash attention): three images in one pack, the middle one NaN; the
     others match eager alone, the poisoned one is exactly eager's."""
     spec = REGISTRY[name]
-    adapter = adapter_for(spec, build_encoder(spec, device="cuda", dtype=torch.float32))
+    adapter = tiny_adapter(spec, device="cuda", dtype=torch.float32)
     manager = EncoderCudaGraphManager(adapter, max_num_batched_tokens=1024, device="cuda", dtype=torch.float32)
     manager.capture()
     builder = InputBuilder(spec, adapter, torch.Generator().manual_seed(0))

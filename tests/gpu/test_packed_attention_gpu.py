@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from support.specs import packaged
 from vitcg.runtime import attention
 
 pytestmark = pytest.mark.gpu
@@ -75,12 +76,11 @@ def real_head_dims() -> list[int]:
     """Every head dim of every packaged spec's encoder at real size: each encoder built from its ``real_config`` on
     the meta device (no memory), reading its modules' ``head_dim`` (pix2struct names none: its 768 / 12 = 64 is
     covered by the others)."""
-    from vitcg.lang import SpecSource
     from vitcg.lang.bindings import import_object
     from vitcg.tools.encoders import build_config
 
     dims = set()
-    for spec in SpecSource(["vitcg/specs"]):
+    for spec in packaged():
         if spec.unavailable:
             continue
         with torch.device("meta"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitcg.lang import SpecSource
+from support.specs import packaged
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.compile_cache import capture_compiled
 from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
@@ -17,7 +17,7 @@ from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
 
 pytestmark = pytest.mark.gpu
-REGISTRY = SpecSource(["vitcg/specs"])
+REGISTRY = packaged()
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "pixtral", "internvl"])

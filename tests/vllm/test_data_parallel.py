@@ -33,12 +33,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from eager_check import assert_items_match
 
-from vitcg.lang import SpecSource
+from support.eager import assert_items_match
+from support.specs import packaged
 from vitcg.tools.check.vlm import backend_batches, build_vlm
 
-REGISTRY = SpecSource()
+REGISTRY = packaged()
 SCRIPT = Path(__file__).with_name("dp_rank.py")
 ROOT = Path(__file__).resolve().parents[2]
 REPLICATED = ["qwen2_vl", "qwen3_vl"]

@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 import torch
 from doubles import CpuCaptureManager, modalities_from_model, no_accelerator_empty_cache
-from eager_check import assert_items_match
 
-from vitcg.lang import SpecSource
+from support.eager import assert_items_match
+from support.specs import packaged
 from vitcg.tools.check.vlm import Unavailable, backend_batches, build_vlm
 
-REGISTRY = SpecSource()
+REGISTRY = packaged()
 STOCK_CLASSES = ("TransformersMultiModalForCausalLM", "TransformersMultiModalMoEForCausalLM")
 DECLINED = {
     "blip_2": "not the spec's Blip2ForConditionalGeneration",

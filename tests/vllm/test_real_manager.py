@@ -26,17 +26,17 @@ from dataclasses import dataclass
 import pytest
 import torch
 from doubles import CpuCaptureManager
-from eager_check import assert_matches_eager
-from spec_files import spec_text
 
+from support.eager import assert_matches_eager
+from support.specs import packaged, spec_text
+from support.tiny import tiny_adapter
 from vitcg.errors import InputError
-from vitcg.lang import SpecSource, spec_from_text
-from vitcg.runtime.adapter import SpecAdapter, adapter_for
+from vitcg.lang import spec_from_text
+from vitcg.runtime.adapter import SpecAdapter
 from vitcg.runtime.inputs import BACKEND_ROW_KEYS
-from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import InputBuilder
 
-REGISTRY = SpecSource()
+REGISTRY = packaged()
 PLAIN = [spec.name for spec in REGISTRY if not spec.graph_scope]
 ITEMS_PER_BATCH = 3
 """Fewer than a modality's items in :func:`sizes_for`: every call spans several packs."""
@@ -139,7 +139,7 @@ def serve(spec, defaults) -> Served:
     """``spec``'s tiny encoder (seeded), its adapter and vLLM's manager over it, captured."""
     if spec.unavailable:
         pytest.skip(f"{spec.name}: {spec.unavailable}")
-    adapter = adapter_for(spec, build_encoder(spec, seed=3))
+    adapter = tiny_adapter(spec, seed=3)
     return Served(adapter, InputBuilder(spec, adapter, torch.Generator().manual_seed(7)), manager_for(adapter, defaults))
 
 

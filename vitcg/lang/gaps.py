@@ -2,9 +2,9 @@
 
 The one source of these reasons: ``vitcg generate`` renders them into registry/SUPPORTED_MODELS.md ("Not
 expressible yet"); the README and docs/writing-specs.md name the model types and point there. Listed today: timm
-towers (Perception-LM, FastVLM) and LFM3-VL's per-item grids. tests/unit/test_gaps.py keeps the list honest: no spec
-covers a listed model type, every one exists in the newest transformers CI runs (.ci/setup's default), and the
-README and the guide name each.
+towers (Perception-LM, FastVLM) and LFM3-VL's per-item grids. tests/unit/lang/test_uncovered_model_types.py keeps
+the list honest: no spec covers a listed model type, every one exists in the newest transformers CI runs
+(.ci/setup's default), and the README and the guide name each.
 """
 
 from __future__ import annotations
