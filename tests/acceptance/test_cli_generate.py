@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from support.cli import REPO, snapshot, vitcg
 from support.inprocess import vitcg_inprocess
 from support.specs import copy_spec

@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+
 from support.cli import vitcg
 from support.inprocess import vitcg_inprocess
 from support.specs import packaged

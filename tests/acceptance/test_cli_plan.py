@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from support.cli import REPO, vitcg
 from support.inprocess import vitcg_inprocess
 

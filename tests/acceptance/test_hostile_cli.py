@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+import vitcg as package
 from support.cli import REPO, snapshot, vitcg
 from support.inprocess import vitcg_inprocess
 from support.specs import copy_spec
-import vitcg as package
 
 HEADER = "generated from specs/ by vitcg — do not edit"
 RENDER_SPECS = "tests/specs/render/specs"

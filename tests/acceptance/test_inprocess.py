@@ -7,6 +7,7 @@ import sys
 import warnings
 
 import pytest
+
 from support.inprocess import vitcg_inprocess
 
 

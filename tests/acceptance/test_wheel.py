@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from support import REPO
+
 pytestmark = pytest.mark.slow
 
 SOURCES = ("pyproject.toml", "README.md", "vitcg")

@@ -21,7 +21,8 @@ SPECS = REPO / "vitcg" / "specs"
 
 @functools.cache
 def packaged():
-    """The packaged specs (``vitcg/specs/`` of the imported vitcg, bindings checked), loaded once for the session: loading all of them
+    """The packaged specs (``vitcg/specs/`` of the imported vitcg, bindings checked), loaded once for the session:
+    loading all of them
     takes seconds, and a test that only reads specs needs no fresh source (tests/conftest.py loads it while
     collecting, before any test can patch what it reads). The suite never sees ``$VITCG_SPECS_DIR``
     (tests/conftest.py unsets it); a test that sets it, or edits spec files, loads its own."""

@@ -13,6 +13,7 @@ from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.manager import EncoderCudaGraphManager
 from vitcg.tools.encoders import build_encoder
 
+
 def tiny_adapter(spec: Spec | str, size: str = "tiny", *, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, seed: int = 0, **options: Any):
     """The adapter of ``spec`` (a :class:`Spec` or a packaged spec's name) over its encoder built at ``size`` with

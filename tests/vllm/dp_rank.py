@@ -5,7 +5,8 @@ With world size 2 (tensor parallel size 2, ``mm_encoder_tp_mode="data"``, gloo o
 every model, makes the profiling call (``embed_multimodal`` on every batch, as vLLM's runner does before
 capture), builds and captures the manager (``CpuCaptureManager``: the one double, capture on a CPU) and runs
 each batch through ``manager.execute`` twice (the first pack learns the tower's output layout, the second
-replays from graph rows), then once more with a fault on rank 1 alone (:func:`fault_on_one_rank`). It saves, per spec and modality and run: the items ``execute`` returned (after vLLM's
+replays from graph rows), then once more with a fault on rank 1 alone (:func:`fault_on_one_rank`). It saves, per
+spec and modality and run: the items ``execute`` returned (after vLLM's
 all-gather), the items of the batch this rank encoded (the root indices of every selection the manager
 postprocessed here) and the graph hits it counted. With world size 1 (tensor parallel size 1) it saves the stock
 backend's items instead: the reference.

@@ -2,7 +2,8 @@
 that spec unusable. The host's source (``SpecSource(host=True)``, what the vLLM plugin and
 ``vitcg.accelerate`` load) warns once per broken file and keeps every other spec; only asking for the broken
 spec by name reports its diagnostics. ``vitcg generate`` needs every file valid (``require_valid``), and the
-commands keep their own rules (a named spec works beside a broken file; a ``$VITCG_SPECS_DIR`` entry that is not a folder is a usage
+commands keep their own rules (a named spec works beside a broken file; a ``$VITCG_SPECS_DIR`` entry that is not
+a folder is a usage
 error)."""
 
 from __future__ import annotations

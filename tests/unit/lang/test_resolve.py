@@ -8,8 +8,8 @@ import json
 import pytest
 
 from support.specs import copy_spec, spec_text
-from vitcg.lang import catalogue as cat
 from vitcg.lang import SpecSource, resolve_file, resolver
+from vitcg.lang import catalogue as cat
 from vitcg.lang.resolve import merge
 
 
@@ -282,7 +282,8 @@ def test_a_tests_yml_harness_is_loaded_like_a_tests_yaml_one(tmp_path):
     loaded = resolved(tmp_path, "child")
     assert loaded.data["tests"]["max_model_len"] == 1234 and loaded.data["tests"]["budgets"] == [64]
     assert loaded.file_of(("tests", "budgets")) == str(tmp_path / "child.tests.yml")
-    assert SpecSource.of_files([tmp_path], bindings=False).files == [str(tmp_path / "child.yaml"), str(tmp_path / "qwen2_vl.yaml")]
+    assert SpecSource.of_files([tmp_path], bindings=False).files == [str(tmp_path / "child.yaml"),
+                                                                      str(tmp_path / "qwen2_vl.yaml")]
     (tmp_path / "child.tests.yaml").write_text("max_model_len: 99\n")
     _, problems = resolve_file(tmp_path / "child.yaml")
     assert [d.message for d in problems] == ["the harness is written twice: in child.tests.yaml and child.tests.yml"]
@@ -401,7 +402,8 @@ def test_budgets_of_the_harness_are_bounded(tmp_path):
 
 def test_buffer_errors_in_a_child_point_at_its_own_entries(tmp_path):
     copy_spec("qwen2_vl", tmp_path)
-    path = child(tmp_path, "name: child\nextends: qwen2_vl\nbuffers:\n  - {name: extra, provider: aligned, shape: [budget], padding: bogus}\n")
+    path = child(tmp_path, "name: child\nextends: qwen2_vl\nbuffers:\n"
+                           "  - {name: extra, provider: aligned, shape: [budget], padding: bogus}\n")
     result = SpecSource.of_files([path], bindings=False)
     d = next(d for d in result.diagnostics if "bogus" in d.message)
     assert (d.file, d.line, d.path) == (str(path), 4, "$.buffers[0].padding") and d.via is None  # not buffers[5]

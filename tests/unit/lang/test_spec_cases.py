@@ -6,7 +6,6 @@ diagnostic, in order.
 
 from __future__ import annotations
 
-
 import pytest
 
 from support import REPO

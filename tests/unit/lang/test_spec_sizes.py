@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 import yaml
+
 from support.specs import SPECS, spec_path
 
 VARIANT_MAX = 20

@@ -1,4 +1,5 @@
-"""The SpecSource (the front door to spec files): lookup by name with did-you-mean, by model type and architecture, file selection, and
+"""The SpecSource (the front door to spec files): lookup by name with did-you-mean, by model type and architecture,
+file selection, and
 the folder rule (packaged specs, then $VITCG_SPECS_DIR, then the caller's folders; later ones win by name)."""
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from support import REPO
 
 STAGES = ["5.24.0 setup", "5.24.0 suite", "5.17.0 setup", "5.17.0 suite", "vllm 0.33.0 setup",

@@ -7,6 +7,7 @@ import pathlib
 import re
 
 import pytest
+
 from support import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 import pytest
+
 from support import REPO
 
 PACKAGE = REPO / "vitcg"

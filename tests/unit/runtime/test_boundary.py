@@ -51,7 +51,8 @@ def test_the_fixed_shape_forward_is_the_boundarys(name, request, monkeypatch):
 def test_the_whole_call_stores_pixels_rows_first_and_nothing_else_moves():
     spec = SPECS["paddleocr_vl"]  # the tower takes (1, rows, C, p, p)
     adapter = tiny_adapter(spec)
-    pixels, grid = next(b for b in spec.buffers if b.name == "pixel_values"), next(b for b in spec.buffers if b.name == "grid_thw")
+    pixels = next(b for b in spec.buffers if b.name == "pixel_values")
+    grid = next(b for b in spec.buffers if b.name == "grid_thw")
     assert adapter._boundary.storage_shape(pixels, (1, 64, 3, 14, 14)) == (64, 3, 14, 14)
     assert adapter._boundary.storage_shape(grid, (5, 3)) == (5, 3)
 

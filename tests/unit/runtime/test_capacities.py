@@ -12,8 +12,8 @@ from support import REPO
 from support.specs import packaged, skip_unavailable
 from support.tiny import tiny_adapter
 from vitcg.errors import SpecRuntimeError
-from vitcg.lang import catalogue as cat
 from vitcg.lang import SpecSource
+from vitcg.lang import catalogue as cat
 from vitcg.lang.formulas import parse
 from vitcg.runtime.adapter import adapter_for
 from vitcg.tools.encoders import build_encoder

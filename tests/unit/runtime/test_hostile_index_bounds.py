@@ -10,7 +10,6 @@ import torch
 
 from support.inputs import assert_refused
 from support.specs import packaged
-from vitcg.errors import InputError
 from vitcg.lang.bindings import import_object
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.inputs import role_bounds

@@ -187,7 +187,6 @@ def test_an_empty_call_gets_empty_replay_buffers_even_with_aligned_roles(name):
 @pytest.mark.parametrize("sizes", [(-1, 2, 0), (64, 0, 0), (64, 2, -1), (64.0, 2, 0), (True, 2, 0)])
 def test_capture_sizes_are_refused_by_name(sizes):
     """Was a RuntimeError from torch.zeros on every spec for a negative budget, items or frames."""
-    from vitcg.errors import InputError
 
     spec = packaged()["qwen2_vl"]
     with pytest.raises(InputError, match=r"^(token_budget|max_batch_size|max_frames_per_batch): expected an integer"):

@@ -157,7 +157,7 @@ def test_compiled_blocks_leave_the_model_classes_code_uncompiled(eager_backend):
 
 def _eager_adapters(name: str = "qwen2_vl"):
     """A ``compile_eager`` adapter and a plain one on the same tiny encoder (the plain one is the reference)."""
-    spec = SpecSource(["vitcg/specs"]).get(name)
+    spec = packaged().get(name)
     module = encoders.build_encoder(spec, "tiny")
     return adapter_for(spec, module, compile_eager=True), adapter_for(spec, module)
 
@@ -222,7 +222,7 @@ def test_compile_eager_functions_are_stored_at_the_first_eager_call_and_loaded_b
     from vitcg.runtime.compile_cache import capture_compiled
 
     monkeypatch.setenv("VITCG_CACHE_DIR", str(tmp_path))
-    spec = SpecSource(["vitcg/specs"]).get("qwen2_vl")
+    spec = packaged().get("qwen2_vl")
     module = encoders.build_encoder(spec, "tiny")
     inputs = make_inputs(adapter_for(spec, module), WORKLOADS["8x224"], torch.Generator().manual_seed(5))
     want = adapter_for(spec, module).encoder_eager_forward(inputs)

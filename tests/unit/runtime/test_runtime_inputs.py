@@ -35,7 +35,8 @@ def tiles(n, side=56):
 
 # (spec, kwargs, fragments the message must hold: the key, the expected, the actual)
 CASES = {
-    "numpy pixels": ("qwen2_vl", lambda: {"pixel_values": np.zeros((16, QWEN2_ROW), np.float32), "image_grid_thw": grid([1, 4, 4])},
+    "numpy pixels": ("qwen2_vl", lambda: {"pixel_values": np.zeros((16, QWEN2_ROW), np.float32),
+                                          "image_grid_thw": grid([1, 4, 4])},
                      ["'pixel_values'", "expected a torch.Tensor", "got numpy.ndarray"]),
     "list pixels": ("qwen2_vl", lambda: {"pixel_values": [[0.0] * QWEN2_ROW] * 16, "image_grid_thw": grid([1, 4, 4])},
                     ["'pixel_values'", "expected a torch.Tensor", "got list"]),
@@ -63,7 +64,8 @@ CASES = {
                                    ["'pixel_values' has 16 rows", "'image_grid_thw' describes 0", "t * h * w"]),
     "fewer rows than the grid": ("qwen2_vl", lambda: {"pixel_values": pixels(15), "image_grid_thw": grid([1, 4, 4])},
                                  ["'pixel_values' has 15 rows", "'image_grid_thw' describes 16"]),
-    "pixels with an extra dim": ("qwen2_vl", lambda: {"pixel_values": pixels(16, QWEN2_ROW, 1), "image_grid_thw": grid([1, 4, 4])},
+    "pixels with an extra dim": ("qwen2_vl", lambda: {"pixel_values": pixels(16, QWEN2_ROW, 1),
+                                                      "image_grid_thw": grid([1, 4, 4])},
                                  ["'pixel_values'", f"expected shape (rows, {QWEN2_ROW})", f"got (16, {QWEN2_ROW}, 1)"]),
     "pixels with a wrong last dim": ("qwen2_vl", lambda: {"pixel_values": pixels(16, 1), "image_grid_thw": grid([1, 4, 4])},
                                      ["'pixel_values'", f"expected shape (rows, {QWEN2_ROW})", "got (16, 1)"]),

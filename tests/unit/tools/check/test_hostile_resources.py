@@ -4,7 +4,6 @@ The validate-time bounds are cases in tests/specs/invalid/ (budget_too_large, bu
 
 from __future__ import annotations
 
-
 import pytest
 
 from support import REPO

@@ -4,7 +4,6 @@ by the encoder call's arguments, so before this such a spec passed both stages a
 
 from __future__ import annotations
 
-
 import pytest
 
 from support import REPO

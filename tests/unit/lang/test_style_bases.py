@@ -12,14 +12,14 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from spec_files import SPECS, copy_spec, spec_text
 
+from support import REPO
+from support.specs import SPECS, copy_spec, spec_text
 from vitcg.lang import SpecSource, bases, discover, resolve_file, resolver, schema, spec_folders
 from vitcg.lang import catalogue as cat
 from vitcg.lang.loader import load_file, load_text
 from vitcg.lang.resolve import merge
 
-REPO = Path(__file__).resolve().parents[2]
 ROOTS = sorted(p.stem for p in SPECS.glob("*.yaml")
                if not p.name.endswith(".tests.yaml") and not re.search(r"^extends:", p.read_text(), re.M))
 
