@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import math
+import operator
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ _BINOPS = {
     ast.Mod: "%",
     ast.Pow: "**",
 }
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+               ast.Mod: operator.mod}
+"""What each operator of :data:`_BINOPS` but ``**`` (bounded on its own) computes."""
 _FUNCTIONS = {"min": (2, None), "max": (2, None), "ceil_div": (2, 2), "isqrt": (1, 1)}
 CONFIG_ROOT = "config"
 
@@ -302,17 +306,7 @@ class _Evaluator:
             if left not in (-1, 0, 1) and (abs(left).bit_length() - 1) * right > 62:
                 raise FormulaError(f"{left} ** {right} is out of range (|x| <= 2**62)", col=_col(node))
             return _check_range(left**right, _col(node))
-        if op is ast.Add:
-            result = left + right
-        elif op is ast.Sub:
-            result = left - right
-        elif op is ast.Mult:
-            result = left * right
-        elif op is ast.FloorDiv:
-            result = left // right
-        else:
-            result = left % right
-        return _check_range(result, _col(node))
+        return _check_range(_ARITHMETIC[op](left, right), _col(node))
 
     def _read(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Name):
