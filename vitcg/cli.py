@@ -53,6 +53,21 @@ def _check_device(device: str, hint: str = "") -> None:
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got {device!r}{hint}")
 
 
+def _check_cuda(device: str, hint: str = "") -> None:
+    """Raise UsageError when ``device`` is a CUDA device and this machine has none (imports torch)."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device cuda: no CUDA device is available here{hint}")
+
+
+def _dtypes() -> dict:
+    """The ``--dtype`` names and their torch dtypes (imports torch)."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 SpecPaths = Annotated[list[Path] | None, typer.Argument(help="Spec files or folders (default: the packaged specs, "
                                                        "then $VITCG_SPECS_DIR's folders).", show_default=False)]
 SpecFolders = Annotated[list[Path] | None, typer.Option(
@@ -141,45 +156,65 @@ def check(
     to check; "proven, with N guesses left" while the spec's files still hold `# GUESS:` lines or placeholder
     checkpoints) and a summary; a failed spec's table and warnings below it."""
     _check_device(device)
-    import torch
-
-    from .lang import InvalidSpec
-    from .tools.check.cases import check_spec, invalid_report
     from .tools.check.report import check_json, check_summary, check_text
-    from .tools.encoders import release
-    from .tools.quiet import kept_warnings
 
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available here")
+    _check_cuda(device)
     if size not in ("tiny", "real"):
         raise UsageError(f"--size must be tiny or real, got {size!r}")
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    dtypes = _dtypes()
     if dtype is not None and dtype not in dtypes:
         raise UsageError(f"--dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
     chosen = _entries(specs, all_specs, spec_dirs)
     width = max((len(spec.name) for spec in chosen), default=0)
-    progress = sys.stderr.isatty()  # a terminal sees which spec runs; a log or a pipe gets no control codes
+    progress = _Progress(len(chosen))
     reports = []
     for index, spec in enumerate(chosen, 1):
-        if progress:
-            sys.stderr.write(f"\r\x1b[K[{index}/{len(chosen)}] {spec.name}")
-            sys.stderr.flush()
-        with kept_warnings() as kept:
-            if isinstance(spec, InvalidSpec):  # a row of its own: a broken draft does not stop the other specs
-                report = invalid_report(spec, device=device, dtype=dtypes.get(dtype))
-            else:
-                report = check_spec(spec, device=device, dtype=dtypes.get(dtype), size=size)
-            release(device)
-        report.warnings = kept.lines()
+        progress.show(index, spec.name)
+        report = _check_one(spec, device=device, dtype=dtypes.get(dtype), size=size)
         reports.append(report)
-        if progress:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
+        progress.clear()
         if not as_json:
             sys.stdout.write(check_text([report], verbose=verbose, summary=False, width=width))
             sys.stdout.flush()
     sys.stdout.write(check_json(reports) if as_json else check_summary(reports) + "\n")
     raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
+class _Progress:
+    """Which spec of how many runs, on stderr when it is a terminal; a log or a pipe gets no control codes."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.on = sys.stderr.isatty()
+
+    def show(self, index: int, name: str) -> None:
+        self._write(f"\r\x1b[K[{index}/{self.total}] {name}")
+
+    def clear(self) -> None:
+        self._write("\r\x1b[K")
+
+    def _write(self, text: str) -> None:
+        if self.on:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+
+def _check_one(spec, *, device: str, dtype, size: str):
+    """``vitcg check``'s report of one registry entry, with the warnings transformers and torch gave meanwhile;
+    an invalid spec gets a row of its own, so a broken draft does not stop the other specs."""
+    from .lang import InvalidSpec
+    from .tools.check.cases import check_spec, invalid_report
+    from .tools.encoders import release
+    from .tools.quiet import kept_warnings
+
+    with kept_warnings() as kept:
+        if isinstance(spec, InvalidSpec):
+            report = invalid_report(spec, device=device, dtype=dtype)
+        else:
+            report = check_spec(spec, device=device, dtype=dtype, size=size)
+        release(device)
+    report.warnings = kept.lines()
+    return report
 
 
 @app.command()
@@ -191,12 +226,9 @@ def demo(
     """vitcg.accelerate on a tiny Hugging Face VLM (random weights): its features and greedy generate, with and
     without graphs."""
     _check_device(device)
-    import torch
-
     from .tools.check.vlm import Unavailable, check_vlm
 
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available here")
+    _check_cuda(device)
     chosen = _select_specs([spec], False, spec_dirs)[0]
     try:
         items, error, route = check_vlm(chosen, device)
@@ -309,40 +341,25 @@ def bench(
                                                    "measuring.")] = None,
 ) -> None:
     """Median latency of HF eager, torch.compile, vitcg budget graphs and an exact-shape graph per workload."""
-    from .tools.files import check_writable
-
     if from_json is not None:
-        if plot_out is None:
-            raise UsageError("--from-json needs --plot")
-        check_writable(plot_out)
-        _plot(_read_results(from_json), plot_out, source=from_json)
+        _plot_earlier(from_json, plot_out)
         return
     _check_device(device, " (cuda is the real measurement, cpu a smoke run)")
-    # A run takes minutes to hours: a result path that cannot be written fails now, not after the run.
-    for target in (json_out, plot_out):
-        if target is not None:
-            check_writable(target)
-    if plot_out is not None:
-        _need_matplotlib()
+    _check_bench_outputs(json_out, plot_out)
     from .tools.workloads import WORKLOADS
 
     unknown = [w for w in workload or () if w not in WORKLOADS]
     if unknown:
         raise UsageError(f"unknown workload {unknown[0]!r}; workloads: {', '.join(WORKLOADS)}")
-    import torch
-
     from .tools.bench.measure import run_bench
 
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available here (use --device cpu for a smoke run)")
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in dtypes or size not in ("tiny", "real") or iters < 1 or warmup < 0:
-        raise UsageError("--dtype must be bfloat16/float16/float32, --size tiny/real, --iters >= 1, --warmup >= 0")
+    _check_cuda(device, " (use --device cpu for a smoke run)")
+    torch_dtype = _bench_dtype(dtype, size, iters, warmup)
     from .tools.plan.compile_config import parse_budgets
 
     token_budgets = parse_budgets(budgets)
     chosen = _select_specs(specs, all_specs, spec_dirs)
-    run = run_bench(chosen, workloads=workload or list(WORKLOADS), device=device, size=size, dtype=dtypes[dtype],
+    run = run_bench(chosen, workloads=workload or list(WORKLOADS), device=device, size=size, dtype=torch_dtype,
                     iters=iters, warmup=warmup, compile_eager=not no_compile, token_budgets=token_budgets,
                     max_num_batched_tokens=max_num_batched_tokens, roofline=roofline,
                     command="vitcg " + " ".join(sys.argv[1:]),
@@ -352,6 +369,37 @@ def bench(
     if run.failed:
         typer.echo(f"{len(run.failed)} of {len(chosen)} specs failed: {', '.join(run.failed)}", err=True)
         raise typer.Exit(1)
+
+
+def _plot_earlier(from_json: Path, plot_out: Path | None) -> None:
+    """``vitcg bench --from-json``: plot the results of an earlier run into ``plot_out``."""
+    from .tools.files import check_writable
+
+    if plot_out is None:
+        raise UsageError("--from-json needs --plot")
+    check_writable(plot_out)
+    _plot(_read_results(from_json), plot_out, source=from_json)
+
+
+def _check_bench_outputs(json_out: Path | None, plot_out: Path | None) -> None:
+    """Raise UsageError unless the result paths can be written (and matplotlib is there for a plot): a run takes
+    minutes to hours, so a path that cannot be written fails now, not after the run."""
+    from .tools.files import check_writable
+
+    for target in (json_out, plot_out):
+        if target is not None:
+            check_writable(target)
+    if plot_out is not None:
+        _need_matplotlib()
+
+
+def _bench_dtype(dtype: str, size: str, iters: int, warmup: int):
+    """The torch dtype of ``--dtype``; raises UsageError unless it and ``--size``, ``--iters``, ``--warmup`` are
+    valid."""
+    dtypes = _dtypes()
+    if dtype not in dtypes or size not in ("tiny", "real") or iters < 1 or warmup < 0:
+        raise UsageError("--dtype must be bfloat16/float16/float32, --size tiny/real, --iters >= 1, --warmup >= 0")
+    return dtypes[dtype]
 
 
 @app.command()
@@ -423,20 +471,12 @@ def new(
     """Draft a spec from a transformers model type. The draft validates; every line that is a guess ends in
     `# GUESS: what to verify` (encoder class and boundary, vlm_attribute, args, outputs, attention style,
     geometry read from other fields, buffers, budgets, test prompts). Confirm them, then run `vitcg check`."""
-    from .tools.files import check_output, make_folder, write_text_atomic
+    from .tools.files import make_folder, write_text_atomic
     from .tools.new.scaffold import checked_draft, spec_name
 
     path = None if output == "-" else Path(output or f"{spec_name(model_type)}.yaml")
     if path is not None:
-        check_output(path)  # a folder, socket or block device: refused before the draft
-        if (path.exists() or path.is_symlink()) and not force:
-            raise UsageError(f"{path} exists; pass --force to overwrite it")
-        # Drafting imports transformers (seconds): a path that cannot be a file fails before it.
-        ancestor = path.parent
-        while not ancestor.exists() and ancestor != ancestor.parent:
-            ancestor = ancestor.parent
-        if not ancestor.is_dir():
-            raise UsageError(f"cannot write {path}: {ancestor} is not a folder")
+        _check_draft_path(path, force)
     text, guesses = checked_draft(model_type, path)
     if path is None:
         sys.stdout.write(text)
@@ -448,6 +488,21 @@ def new(
     for line in text.splitlines():  # what vitcg already knows of the model type, repeated from the draft's header
         if line.startswith(("# NOTE: ", "#   ")) or line.startswith("# Other specs of this tower"):
             typer.echo(line.removeprefix("# "))
+
+
+def _check_draft_path(path: Path, force: bool) -> None:
+    """Raise UsageError unless ``vitcg new`` may write its draft at ``path``. Drafting imports transformers
+    (seconds): a path that cannot be a file fails before it."""
+    from .tools.files import check_output
+
+    check_output(path)  # a folder, socket or block device: refused before the draft
+    if (path.exists() or path.is_symlink()) and not force:
+        raise UsageError(f"{path} exists; pass --force to overwrite it")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"cannot write {path}: {ancestor} is not a folder")
 
 
 def _read_results(path: Path) -> list[dict]:

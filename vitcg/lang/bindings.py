@@ -179,6 +179,36 @@ def _strings(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
+def _valid_unknown_keys(problems: Any) -> bool:
+    return isinstance(problems, list) and all(
+        isinstance(p, list) and len(p) >= 2 and _strings(p[:-1]) and _strings(p[-1]) for p in problems)
+
+
+def _valid_failure(kind: str, entry: dict) -> bool:
+    if kind == "config" and "unknown_keys" in entry:
+        return _valid_unknown_keys(entry["unknown_keys"])
+    return isinstance(entry.get("error"), str)
+
+
+def _valid_signature(entry: dict) -> bool:
+    return (_strings(entry.get("required")) and _strings(entry.get("accepted"))
+            and isinstance(entry.get("var_keyword"), bool))
+
+
+def _valid_class(entry: dict) -> bool:
+    configured_by = entry.get("config_class", 0)  # a missing key is an older cache format: recompute
+    return (_strings(entry.get("bases")) and (configured_by is None or isinstance(configured_by, str))
+            and _strings(entry.get("sub_configs")))
+
+
+def _valid_config(entry: dict) -> bool:
+    return isinstance(entry.get("snapshot"), dict)
+
+
+_VALID_ANSWER = {"signature": _valid_signature, "class": _valid_class, "config": _valid_config}
+"""The shape of a successful answer, by the kind of check (the key's prefix)."""
+
+
 def _valid_entry(key: str, entry: Any) -> bool:
     """Whether a cached answer has the shape its check returns; the cache file is not trusted (edited by
     hand, truncated, written by another vitcg version), and a malformed answer would crash its reader."""
@@ -187,22 +217,10 @@ def _valid_entry(key: str, entry: Any) -> bool:
     kind = key.split(":", 1)[0]
     if kind == "method":
         return True
-    if kind == "signature" and entry["ok"]:
-        return (_strings(entry.get("required")) and _strings(entry.get("accepted"))
-                and isinstance(entry.get("var_keyword"), bool))
     if not entry["ok"]:
-        if kind == "config" and "unknown_keys" in entry:
-            problems = entry["unknown_keys"]
-            return isinstance(problems, list) and all(
-                isinstance(p, list) and len(p) >= 2 and _strings(p[:-1]) and _strings(p[-1]) for p in problems)
-        return isinstance(entry.get("error"), str)
-    if kind == "class":
-        configured_by = entry.get("config_class", 0)  # a missing key is an older cache format: recompute
-        return (_strings(entry.get("bases")) and (configured_by is None or isinstance(configured_by, str))
-                and _strings(entry.get("sub_configs")))
-    if kind == "config":
-        return isinstance(entry.get("snapshot"), dict)
-    return False
+        return _valid_failure(kind, entry)
+    valid = _VALID_ANSWER.get(kind)
+    return valid is not None and valid(entry)
 
 
 def cache_root() -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import math
+import operator
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ _BINOPS = {
     ast.Mod: "%",
     ast.Pow: "**",
 }
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+               ast.Mod: operator.mod}
+"""What each operator of :data:`_BINOPS` but ``**`` (bounded on its own) computes."""
 _FUNCTIONS = {"min": (2, None), "max": (2, None), "ceil_div": (2, 2), "isqrt": (1, 1)}
 CONFIG_ROOT = "config"
 
@@ -117,35 +121,44 @@ class _Checker:
         if self.count > MAX_NODES:
             raise FormulaError(f"formula has more than {MAX_NODES} parts", col=_col(node))
         if isinstance(node, ast.Constant):
-            if isinstance(node.value, bool) or not isinstance(node.value, int):
-                kind = "float" if isinstance(node.value, float) else type(node.value).__name__
-                raise FormulaError(
-                    f"only integer literals are allowed, not {kind} {node.value!r}",
-                    col=_col(node),
-                    hint="formulas are integer-only: use // for division" if kind == "float" else None,
-                )
-            _check_range(node.value, _col(node))
+            self._constant(node)
         elif isinstance(node, ast.Name):
             self._name(node)
         elif isinstance(node, ast.BinOp):
-            if type(node.op) not in _BINOPS:
-                raise FormulaError(
-                    f"operator {type(node.op).__name__} is not allowed",
-                    col=_col(node),
-                    hint="use one of + - * // % **" + (" (// for division)" if isinstance(node.op, ast.Div) else ""),
-                )
-            self.visit(node.left)
-            self.visit(node.right)
+            self._binop(node)
         elif isinstance(node, ast.UnaryOp):
-            if not isinstance(node.op, (ast.USub, ast.UAdd)):
-                raise FormulaError(f"operator {type(node.op).__name__} is not allowed", col=_col(node))
-            self.visit(node.operand)
+            self._unaryop(node)
         elif isinstance(node, ast.Call):
             self._call(node)
         elif isinstance(node, (ast.Attribute, ast.Subscript)):
             self._config_read(node)
         else:
             raise FormulaError(f"{type(node).__name__} is not allowed in a formula", col=_col(node))
+
+    def _constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, bool) or not isinstance(node.value, int):
+            kind = "float" if isinstance(node.value, float) else type(node.value).__name__
+            raise FormulaError(
+                f"only integer literals are allowed, not {kind} {node.value!r}",
+                col=_col(node),
+                hint="formulas are integer-only: use // for division" if kind == "float" else None,
+            )
+        _check_range(node.value, _col(node))
+
+    def _binop(self, node: ast.BinOp) -> None:
+        if type(node.op) not in _BINOPS:
+            raise FormulaError(
+                f"operator {type(node.op).__name__} is not allowed",
+                col=_col(node),
+                hint="use one of + - * // % **" + (" (// for division)" if isinstance(node.op, ast.Div) else ""),
+            )
+        self.visit(node.left)
+        self.visit(node.right)
+
+    def _unaryop(self, node: ast.UnaryOp) -> None:
+        if not isinstance(node.op, (ast.USub, ast.UAdd)):
+            raise FormulaError(f"operator {type(node.op).__name__} is not allowed", col=_col(node))
+        self.visit(node.operand)
 
     def _name(self, node: ast.Name) -> None:
         if node.id == CONFIG_ROOT and self.allow_config:
@@ -163,25 +176,32 @@ class _Checker:
         if node.keywords:
             raise FormulaError(f"{func.id}() takes no keyword arguments", col=_col(node))
         if func.id == "len" and self.allow_config:
-            if len(node.args) != 1 or not isinstance(node.args[0], (ast.Attribute, ast.Subscript)):
-                raise FormulaError("len() takes one config field: len(config.deepstack_visual_indexes)", col=_col(node))
-            self._config_read(node.args[0], is_len=True)
+            self._len(node)
             return
-        if func.id not in _FUNCTIONS:
-            allowed = sorted(_FUNCTIONS) + (["len"] if self.allow_config else [])
-            raise FormulaError(
-                f"function {func.id!r} is not allowed",
-                col=_col(node),
-                hint=suggest(func.id, allowed) or f"allowed: {', '.join(allowed)}",
-            )
-        low, high = _FUNCTIONS[func.id]
-        if len(node.args) < low or (high is not None and len(node.args) > high):
-            want = f"exactly {low}" if low == high else f"at least {low}"
-            raise FormulaError(f"{func.id}() takes {want} arguments, got {len(node.args)}", col=_col(node))
+        self._arity(func.id, node)
         for arg in node.args:
             if isinstance(arg, ast.Starred):
                 raise FormulaError("starred arguments are not allowed", col=_col(arg))
             self.visit(arg)
+
+    def _len(self, node: ast.Call) -> None:
+        if len(node.args) != 1 or not isinstance(node.args[0], (ast.Attribute, ast.Subscript)):
+            raise FormulaError("len() takes one config field: len(config.deepstack_visual_indexes)", col=_col(node))
+        self._config_read(node.args[0], is_len=True)
+
+    def _arity(self, name: str, node: ast.Call) -> None:
+        """Raise unless ``name`` is an allowed function and the call gives it as many arguments as it takes."""
+        if name not in _FUNCTIONS:
+            allowed = sorted(_FUNCTIONS) + (["len"] if self.allow_config else [])
+            raise FormulaError(
+                f"function {name!r} is not allowed",
+                col=_col(node),
+                hint=suggest(name, allowed) or f"allowed: {', '.join(allowed)}",
+            )
+        low, high = _FUNCTIONS[name]
+        if len(node.args) < low or (high is not None and len(node.args) > high):
+            want = f"exactly {low}" if low == high else f"at least {low}"
+            raise FormulaError(f"{name}() takes {want} arguments, got {len(node.args)}", col=_col(node))
 
     def _config_read(self, node: ast.expr, is_len: bool = False) -> None:
         if not self.allow_config:
@@ -223,12 +243,7 @@ class _Evaluator:
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.Name):
-            value = self.values.get(node.id, _MISSING)
-            if value is _MISSING:
-                raise FormulaError(f"no value for {node.id!r}", col=_col(node))
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise FormulaError(f"{node.id!r} is {value!r}, not an integer", col=_col(node))
-            return value
+            return self._name(node)
         if isinstance(node, ast.UnaryOp):
             value = self.eval(node.operand)
             return -value if isinstance(node.op, ast.USub) else value
@@ -236,6 +251,18 @@ class _Evaluator:
             return self._binop(node)
         if isinstance(node, ast.Call):
             return self._call(node)
+        return self._config_value(node)
+
+    def _name(self, node: ast.Name) -> int:
+        value = self.values.get(node.id, _MISSING)
+        if value is _MISSING:
+            raise FormulaError(f"no value for {node.id!r}", col=_col(node))
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FormulaError(f"{node.id!r} is {value!r}, not an integer", col=_col(node))
+        return value
+
+    def _config_value(self, node: ast.expr) -> int:
+        """The integer a config read gives (an attribute or index of ``config``)."""
         value = self._read(node)
         if isinstance(value, bool) or not isinstance(value, int):
             raise FormulaError(
@@ -279,17 +306,7 @@ class _Evaluator:
             if left not in (-1, 0, 1) and (abs(left).bit_length() - 1) * right > 62:
                 raise FormulaError(f"{left} ** {right} is out of range (|x| <= 2**62)", col=_col(node))
             return _check_range(left**right, _col(node))
-        if op is ast.Add:
-            result = left + right
-        elif op is ast.Sub:
-            result = left - right
-        elif op is ast.Mult:
-            result = left * right
-        elif op is ast.FloorDiv:
-            result = left // right
-        else:
-            result = left % right
-        return _check_range(result, _col(node))
+        return _check_range(_ARITHMETIC[op](left, right), _col(node))
 
     def _read(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Name):

@@ -343,35 +343,51 @@ def load_file(path: str | Path, display: str | None = None, *,
     UTF-8."""
     display = display or str(path)
     path = Path(path)
-
-    def fail(message: str, hint: str | None = None, line: int = 0) -> tuple[None, list[Diagnostic]]:
-        return None, [Diagnostic(display, line, 0 if not line else 1, "$", message, hint, "yaml")]
-
-    home = Path(folder) if folder is not None else path.parent
-    target = _link_target(path)
-    if target is not None and not _inside(target, home):
-        return fail("the file is a link to a file outside its folder",
-                    "vitcg reads a spec, its parent and its harness only inside the spec's folder: copy the file "
-                    "there instead of linking to it")
     try:
-        raw = read_regular(path, MAX_FILE_BYTES, check=None if target is None else _is(target))
-    except NotRegularFile as exc:
-        return fail(f"the file is {exc.kind}, not a regular file", "a spec, a parent and a harness are regular files")
-    except OversizedFile as exc:
-        return fail(_too_big(exc.size) if exc.size is not None else _too_big(MAX_FILE_BYTES + 1) + " (or more)")
-    except FileNotFoundError as exc:
-        if target is not None:  # the link is there (discovery found it), what it names is not
-            return fail(f"the file is a link to {shown(os.readlink(path))}, which does not exist",
-                        "a spec, a parent and a harness are regular files: put the file there, or delete the link")
-        return fail(f"cannot read file: {exc.strerror or exc}")
-    except OSError as exc:
-        return fail(f"cannot read file: {exc.strerror or exc}")
+        raw = _read_spec_file(path, Path(folder) if folder is not None else path.parent)
+    except _Unreadable as exc:
+        return None, [Diagnostic(display, 0, 0, "$", exc.message, exc.hint, "yaml")]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         return None, [Diagnostic(display, line, 1, "$", "file is not valid UTF-8", None, "yaml")]
     return load_text(text, display)
+
+
+class _Unreadable(Exception):
+    """Why a spec file was not read: the message and hint of its diagnostic."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+def _read_spec_file(path: Path, home: Path) -> bytes:
+    """The bytes of the spec file ``path`` whose folder is ``home``; raises :class:`_Unreadable` when
+    :func:`load_file` refuses it."""
+    target = _link_target(path)
+    if target is not None and not _inside(target, home):
+        raise _Unreadable("the file is a link to a file outside its folder",
+                          "vitcg reads a spec, its parent and its harness only inside the spec's folder: copy the "
+                          "file there instead of linking to it")
+    try:
+        return read_regular(path, MAX_FILE_BYTES, check=None if target is None else _is(target))
+    except NotRegularFile as exc:
+        raise _Unreadable(f"the file is {exc.kind}, not a regular file",
+                          "a spec, a parent and a harness are regular files") from None
+    except OversizedFile as exc:
+        raise _Unreadable(_too_big(exc.size) if exc.size is not None
+                          else _too_big(MAX_FILE_BYTES + 1) + " (or more)") from None
+    except FileNotFoundError as exc:
+        if target is not None:  # the link is there (discovery found it), what it names is not
+            raise _Unreadable(f"the file is a link to {shown(os.readlink(path))}, which does not exist",
+                              "a spec, a parent and a harness are regular files: put the file there, or delete "
+                              "the link") from None
+        raise _Unreadable(f"cannot read file: {exc.strerror or exc}") from None
+    except OSError as exc:
+        raise _Unreadable(f"cannot read file: {exc.strerror or exc}") from None
 
 
 def _link_target(path: Path) -> Path | None:
@@ -430,6 +446,16 @@ class _Converter:
         return _LoadFailure(Diagnostic(self.loaded.file, pos.line, pos.col, format_path(path), message, hint, "yaml"))
 
     def convert(self, node: yaml.Node, path: Path_, depth: int = 0) -> Any:
+        self.enter(node, path, depth)
+        self.loaded.values.setdefault(path, _pos(node))
+        if isinstance(node, yaml.MappingNode):
+            return self.mapping(node, path, depth)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.convert(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
+        return self.scalar(node, path)
+
+    def enter(self, node: yaml.Node, path: Path_, depth: int) -> None:
+        """Count the node; raise when the document has too many nodes, nests too deep or uses a tag specs do not."""
         self.visited += 1
         if self.visited > MAX_NODES:
             raise self.error(node, path, f"more than {MAX_NODES} YAML nodes (anchors and aliases expand too far)",
@@ -438,11 +464,9 @@ class _Converter:
             raise self.error(node, path, f"YAML is nested deeper than {MAX_DEPTH} levels")
         if node.tag not in _SAFE_TAGS:
             raise self.error(node, path, f"unsupported YAML tag {node.tag!r}", "specs use plain YAML values only")
-        self.loaded.values.setdefault(path, _pos(node))
-        if isinstance(node, yaml.MappingNode):
-            return self.mapping(node, path, depth)
-        if isinstance(node, yaml.SequenceNode):
-            return [self.convert(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
+
+    def scalar(self, node: yaml.Node, path: Path_) -> Any:
+        """The scalar's value; a control character in a string or a number that is not finite is a problem."""
         self.loaded.styles.setdefault(path, node.style or None)
         try:
             if node.tag == "tag:yaml.org,2002:int" and not node.style:

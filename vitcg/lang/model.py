@@ -338,59 +338,73 @@ class Spec:
             "architectures": list(self.architectures),
             "model_types": list(self.model_types),
             "checkpoints": list(self.checkpoints),
-            "encoder": {
-                "class": self.encoder.class_path,
-                "config_class": self.encoder.config_class,
-                "vlm_attribute": self.encoder.vlm_attribute,
-                "method": self.encoder.method,
-                "args": dict(self.encoder.args),
-                "call_kwargs": thaw(self.encoder.call_kwargs),
-                "outputs": list(self.encoder.outputs),
-            },
+            "encoder": _encoder_json(self.encoder),
             "geometry": {name: formula.source for name, formula in self.geometry},
             "attention": {"style": self.style, "segments": self.segments},
             "graph_scope": self.graph_scope,
             **({"epilogue": self.epilogue} if self.epilogue is not None else {}),
-            "modalities": {
-                m.name: {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video,
-                         **({"grid_columns": list(m.grid_columns)} if m.grid_columns != GRID_COLUMNS else {}),
-                         **({"split": m.split} if m.split else {}),
-                         **({"per_item": {r: str(f) for r, f in m.per_item.items()}} if m.per_item else {}),
-                         **({"separate": True} if m.separate else {})}
-                for m in self.modalities
-            },
-            "items": {
-                "input_size": self.input_size.source,
-                "output_tokens": self.output_tokens.source,
-                "frames": self.frames.source,
-                **({"valid": {"role": self.valid.role, "padding": self.valid.padding,
-                              "full": self.valid.full.source}} if self.valid is not None else {}),
-            },
+            "modalities": {m.name: _modality_json(m) for m in self.modalities},
+            "items": self._items_json(),
             "budget": {"min": self.budget_min.source, "max": self.budget_max.source},
-            "buffers": [
-                {
-                    "name": b.name,
-                    "arg": b.arg,
-                    "provider": b.provider,
-                    **({"value": b.value.source} if b.value is not None else {"shape": [f.source for f in b.shape]}),
-                    "padding": b.padding,
-                    "params": thaw(b.params),
-                }
-                for b in self.buffers
-            ],
+            "buffers": [_buffer_json(b) for b in self.buffers],
             "docs": {"notes": self.docs.notes, "shared_by": list(self.docs.shared_by)},
-            "tests": {
-                "prompt_template": self.tests.prompt_template,
-                "image_placeholder": self.tests.image_placeholder,
-                "video_placeholder": self.tests.video_placeholder,
-                "num_video_frames": self.tests.num_video_frames,
-                "max_model_len": self.tests.max_model_len,
-                "needs_video_metadata": self.tests.needs_video_metadata,
-                "runner_kwargs": thaw(self.tests.runner_kwargs),
-                "marks": list(self.tests.marks),
-                "budgets": list(self.tests.budgets),
-                "inputs": {role: {"shape": [f.source for f in e.shape],
-                                  "fill": e.fill if isinstance(e.fill, str) else [f.source for f in e.fill],
-                                  "dtype": e.dtype} for role, e in self.tests.inputs.items()},
-            },
+            "tests": _tests_json(self.tests),
         }
+
+    def _items_json(self) -> dict[str, Any]:
+        return {
+            "input_size": self.input_size.source,
+            "output_tokens": self.output_tokens.source,
+            "frames": self.frames.source,
+            **({"valid": {"role": self.valid.role, "padding": self.valid.padding,
+                          "full": self.valid.full.source}} if self.valid is not None else {}),
+        }
+
+
+def _encoder_json(encoder: Encoder) -> dict[str, Any]:
+    return {
+        "class": encoder.class_path,
+        "config_class": encoder.config_class,
+        "vlm_attribute": encoder.vlm_attribute,
+        "method": encoder.method,
+        "args": dict(encoder.args),
+        "call_kwargs": thaw(encoder.call_kwargs),
+        "outputs": list(encoder.outputs),
+    }
+
+
+def _modality_json(m: Modality) -> dict[str, Any]:
+    """A modality's inputs and frame cap, with the optional fields only where they are set."""
+    return {"inputs": dict(m.inputs), "max_frames_per_video": m.max_frames_per_video,
+            **({"grid_columns": list(m.grid_columns)} if m.grid_columns != GRID_COLUMNS else {}),
+            **({"split": m.split} if m.split else {}),
+            **({"per_item": {r: str(f) for r, f in m.per_item.items()}} if m.per_item else {}),
+            **({"separate": True} if m.separate else {})}
+
+
+def _buffer_json(b: Buffer) -> dict[str, Any]:
+    return {
+        "name": b.name,
+        "arg": b.arg,
+        "provider": b.provider,
+        **({"value": b.value.source} if b.value is not None else {"shape": [f.source for f in b.shape]}),
+        "padding": b.padding,
+        "params": thaw(b.params),
+    }
+
+
+def _tests_json(tests: TestMeta) -> dict[str, Any]:
+    return {
+        "prompt_template": tests.prompt_template,
+        "image_placeholder": tests.image_placeholder,
+        "video_placeholder": tests.video_placeholder,
+        "num_video_frames": tests.num_video_frames,
+        "max_model_len": tests.max_model_len,
+        "needs_video_metadata": tests.needs_video_metadata,
+        "runner_kwargs": thaw(tests.runner_kwargs),
+        "marks": list(tests.marks),
+        "budgets": list(tests.budgets),
+        "inputs": {role: {"shape": [f.source for f in e.shape],
+                          "fill": e.fill if isinstance(e.fill, str) else [f.source for f in e.fill],
+                          "dtype": e.dtype} for role, e in tests.inputs.items()},
+    }

@@ -89,6 +89,15 @@ def check_writable(path: str | os.PathLike) -> None:
         raise UsageError(f"cannot write {path}: folder {folder} is not writable")
 
 
+def _kept_mode(path: Path, target: Path) -> int:
+    """The permission bits the new file gets: those of the file it replaces, else (a link, nothing there, a file
+    that cannot be read) a new file's."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode) if target.exists() and not path.is_symlink() else _new_file_mode()
+    except OSError:
+        return _new_file_mode()
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool = True) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``: readers
     see the old file or the new one, never half of one. Raises UsageError naming ``path`` on any failure.
@@ -113,10 +122,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, overwrite: bool 
     folder = target.parent
     if not folder.is_dir():
         raise UsageError(f"cannot write {path}: no such folder {folder}")
-    try:
-        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() and not path.is_symlink() else _new_file_mode()
-    except OSError:
-        mode = _new_file_mode()
+    mode = _kept_mode(path, target)
     temporary = None
     try:
         fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")

@@ -368,11 +368,7 @@ def generate(folders: Sequence[Path] | None = None, templates_dir: Path | None =
     UsageError for missing folders, an ``out_dir`` that holds other files, or a file that cannot be written.
     """
     folders = spec_folders() if folders is None else list(folders)
-    for folder in folders:
-        if not folder.is_dir():
-            raise UsageError(f"no such specs folder: {folder}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"output folder {out_dir} is a file")
+    _check_folders(folders, out_dir)
     # Bindings (imports of transformers classes) are `vitcg validate`'s job; skipping them keeps this torch-free.
     specs = SpecSource(folders, bindings=False).require_valid()
     templates_dir = packaged_templates_dir() if templates_dir is None else templates_dir
@@ -386,13 +382,27 @@ def generate(folders: Sequence[Path] | None = None, templates_dir: Path | None =
     if result.stale:
         make_folder(out_dir)
         for item in result.stale:
-            if item.reason == "not produced by any template":
-                try:
-                    item.path.unlink()
-                except OSError as exc:
-                    raise UsageError(f"cannot remove {item.path}: {exc.strerror or exc}") from None
-            else:
-                write_text_atomic(item.path, rendered[item.path.relative_to(out_dir).as_posix()])
+            _refresh(item, rendered, out_dir)
         result.written = True
     return result
+
+
+def _check_folders(folders: Sequence[Path], out_dir: Path) -> None:
+    """Raise UsageError for a specs folder that is not there or an output folder that is a file."""
+    for folder in folders:
+        if not folder.is_dir():
+            raise UsageError(f"no such specs folder: {folder}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"output folder {out_dir} is a file")
+
+
+def _refresh(item: StaleFile, rendered: Mapping[str, str], out_dir: Path) -> None:
+    """Bring one stale file up to date: removed when no template produces it any more, else rewritten."""
+    if item.reason == "not produced by any template":
+        try:
+            item.path.unlink()
+        except OSError as exc:
+            raise UsageError(f"cannot remove {item.path}: {exc.strerror or exc}") from None
+    else:
+        write_text_atomic(item.path, rendered[item.path.relative_to(out_dir).as_posix()])
 

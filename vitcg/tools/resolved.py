@@ -39,16 +39,8 @@ def resolved_report(paths: Sequence[str | Path], as_json: bool, bindings: Bindin
         if loaded is not None:
             problems = check(loaded, bindings)[1]
         ok = ok and not problems
-        if loaded is None:
-            out[str(path)] = {"diagnostics": [d.to_json() for d in problems]}
-            texts.append(f"# {path}: does not resolve\n" + _comments(problems))
-            continue
-        data = _in_order(loaded.data)
-        out[str(path)] = {"diagnostics": [d.to_json() for d in problems], "resolved": data} if problems else data
-        title = f"# {path}, resolved" + (f" (does not validate: {len(problems)} error{'s' * (len(problems) != 1)})"
-                                         if problems else "")
-        texts.append(title + "\n" + _extends(resolving.ancestry(path)) + _comments(problems) + yaml.safe_dump(
-            data, sort_keys=False, allow_unicode=True, width=120, default_flow_style=None))
+        out[str(path)], text = _file_report(path, loaded, problems, resolving.ancestry(path))
+        texts.append(text)
     if bindings is not None:
         bindings.save()
     if as_json:
@@ -60,6 +52,20 @@ def _extends(ancestry: Sequence[tuple[str, str]]) -> str:
     """What the file extends, nearest first, as one YAML comment: its parents, then its style base and the bases
     under it (files a user can open)."""
     return "# extends: " + " -> ".join(f"{name} ({file})" for name, file in ancestry) + "\n" if ancestry else ""
+
+
+def _file_report(path: Path, loaded, problems: Sequence[Diagnostic],
+                 ancestry: Sequence[tuple[str, str]]) -> tuple[object, str]:
+    """One file's JSON value and YAML text: its resolved spec (None: it does not resolve) with its diagnostics and,
+    as a comment, what it extends."""
+    if loaded is None:
+        return {"diagnostics": [d.to_json() for d in problems]}, f"# {path}: does not resolve\n" + _comments(problems)
+    data = _in_order(loaded.data)
+    value = {"diagnostics": [d.to_json() for d in problems], "resolved": data} if problems else data
+    title = f"# {path}, resolved" + (f" (does not validate: {len(problems)} error{'s' * (len(problems) != 1)})"
+                                     if problems else "")
+    return value, title + "\n" + _extends(ancestry) + _comments(problems) + yaml.safe_dump(
+        data, sort_keys=False, allow_unicode=True, width=120, default_flow_style=None)
 
 
 def _comments(problems: Sequence[Diagnostic]) -> str:

@@ -97,21 +97,25 @@ def item_counts(mm_kwargs: Mapping[str, Any], modality: str) -> list[int]:
     if counts is None:
         raise InputError(f"{key!r}: expected the backend's per-item row counts, got none "
                          f"(keys: {', '.join(sorted(mm_kwargs))})")
-    if isinstance(counts, torch.Tensor):
-        if counts.is_meta or counts.dtype == torch.bool or counts.is_floating_point() or counts.is_complex():
-            raise InputError(f"{key!r}: expected a tensor of integer row counts, got {counts.dtype} on "
-                             f"{counts.device.type}")
-        values = counts.flatten().tolist()
-    elif isinstance(counts, (list, tuple)):
-        values = list(counts)
-    else:
-        raise InputError(f"{key!r}: expected the backend's per-item row counts, got {type(counts).__name__}")
     out = []
-    for position, value in enumerate(values):
+    for position, value in enumerate(_count_values(key, counts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InputError(f"{key}[{position}]: expected a non-negative integer row count, got {value!r}")
         out.append(value)
     return out
+
+
+def _count_values(key: str, counts: Any) -> list:
+    """The values of the counts field ``key``: a tensor's, flattened (integers only), or a list's or tuple's.
+    Raises InputError otherwise."""
+    if isinstance(counts, torch.Tensor):
+        if counts.is_meta or counts.dtype == torch.bool or counts.is_floating_point() or counts.is_complex():
+            raise InputError(f"{key!r}: expected a tensor of integer row counts, got {counts.dtype} on "
+                             f"{counts.device.type}")
+        return counts.flatten().tolist()
+    if isinstance(counts, (list, tuple)):
+        return list(counts)
+    raise InputError(f"{key!r}: expected the backend's per-item row counts, got {type(counts).__name__}")
 
 
 def _rows_dim(value: torch.Tensor, total: int) -> int | None:
@@ -158,7 +162,7 @@ def select_backend_items(mm_kwargs: Mapping[str, Any], modality: str, indices: S
     is kept. Checked before any row is taken (:func:`backend_counts`; the indices must be integers naming items
     of the batch): InputError otherwise."""
     counts = backend_counts(mm_kwargs, modality)
-    total, n = sum(counts), len(counts)
+    n = len(counts)
     chosen = item_indices(indices)
     outside = [i for i in chosen if not 0 <= i < n]
     if outside:
@@ -169,19 +173,25 @@ def select_backend_items(mm_kwargs: Mapping[str, Any], modality: str, indices: S
     selected: dict[str, Any] = {}
     for key, value in mm_kwargs.items():
         if isinstance(value, torch.Tensor) and value.dim() >= 1:
-            dim = _rows_dim(value, total)
-            if _per_item(key, value, modality, total, n):
-                selected[key] = value[torch.tensor(chosen, dtype=torch.long, device=value.device)]
-            elif dim is not None:
-                selected[key] = torch.cat([value.narrow(dim, offsets[i], counts[i]) for i in chosen]
-                                          or [value.narrow(dim, 0, 0)], dim=dim)
-            else:
-                selected[key] = value
+            selected[key] = _select_tensor(key, value, modality, counts, offsets, chosen)
         elif isinstance(value, list) and len(value) == n:
             selected[key] = [value[i] for i in chosen]
         else:
             selected[key] = value
     return selected
+
+
+def _select_tensor(key: str, value: torch.Tensor, modality: str, counts: list[int], offsets: list[int],
+                   chosen: list[int]) -> torch.Tensor:
+    """The ``chosen`` items of a tensor field: indexed where it holds one row per item, cut at ``offsets`` by
+    ``counts`` where it holds rows flattened over the items, else the whole tensor."""
+    total, n = sum(counts), len(counts)
+    if _per_item(key, value, modality, total, n):
+        return value[torch.tensor(chosen, dtype=torch.long, device=value.device)]
+    dim = _rows_dim(value, total)
+    if dim is None:
+        return value
+    return torch.cat([value.narrow(dim, offsets[i], counts[i]) for i in chosen] or [value.narrow(dim, 0, 0)], dim=dim)
 
 
 class Pack(dict):
@@ -304,6 +314,18 @@ class Bridge:
         allows it."""
         modality = self._modality(mm_kwargs)
         style = self.spec.attention_style
+        inputs = self._read_inputs(mm_kwargs, modality)
+        pixels = inputs[modality.pixels_key] = self._pixel_rows(modality, inputs[modality.pixels_key])
+        self._check_one_tile_per_item(mm_kwargs, modality)
+        for role, key in modality.inputs.items():
+            if key not in inputs and role == style.count_role and not style.count_required:
+                inputs[key] = torch.ones(pixels.shape[0], dtype=torch.int64)
+        return inputs
+
+    def _read_inputs(self, mm_kwargs: Mapping[str, Any], modality: Any) -> dict[str, Any]:
+        """The modality's inputs the batch holds under the spec's key, else under the backend's (the pixels, and
+        a tile count from the per-item row counts)."""
+        style = self.spec.attention_style
         backend = {"pixels": BACKEND_PIXELS.get(modality.name),
                    style.count_role: BACKEND_ROW_KEYS.get(modality.name) if not style.segmented else None}
         inputs = {}
@@ -312,23 +334,28 @@ class Bridge:
                 inputs[key] = mm_kwargs[key]
             elif backend.get(role) in mm_kwargs:
                 inputs[key] = mm_kwargs[backend[role]]
-        pixels = inputs[modality.pixels_key]
-        if self.spec.pixels_rows_dim:
-            rows = pixels_to_rows(self.adapter.pixel_layout, pixels)
-            if rows is None:
-                raise InputError(f"{modality.pixels_key!r}: shape {tuple(pixels.shape)} does not hold the rows the "
-                                 f"spec {self.spec.name} expects (rows on dim {self.spec.pixels_rows_dim})")
-            pixels = inputs[modality.pixels_key] = rows
+        return inputs
+
+    def _pixel_rows(self, modality: Any, pixels: torch.Tensor) -> torch.Tensor:
+        """``pixels`` with their rows first where the spec's pixels hold them on another dimension. Raises
+        InputError when the shape does not hold them."""
+        if not self.spec.pixels_rows_dim:
+            return pixels
+        rows = pixels_to_rows(self.adapter.pixel_layout, pixels)
+        if rows is None:
+            raise InputError(f"{modality.pixels_key!r}: shape {tuple(pixels.shape)} does not hold the rows the "
+                             f"spec {self.spec.name} expects (rows on dim {self.spec.pixels_rows_dim})")
+        return rows
+
+    def _check_one_tile_per_item(self, mm_kwargs: Mapping[str, Any], modality: Any) -> None:
+        """Raise InputError when the spec makes every tile an item of its own (a tile style without a tile count
+        input) and the backend's items hold several tiles each."""
+        style = self.spec.attention_style
         counts = mm_kwargs.get(BACKEND_ROW_KEYS.get(modality.name, ""))
         if not style.segmented and style.count_role not in modality.inputs and counts is not None \
                 and bool((torch.as_tensor(counts) != 1).any()):
-            # the spec makes every tile an item of its own, the backend's items hold several tiles each
             raise InputError(f"{BACKEND_ROW_KEYS[modality.name]!r}: expected one tile per item (the spec {self.spec.name} "
                              f"has no {style.count_role!r} input), got {torch.as_tensor(counts).tolist()}")
-        for role, key in modality.inputs.items():
-            if key not in inputs and role == style.count_role and not style.count_required:
-                inputs[key] = torch.ones(pixels.shape[0], dtype=torch.int64)
-        return inputs
 
     def modality_of(self, mm_kwargs: Mapping[str, Any]) -> str:
         return self.adapter.get_input_modality(self.graph_inputs(mm_kwargs))

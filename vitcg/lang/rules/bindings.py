@@ -73,18 +73,28 @@ def _missing_at(loaded: LoadedYaml, path: tuple[str, ...], name: str, message: s
     wholesale.append(("key", "encoder.call_kwargs"))
     hint = (f"add {name}: ROLE to encoder.args (the input role that holds it), or a constant to encoder.call_kwargs"
             if eager else f"add a buffer passed as {name!r} (arg: {name}), or a constant to encoder.call_kwargs")
-    found = next((loaded.removed[k] for k in exact if k in loaded.removed), None)
+    found = _removal(loaded, exact)
     if found is None and loaded.file_of(path) != loaded.file:
-        found = next((loaded.removed[k] for k in wholesale if k in loaded.removed), None)
+        found = _removal(loaded, wholesale)
         if found is None:
-            own = [p for p in (("encoder", "class"), ("encoder", "method"))
-                   if p in loaded.values and loaded.file_of(p) == loaded.file]
+            own = _own_call(loaded)
             if own:
                 return error(loaded, own[0], message + f" (as inherited, for the {own[0][1]} written here)",
                              code="binding", hint=hint)
     if found is None:
         return error(loaded, path, message, code="binding", hint=hint)
     return loaded.at_removal(found, path, message, "keep it: every case would fail with a missing argument", "binding")
+
+
+def _removal(loaded: LoadedYaml, keys: list[tuple[str, str]]) -> Any:
+    """The ``remove`` entry that took the first of ``keys`` the spec removes; None when it removes none."""
+    return next((loaded.removed[k] for k in keys if k in loaded.removed), None)
+
+
+def _own_call(loaded: LoadedYaml) -> list[tuple[str, str]]:
+    """``encoder.class`` and ``encoder.method`` where the spec's own file writes them."""
+    return [p for p in (("encoder", "class"), ("encoder", "method"))
+            if p in loaded.values and loaded.file_of(p) == loaded.file]
 
 
 def architectures_exist(loaded: LoadedYaml, spec: Spec, bindings: Bindings) -> Iterator[Diagnostic]:
@@ -401,19 +411,26 @@ def tiny_layer_indexes_in_depth(loaded: LoadedYaml,
             indexes = table.get(name)
             if depth is None or depth[1] <= 0 or not isinstance(indexes, list) or not all(_int(i) for i in indexes):
                 continue  # no depth to count in, or none at all (tiny_layers_present says so)
-            where, (depth_path, layers) = (*path, name), depth
-            default = _value_at(defaults, where)
-            if not indexes and isinstance(default, list) and default:
-                yield error(loaded, (*_TINY, *where), f"the tiny config sets {_dotted(where)} to [] where the "
-                            f"model has {default}: {what} never runs in the tiny checks",
-                            hint=f"list at least one layer within 0..{layers - 1}")
-            outside = [i for i in indexes if not 0 <= i < layers]
-            if outside:
-                yield error(loaded, (*_TINY, *where), f"the tiny config's {_dotted(where)} = {indexes} names "
-                            f"layers {outside} of a tower with {_dotted(depth_path)} = {layers}: {what} never runs "
-                            "in the tiny checks",
-                            hint=f"set tests.tiny_config.{_dotted(depth_path)} to {max(outside) + 1} or more, or "
-                            f"{_dotted(where)} to layers within 0..{layers - 1}")
+            where = (*path, name)
+            yield from _layer_indexes(loaded, where, indexes, depth, _value_at(defaults, where), what)
+
+
+def _layer_indexes(loaded: LoadedYaml, where: tuple[str, ...], indexes: list[int], depth: tuple[tuple[str, ...], int],
+                   default: Any, what: str) -> Iterator[Diagnostic]:
+    """The layer indexes ``indexes`` at ``where`` of a tiny tower of ``depth`` (its path and layers): none where
+    the model has ``default``, or some past the depth."""
+    depth_path, layers = depth
+    if not indexes and isinstance(default, list) and default:
+        yield error(loaded, (*_TINY, *where), f"the tiny config sets {_dotted(where)} to [] where the "
+                    f"model has {default}: {what} never runs in the tiny checks",
+                    hint=f"list at least one layer within 0..{layers - 1}")
+    outside = [i for i in indexes if not 0 <= i < layers]
+    if outside:
+        yield error(loaded, (*_TINY, *where), f"the tiny config's {_dotted(where)} = {indexes} names "
+                    f"layers {outside} of a tower with {_dotted(depth_path)} = {layers}: {what} never runs "
+                    "in the tiny checks",
+                    hint=f"set tests.tiny_config.{_dotted(depth_path)} to {max(outside) + 1} or more, or "
+                    f"{_dotted(where)} to layers within 0..{layers - 1}")
 
 
 def _value_at(snapshot: Mapping[str, Any], path: tuple[str, ...]) -> Any:
@@ -451,18 +468,35 @@ def tiny_feature_layers_in_depth(loaded: LoadedYaml, spec: Spec,
         if depth is None or depth[1] <= 0 or not indexes or not all(_int(i) for i in indexes):
             continue  # a flag (output_hidden_states: true), a strategy name, an unknown or a zero depth
         depth_path, layers = depth
-        for index in indexes:
-            position = index if index >= 0 else layers + 1 + index
-            if 0 < position <= layers:
-                continue
-            state = ("the embeddings' output, before every layer" if position == 0
-                     else f"past the {layers + 1} hidden states (the embeddings' and {layers} layers')")
-            hint = (f"select a layer's output: 1..{layers} or -1..-{layers}" if index == 0 else
-                    f"set tests.tiny_config.{_dotted(depth_path)} to {abs(index)} or more")
-            yield error(loaded, (*_TINY, *depth_path), f"{what} selects hidden state {index}: {state} of the tiny "
-                        f"tower ({_dotted(depth_path)} = {layers}), so the tiny checks skip the layers the features "
-                        "come from", hint=hint)
-            break
+        index = next((i for i in indexes if not 0 < _position(i, layers) <= layers), None)
+        if index is not None:
+            yield _no_layer_output(loaded, what, index, depth_path, layers)
+
+
+def _position(index: int, layers: int) -> int:
+    """Which of a tower's ``layers + 1`` hidden states (the embeddings' first) ``index`` selects."""
+    return index if index >= 0 else layers + 1 + index
+
+
+def _no_layer_output(loaded: LoadedYaml, what: str, index: int, depth_path: tuple[str, ...],
+                     layers: int) -> Diagnostic:
+    """The diagnostic for ``what`` selecting hidden state ``index``, no layer's output of a tiny tower of
+    ``layers`` layers (its depth at ``depth_path``)."""
+    state = ("the embeddings' output, before every layer" if _position(index, layers) == 0
+             else f"past the {layers + 1} hidden states (the embeddings' and {layers} layers')")
+    hint = (f"select a layer's output: 1..{layers} or -1..-{layers}" if index == 0 else
+            f"set tests.tiny_config.{_dotted(depth_path)} to {abs(index)} or more")
+    return error(loaded, (*_TINY, *depth_path), f"{what} selects hidden state {index}: {state} of the tiny "
+                 f"tower ({_dotted(depth_path)} = {layers}), so the tiny checks skip the layers the features "
+                 "come from", hint=hint)
+
+
+def _vlm_class(vlm: Mapping[str, Any], spec: Spec, bindings: Bindings) -> str | None:
+    """The VLM class transformers has of ``tests.vlm.architecture``, else of the spec's architectures, the
+    encoder's own class left out; None when there is none."""
+    named = [vlm["architecture"]] if vlm.get("architecture") else list(spec.architectures)
+    encoder = spec.encoder.class_path.rsplit(".", 1)[1]
+    return next((n for n in named if n != encoder and bindings.check_class(f"transformers.{n}")["ok"]), None)
 
 
 MODALITY_CALLS = {"image": "get_image_features", "video": "get_video_features"}
@@ -484,9 +518,7 @@ def vlm_modalities_covered(loaded: LoadedYaml, spec: Spec, bindings: Bindings) -
             yield error(loaded, ("tests", "vlm", "omits", name), f"tests.vlm.omits gives a reason to leave out "
                         f"{name}, but the spec declares modalities.{name}", key=True,
                         hint=f"remove tests.vlm.omits.{name}")
-    named = [vlm["architecture"]] if vlm.get("architecture") else list(spec.architectures)
-    encoder = spec.encoder.class_path.rsplit(".", 1)[1]
-    found = next((n for n in named if n != encoder and bindings.check_class(f"transformers.{n}")["ok"]), None)
+    found = _vlm_class(vlm, spec, bindings)
     if found is None:
         return  # a standalone vision model, or architectures_exist said what is missing
     for name, method in MODALITY_CALLS.items():

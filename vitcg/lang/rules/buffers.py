@@ -10,11 +10,12 @@ Rules on one entry take its index and its raw mapping; rules on the whole list t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ...errors import Diagnostic, FormulaError
 from .. import catalogue as cat
+from ..formulas import Formula
 from ..loader import LoadedYaml
 from ..model import Buffer, Modality, Spec
 from .common import error
@@ -297,23 +298,32 @@ def square_masks(loaded: LoadedYaml, entries: Sequence[Entry], buffers: Sequence
         if buffer.padding != "square_mask" or buffer.shape is None or None in buffer.shape:
             continue
         index = next(i for i, e in enumerate(entries) if e["name"] == buffer.name)
-        shape, d = buffer.shape, buffer.rows_dim
-        if len(shape) < 2 or d >= len(shape) - 1:
-            yield error(loaded, ("buffers", index, "shape"),
-                        f"padding 'square_mask' pads the rows on dimension {d} (rows_dim) and again on the last "
-                        f"dimension, but this shape has {len(shape)} dimension{'s' if len(shape) > 1 else ''}"
-                        + (" and its rows are the last" if len(shape) > 1 else ""),
-                        hint="a (1, 1, rows, rows) attention mask: shape: [1, 1, <rows>, <rows>], "
-                             "params: {rows_dim: 2}")
-        elif not shape[d].same_as(shape[-1]):
-            yield error(loaded, ("buffers", index, "shape", len(shape) - 1),
-                        f"a square_mask's last dimension must be its rows: {str(shape[-1])!r} is not "
-                        f"{str(shape[d])!r} (dimension {d}, rows_dim)", hint=f"shape: [..., {shape[d]}]")
-        elif rows is not None and not shape[d].same_as(rows.shape[rows.rows_dim]):
-            yield error(loaded, ("buffers", index, "shape", d),
-                        f"a square_mask masks the call's rows, {str(rows.shape[rows.rows_dim])!r} (buffer "
-                        f"{rows.name!r}), not {str(shape[d])!r}",
-                        hint=f"shape: [..., {rows.shape[rows.rows_dim]}, {rows.shape[rows.rows_dim]}]")
+        found = _unsquare(loaded, index, buffer, rows)
+        if found is not None:
+            yield found
+
+
+def _unsquare(loaded: LoadedYaml, index: int, buffer: Buffer, rows: Buffer | None) -> Diagnostic | None:
+    """What is wrong with the shape of the square_mask ``buffer`` (entry ``index``), the first of: too few
+    dimensions, a last dimension that is not its rows, rows that are not those of the row buffer ``rows``."""
+    shape, d = buffer.shape, buffer.rows_dim
+    if len(shape) < 2 or d >= len(shape) - 1:
+        return error(loaded, ("buffers", index, "shape"),
+                     f"padding 'square_mask' pads the rows on dimension {d} (rows_dim) and again on the last "
+                     f"dimension, but this shape has {len(shape)} dimension{'s' if len(shape) > 1 else ''}"
+                     + (" and its rows are the last" if len(shape) > 1 else ""),
+                     hint="a (1, 1, rows, rows) attention mask: shape: [1, 1, <rows>, <rows>], "
+                          "params: {rows_dim: 2}")
+    if not shape[d].same_as(shape[-1]):
+        return error(loaded, ("buffers", index, "shape", len(shape) - 1),
+                     f"a square_mask's last dimension must be its rows: {str(shape[-1])!r} is not "
+                     f"{str(shape[d])!r} (dimension {d}, rows_dim)", hint=f"shape: [..., {shape[d]}]")
+    if rows is not None and not shape[d].same_as(rows.shape[rows.rows_dim]):
+        return error(loaded, ("buffers", index, "shape", d),
+                     f"a square_mask masks the call's rows, {str(rows.shape[rows.rows_dim])!r} (buffer "
+                     f"{rows.name!r}), not {str(shape[d])!r}",
+                     hint=f"shape: [..., {rows.shape[rows.rows_dim]}, {rows.shape[rows.rows_dim]}]")
+    return None
 
 
 def _capture_points(low: int, high: int, frames_per_item: int) -> Iterator[tuple[int, int, int]]:
@@ -338,38 +348,57 @@ def _not_positive(buffer: Buffer, low: int, geometry: Mapping[str, int]) -> bool
         return True
 
 
-def _short_capacity(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str, int],
-                    config: str) -> Iterator[Diagnostic]:
-    """The capacity diagnostics of one geometry: at most one per buffer, at the first capture that overflows."""
+def _budget_range(spec: Spec, geometry: Mapping[str, int]) -> tuple[int, int] | None:
+    """The min and max budget under the default limits and ``geometry``; None when a formula fails (the budget
+    rules say why) or they make no range."""
     limits = {**cat.DEFAULT_LIMITS, **geometry}
     try:
         low, high = spec.budget_min.evaluate(limits), spec.budget_max.evaluate(limits)
     except FormulaError:
-        return  # the budget rules say why
+        return None
+    return (low, high) if 0 < low <= high else None
+
+
+def _short_capacity(loaded: LoadedYaml, spec: Spec, geometry: Mapping[str, int],
+                    config: str) -> Iterator[Diagnostic]:
+    """The capacity diagnostics of one geometry: at most one per buffer, at the first capture that overflows."""
+    budgets = _budget_range(spec, geometry)
+    if budgets is None:
+        return
+    low, high = budgets
     split = any(m.split for m in spec.modalities)
     roles = frozenset(r for m in spec.modalities for r in m.item_roles)
     video = max((m.max_frames_per_video for m in spec.modalities if m.name == "video"), default=0)
-    entries = loaded.data["buffers"]
     for buffer in spec.buffers:
         need = cat.PROVIDERS[buffer.provider].needs(buffer.padding, buffer.params.get("role"), roles)
-        if need is None or buffer.shape is None or not 0 < low <= high or _not_positive(buffer, low, geometry):
+        if need is None or buffer.shape is None or _not_positive(buffer, low, geometry):
             continue
-        for budget, items, frames in _capture_points(low, high, video):
-            names = {**cat.capacity_names(budget, items, frames, split), **geometry}
-            try:
-                held, needed = buffer.shape[0].evaluate(names), need.evaluate(names)
-            except FormulaError:
-                break  # a name the capture does not give: buffer_sizes_positive says which
-            if held < needed:
-                index = next(i for i, e in enumerate(entries) if e["name"] == buffer.name)
-                written = re.sub(r"\bgrid_rows\b", "max_segments" if split else "max_items", need.source)
-                yield error(loaded, ("buffers", index, "shape", 0),
-                            f"buffer {buffer.name!r} holds {buffer.shape[0]} = {held} rows at budget={budget}, "
-                            f"max_items={items}, max_frames={frames} ({config}), but a pack can need "
-                            f"{written} = {needed}: {cat.PROVIDERS[buffer.provider].capacity.doc}",
-                            hint=f"shape: [{written}{', ...' if len(buffer.shape) > 1 else ''}]; a capture "
-                                 "allocates what the spec writes, never more")
-                break
+        found = _overflow(loaded, buffer, need, _capture_points(low, high, video), split=split, geometry=geometry,
+                          config=config)
+        if found is not None:
+            yield found
+
+
+def _overflow(loaded: LoadedYaml, buffer: Buffer, need: Formula, captures: Iterable[tuple[int, int, int]], *,
+              split: bool, geometry: Mapping[str, int], config: str) -> Diagnostic | None:
+    """The diagnostic of the first of ``captures`` (budget, max_items, max_frames) where ``buffer``'s first
+    dimension holds fewer rows than its provider ``need``s; None when every capture fits."""
+    for budget, items, frames in captures:
+        names = {**cat.capacity_names(budget, items, frames, split), **geometry}
+        try:
+            held, needed = buffer.shape[0].evaluate(names), need.evaluate(names)
+        except FormulaError:
+            return None  # a name the capture does not give: buffer_sizes_positive says which
+        if held < needed:
+            index = next(i for i, e in enumerate(loaded.data["buffers"]) if e["name"] == buffer.name)
+            written = re.sub(r"\bgrid_rows\b", "max_segments" if split else "max_items", need.source)
+            return error(loaded, ("buffers", index, "shape", 0),
+                         f"buffer {buffer.name!r} holds {buffer.shape[0]} = {held} rows at budget={budget}, "
+                         f"max_items={items}, max_frames={frames} ({config}), but a pack can need "
+                         f"{written} = {needed}: {cat.PROVIDERS[buffer.provider].capacity.doc}",
+                         hint=f"shape: [{written}{', ...' if len(buffer.shape) > 1 else ''}]; a capture "
+                              "allocates what the spec writes, never more")
+    return None
 
 
 def capacities_hold(loaded: LoadedYaml, spec: Spec,

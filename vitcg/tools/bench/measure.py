@@ -422,6 +422,31 @@ def run_bench(specs: Sequence[Spec], *, workloads: Sequence[str], device: str, c
     return run
 
 
+PLOT_STYLES = {"eager": ("o-", "tab:blue"), "compile": ("s--", "tab:orange"), "vitcg_greedy": ("^-", "tab:olive"),
+               "vitcg_tight": ("v-", "tab:green"), "vitcg_inductor": ("d-", "tab:purple"),
+               "exact": ("x:", "tab:red")}
+"""The line style and colour of each method in :func:`plot`."""
+
+
+def _plot_spec(ax: Any, spec: dict) -> None:
+    """One spec's panel: a line per method measured, and the roofline floor where it was measured."""
+    rows = sorted(spec["workloads"], key=lambda r: r["tokens"])
+    for method, (style, color) in PLOT_STYLES.items():
+        points = [(r["tokens"], r["ms"][method]) for r in rows if method in r["ms"]]
+        if points:
+            ax.plot(*zip(*points), style, color=color, label=method)
+    floors = [(r["tokens"], r["floor_ms"]) for r in rows if r.get("floor_ms")]
+    if floors:
+        ax.plot(*zip(*floors), "k--", label="roofline floor")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_title(f"{spec['spec']} ({spec['size']}, {spec['dtype']})")
+    ax.set_xlabel("output tokens in the batch")
+    ax.set_ylabel("median latency (ms)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+
+
 def plot(results: list[dict], path: str) -> None:
     """Latency against input tokens per spec, one line per method (log-log); needs matplotlib."""
     import matplotlib
@@ -436,24 +461,8 @@ def plot(results: list[dict], path: str) -> None:
     cols = min(count, 3)
     fig, axes = plt.subplots(math.ceil(count / cols), cols, figsize=(5 * cols, 4 * math.ceil(count / cols)),
                              squeeze=False)
-    styles = {"eager": ("o-", "tab:blue"), "compile": ("s--", "tab:orange"), "vitcg_greedy": ("^-", "tab:olive"),
-              "vitcg_tight": ("v-", "tab:green"), "vitcg_inductor": ("d-", "tab:purple"), "exact": ("x:", "tab:red")}
     for ax, spec in zip(axes.flat, results):
-        rows = sorted(spec["workloads"], key=lambda r: r["tokens"])
-        for method, (style, color) in styles.items():
-            points = [(r["tokens"], r["ms"][method]) for r in rows if method in r["ms"]]
-            if points:
-                ax.plot(*zip(*points), style, color=color, label=method)
-        floors = [(r["tokens"], r["floor_ms"]) for r in rows if r.get("floor_ms")]
-        if floors:
-            ax.plot(*zip(*floors), "k--", label="roofline floor")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(f"{spec['spec']} ({spec['size']}, {spec['dtype']})")
-        ax.set_xlabel("output tokens in the batch")
-        ax.set_ylabel("median latency (ms)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        _plot_spec(ax, spec)
     for ax in list(axes.flat)[count:]:
         ax.axis("off")
     fig.tight_layout()

@@ -99,8 +99,7 @@ def _cases(builder: InputBuilder, max_budget: int) -> list[tuple[str, Callable[[
     frames = min(4, video.max_frames_per_video) if video else 0
     tiles = not spec.attention_style.segmented
     first = "image" if has_image else "video"
-    per_tile = spec.item_sizes(first, 1, builder.geometry)[1] if tiles else 1
-    huge = (max_budget // per_tile + 1) if tiles else math.isqrt(max_budget) + 1
+    huge = _oversized(builder, first, max_budget)
 
     def one(modality, *sizes):
         return lambda: builder.inputs(modality, list(sizes))
@@ -116,15 +115,28 @@ def _cases(builder: InputBuilder, max_budget: int) -> list[tuple[str, Callable[[
          one(first, *(item(first, a, b) for a, b in ((2, 2), (4, 6), (2, 4), (6, 8), (4, 4), (8, 12))))
          if not tiles else one(first, 1, 3, 2, 1, 2)),
         ("one video", one("video", builder.video(frames, 4, 4)) if has_video else no_video),
-        ("image and video in one call",
-         (lambda: {**builder.inputs("image", [builder.image(4, 6) if not tiles else 2]),
-                   **builder.inputs("video", [builder.video(max(1, frames // 2), 2, 4)])})
-         if has_image and has_video else "needs image and video"),
+        ("image and video in one call", _mixed(builder, frames) if has_image and has_video else
+         "needs image and video"),
         ("item larger than the largest budget",
          "every item is one tile, within every budget" if single else
          one(first, item(first, 2, 2), item(first, huge, huge) if not tiles else huge)),
         ("empty batch", one(first)),
     ]
+
+
+def _oversized(builder: InputBuilder, modality: str, max_budget: int) -> int:
+    """The size of an item of ``modality`` larger than ``max_budget``: tiles (a tile style), else the side of a
+    square grid."""
+    if builder.spec.attention_style.segmented:
+        return math.isqrt(max_budget) + 1
+    return max_budget // builder.spec.item_sizes(modality, 1, builder.geometry)[1] + 1
+
+
+def _mixed(builder: InputBuilder, frames: int) -> Callable[[], Inputs]:
+    """The inputs of one call holding an image and a video of ``frames // 2`` frames (at least one)."""
+    tiles = not builder.spec.attention_style.segmented
+    return lambda: {**builder.inputs("image", [builder.image(4, 6) if not tiles else 2]),
+                    **builder.inputs("video", [builder.video(max(1, frames // 2), 2, 4)])}
 
 
 def _route(manager: EncoderCudaGraphManager, before: dict) -> str:
@@ -216,7 +228,6 @@ def _run_case(spec: Spec, case: CaseResult, make: Callable[[], Inputs], adapter,
               manager: EncoderCudaGraphManager, reference) -> None:
     """Run one case through the manager and compare each item with eager; fills ``case``, raises on a failure
     that stops the case (model code failing names its step, :func:`.failures.step`)."""
-    tolerance = case.tolerance
     with step("making the case's inputs", "tests.inputs (shapes and fills) and the geometry they read"):
         inputs = on_device(adapter, make())
         items = adapter.get_encoder_cudagraph_item_specs(inputs)
@@ -239,13 +250,20 @@ def _run_case(spec: Spec, case: CaseResult, make: Callable[[], Inputs], adapter,
         error = relative_error(got, want)
         case.max_error = max(case.max_error, error)
         if reference is not None:
-            exact = reference.encoder_eager_forward(
-                {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                 for k, v in selected.items()})  # not the capture axis key list
-            graph32, eager32 = relative_error(got, exact), relative_error(want, exact)
-            case.graph_vs_fp32 = max(case.graph_vs_fp32 or 0.0, graph32)
-            case.eager_vs_fp32 = max(case.eager_vs_fp32 or 0.0, eager32)
-            case.noise_ok = case.noise_ok and (error <= tolerance or graph32 <= NOISE_FACTOR * eager32)
+            _against_fp32(case, reference, selected, got, want, error)
+
+
+def _against_fp32(case: CaseResult, reference, selected: Inputs, got: torch.Tensor, want: torch.Tensor,
+                  error: float) -> None:
+    """Compare an item's graph and eager outputs (``got``, ``want``; ``error`` apart) with the float32 twin's
+    ``reference`` output: a half-precision case passes when the graph is as accurate as eager."""
+    exact = reference.encoder_eager_forward(
+        {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+         for k, v in selected.items()})  # not the capture axis key list
+    graph32, eager32 = relative_error(got, exact), relative_error(want, exact)
+    case.graph_vs_fp32 = max(case.graph_vs_fp32 or 0.0, graph32)
+    case.eager_vs_fp32 = max(case.eager_vs_fp32 or 0.0, eager32)
+    case.noise_ok = case.noise_ok and (error <= case.tolerance or graph32 <= NOISE_FACTOR * eager32)
 
 
 def invalid_report(entry: InvalidSpec, *, device: str = "cpu", dtype: torch.dtype | None = None) -> SpecReport:

@@ -76,19 +76,28 @@ def where(exc: BaseException) -> str:
     models = os.path.dirname(os.path.abspath(transformers.models.__file__)) + os.sep
     raised, model = None, None
     for link in _chain(exc):
-        frames = traceback.extract_tb(link.__traceback__)
+        frames = _frames(link)
         if not frames:
             continue
-        # a torch function mode (vitcg's host-sync guard) re-raises what the kernel raised: not a place to look
-        frames = [f for f in frames if f.name != "__torch_function__"] or frames
         raised = raised or frames[-1]
-        inner = next((f for f in reversed(frames) if os.path.abspath(f.filename).startswith(models)), None)
-        model = inner or model
+        model = _innermost_in(frames, models) or model
     if raised is None:
         return ""
     if model is None:
         return f" at {frame(raised)}"
     return f" at {frame(model)}" + ("" if model == raised else f" (raised at {frame(raised)})")
+
+
+def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of ``exc``'s traceback, outermost first, without a torch function mode's: vitcg's host-sync
+    guard re-raises what the kernel raised, which is not a place to look."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return [f for f in frames if f.name != "__torch_function__"] or frames
+
+
+def _innermost_in(frames: list[traceback.FrameSummary], folder: str) -> traceback.FrameSummary | None:
+    """The innermost of ``frames`` whose file lies under ``folder``; None when none does."""
+    return next((f for f in reversed(frames) if os.path.abspath(f.filename).startswith(folder)), None)
 
 
 def frame(summary: traceback.FrameSummary) -> str:

@@ -74,10 +74,20 @@ def verdict(report: SpecReport) -> tuple[Verdict, str]:
         return Verdict.FAILED, "before any case: " + _first_line(report.error)
     failed = next((c for c in report.cases if not c.ok), None)
     if failed is not None:
-        why = (failed.error if failed.error else f"max rel err {failed.max_error:.2e} > tolerance "
-               f"{failed.tolerance:.0e}" if failed.finite else "output not finite")
-        where = "end-to-end stage" if failed.stage == "vlm" else failed.name
-        return Verdict.FAILED, f"{where}: {_first_line(why)}"
+        return Verdict.FAILED, _failure(failed)
+    return _passed(report)
+
+
+def _failure(failed) -> str:
+    """Where a failed case failed and why, in one line."""
+    why = (failed.error if failed.error else f"max rel err {failed.max_error:.2e} > tolerance "
+           f"{failed.tolerance:.0e}" if failed.finite else "output not finite")
+    where = "end-to-end stage" if failed.stage == "vlm" else failed.name
+    return f"{where}: {_first_line(why)}"
+
+
+def _passed(report: SpecReport) -> tuple[Verdict, str]:
+    """The verdict of a spec whose cases all passed: proven when the end-to-end stage ran, else spec stage only."""
     ran = [c for c in report.cases if c.stage == "spec" and not c.skipped]
     cases = f"{len(ran)} case{'s' if len(ran) != 1 else ''}"
     end_to_end = next((c for c in report.cases if c.stage == "vlm"), None)
@@ -85,11 +95,16 @@ def verdict(report: SpecReport) -> tuple[Verdict, str]:
         return Verdict.SPEC_ONLY, f"{cases}; no end-to-end stage: it runs at --size tiny only"
     if end_to_end.skipped:
         return Verdict.SPEC_ONLY, f"{cases}; no end-to-end stage: {_first_line(end_to_end.skipped)}"
-    route = end_to_end.route or ""
+    return Verdict.PROVEN, (f"{cases}, and the VLM end to end on {end_to_end.items} items"
+                            f"{_route_notes(end_to_end.route or '')}")
+
+
+def _route_notes(route: str) -> str:
+    """What the end-to-end stage's route leaves out of its proof, in parentheses (or nothing)."""
     keys = " (inputs as the VLM passes them: tests.vlm.engine_keys)" if "engine_keys" in route else ""
     if "tests.vlm.features" in route:
         keys += " (greedy tokens only: per-item features out of reach, tests.vlm.features)"
-    return Verdict.PROVEN, f"{cases}, and the VLM end to end on {end_to_end.items} items{keys}"
+    return keys
 
 
 def _first_line(text: str) -> str:
@@ -143,39 +158,45 @@ def _table(r: SpecReport) -> list[str]:
     extra = f"  {'vs fp32 graph/eager':>19}" if half else ""
     lines = [f"  {'stage':<5} {'case':<38} {'items':>5}  {'route':<22} {'max rel err':>11}{extra}  "
              f"{'finite':<6}  result"]
-    for c in r.cases:
-        if c.skipped:
-            lines.append(f"  {c.stage:<5} {c.name:<38} {'':>5}  {'-':<22} {'':>11}  {'':<6}  skipped ({c.skipped})")
-            continue
-        result = "ok" if c.ok else ("FAILED: " + c.error if c.error else
-                                    f"FAILED (tolerance {c.tolerance:.0e})" if c.finite else "FAILED: not finite")
-        noise = (f"  {c.graph_vs_fp32:>9.2e}/{c.eager_vs_fp32:.2e}" if c.graph_vs_fp32 is not None
-                 else f"  {'':>19}" if half else "")
-        if c.ok and c.max_error > c.tolerance:
-            result = "ok (as accurate as eager vs fp32)"
-        lines.append(f"  {c.stage:<5} {c.name:<38} {c.items:>5}  {c.route:<22} {c.max_error:>11.2e}{noise}  "
-                     f"{'yes' if c.finite else 'NO':<6}  {result}")
-    return lines
+    return lines + [_row(c, half) for c in r.cases]
+
+
+def _row(c, half: bool) -> str:
+    """One case's row of the table; ``half``: the table has the column of errors against fp32."""
+    if c.skipped:
+        return f"  {c.stage:<5} {c.name:<38} {'':>5}  {'-':<22} {'':>11}  {'':<6}  skipped ({c.skipped})"
+    result = "ok" if c.ok else ("FAILED: " + c.error if c.error else
+                                f"FAILED (tolerance {c.tolerance:.0e})" if c.finite else "FAILED: not finite")
+    noise = (f"  {c.graph_vs_fp32:>9.2e}/{c.eager_vs_fp32:.2e}" if c.graph_vs_fp32 is not None
+             else f"  {'':>19}" if half else "")
+    if c.ok and c.max_error > c.tolerance:
+        result = "ok (as accurate as eager vs fp32)"
+    return (f"  {c.stage:<5} {c.name:<38} {c.items:>5}  {c.route:<22} {c.max_error:>11.2e}{noise}  "
+            f"{'yes' if c.finite else 'NO':<6}  {result}")
 
 
 def check_summary(reports: list[SpecReport]) -> str:
     """``N specs checked: P passed (X proven, Y spec stage only), F failed (names), U unavailable ..., G guesses
     left (name count, ...)``."""
     kinds = [verdict(r)[0] for r in reports]
-    failed = [r.spec for r, k in zip(reports, kinds) if k is Verdict.FAILED]
-    unavailable = [r.spec for r, k in zip(reports, kinds) if k is Verdict.UNAVAILABLE]
     passed = sum(k.passed for k in kinds)
     line = f"{len(reports)} spec{'s' if len(reports) != 1 else ''} checked: {passed} passed"
     if passed:
         parts = [f"{kinds.count(k)} {k.value}" for k in (Verdict.PROVEN, Verdict.SPEC_ONLY) if kinds.count(k)]
         line += f" ({', '.join(parts)})"
-    line += f", {len(failed)} failed ({', '.join(failed)})" if failed else ""
-    line += f", {len(unavailable)} unavailable in this transformers ({', '.join(unavailable)})" if unavailable else ""
+    line += _named(reports, kinds, Verdict.FAILED, "failed")
+    line += _named(reports, kinds, Verdict.UNAVAILABLE, "unavailable in this transformers")
     guessing = [r for r in reports if r.guesses]
     if guessing:
         line += (f", {_guesses_left(sum(len(r.guesses) for r in guessing))} "
                  f"({', '.join(f'{r.spec} {len(r.guesses)}' for r in guessing)})")
     return line
+
+
+def _named(reports: list[SpecReport], kinds: list[Verdict], kind: Verdict, label: str) -> str:
+    """``, N label (names)`` for the specs of verdict ``kind``, or nothing when there are none."""
+    names = [r.spec for r, k in zip(reports, kinds) if k is kind]
+    return f", {len(names)} {label} ({', '.join(names)})" if names else ""
 
 
 def check_text(reports: list[SpecReport], *, verbose: bool = False, summary: bool = True, width: int = 0) -> str:

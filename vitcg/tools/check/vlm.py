@@ -77,15 +77,7 @@ def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0, size: str = "tiny"
     vision config and ``tests.vlm.config``. ``size="real"`` takes the real vision config (``tests.real_config``,
     a checkpoint's tower) instead, the language model still the tiny one (benchmarks of the encoder).
     Raises Unavailable when transformers has no such class."""
-    import transformers
-
-    names = [spec.tests.vlm.architecture] if spec.tests.vlm.architecture else list(spec.architectures)
-    cls = next((getattr(transformers, a) for a in names if hasattr(transformers, a)), None)
-    if cls is None:  # a misspelt or missing class is the spec's error, not a reason to skip the stage
-        hint = suggest(names[0], [n for n in dir(transformers) if n.endswith(("ForConditionalGeneration", "Model"))])
-        raise VitcgError(f"transformers {transformers.__version__} has none of {', '.join(names)} "
-                         f"({'tests.vlm.architecture' if spec.tests.vlm.architecture else 'architectures'})"
-                         + (f"; {hint}" if hint else ""))
+    cls = _vlm_class(spec)
     config_cls = cls.config_class
     if size not in ("tiny", "real"):
         raise ValueError(f"size must be 'tiny' or 'real', got {size!r}")
@@ -103,23 +95,29 @@ def build_vlm(spec: Spec, device: str = "cpu", seed: int = 0, size: str = "tiny"
     return cls(config).eval().to(device)
 
 
+def _vlm_class(spec: Spec) -> type:
+    """The transformers class of the spec's VLM: ``tests.vlm.architecture``, else the first of its architectures
+    that transformers has. A misspelt or missing class is the spec's error (VitcgError), not a reason to skip the
+    stage."""
+    import transformers
+
+    names = [spec.tests.vlm.architecture] if spec.tests.vlm.architecture else list(spec.architectures)
+    cls = next((getattr(transformers, a) for a in names if hasattr(transformers, a)), None)
+    if cls is None:
+        hint = suggest(names[0], [n for n in dir(transformers) if n.endswith(("ForConditionalGeneration", "Model"))])
+        raise VitcgError(f"transformers {transformers.__version__} has none of {', '.join(names)} "
+                         f"({'tests.vlm.architecture' if spec.tests.vlm.architecture else 'architectures'})"
+                         + (f"; {hint}" if hint else ""))
+    return cls
+
+
 def build_processor(spec: Spec, vlm: torch.nn.Module, kwargs: Mapping[str, Any] | None = None):
     """The model's image processor from its defaults and ``tests.vlm.processor`` (or ``kwargs`` instead, such as
     a real checkpoint's settings): ``tests.vlm.processor_class``, or the one transformers maps to the spec's
     model types or the VLM's (PIL backend first). Raises Unavailable when there is none."""
     import transformers
-    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
-    name = spec.tests.vlm.processor_class
-    for model_type in () if name else (*spec.model_types, vlm.config.model_type):
-        names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
-        if isinstance(names, Mapping):
-            names = [names.get("pil"), *names.values()]
-        elif isinstance(names, str):
-            names = [names]
-        name = next((n for n in names or () if n and hasattr(transformers, n)), None)
-        if name:
-            break
+    name = spec.tests.vlm.processor_class or _mapped_processor(spec, vlm)
     if not name or not hasattr(transformers, name):  # the spec's to fix: name the class the VLM's processor uses
         hint = suggest(name, [n for n in dir(transformers) if n.endswith(("ImageProcessor", "ImageProcessorPil"))]) \
             if name else None
@@ -131,6 +129,29 @@ def build_processor(spec: Spec, vlm: torch.nn.Module, kwargs: Mapping[str, Any] 
         return getattr(transformers, name)(**thaw(spec.tests.vlm.processor if kwargs is None else kwargs))
     except ImportError as exc:  # some releases need torchvision even for the PIL backend
         raise Unavailable(f"{name} cannot be built here: {str(exc).strip().splitlines()[0]}") from None
+
+
+def _mapped_processor(spec: Spec, vlm: torch.nn.Module) -> str | None:
+    """The first image processor class transformers has that it maps to the spec's model types or the VLM's
+    (PIL backend first); None when there is none."""
+    for model_type in (*spec.model_types, vlm.config.model_type):
+        name = next(iter(_processor_names(model_type)), None)
+        if name:
+            return name
+    return None
+
+
+def _processor_names(model_type: str) -> list[str]:
+    """The image processor classes transformers maps ``model_type`` to and has, the PIL backend first."""
+    import transformers
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    if isinstance(names, Mapping):
+        names = [names.get("pil"), *names.values()]
+    elif isinstance(names, str):
+        names = [names]
+    return [n for n in names or () if n and hasattr(transformers, n)]
 
 
 def _feature_method(vlm: torch.nn.Module, modality: str = "image"):
@@ -152,15 +173,20 @@ def _features(vlm: torch.nn.Module, inputs: Mapping[str, Any], modality: str = "
     value = out.pooler_output if hasattr(out, "pooler_output") else out
     values = list(value) if isinstance(value, (list, tuple)) else [value]
     if not values or not all(isinstance(v, torch.Tensor) for v in values):
-        fields = [k for k, v in out.items() if v is not None] if isinstance(out, Mapping) else []
-        held = type(value).__name__ if not isinstance(value, (list, tuple)) else \
-            f"{type(value).__name__} of {sorted({type(v).__name__ for v in value})}"
-        raise VitcgError(f"{type(vlm).__name__}.get_{modality}_features returned {type(out).__name__} whose "
-                         f"{'pooler_output' if hasattr(out, 'pooler_output') else 'value'} holds {held}, not "
-                         f"feature tensors{' (it has ' + ', '.join(fields) + ')' if fields else ''}: the end-to-end stage "
-                         "compares these rows; set tests.vlm.architecture to a VLM class whose feature call returns "
-                         "them, or tests.vlm.skip with the reason")
+        raise _not_features(vlm, out, value, modality)
     return values
+
+
+def _not_features(vlm: torch.nn.Module, out: Any, value: Any, modality: str) -> VitcgError:
+    """The error for a feature call whose output ``out`` (its rows: ``value``) holds no feature tensors."""
+    fields = [k for k, v in out.items() if v is not None] if isinstance(out, Mapping) else []
+    held = type(value).__name__ if not isinstance(value, (list, tuple)) else \
+        f"{type(value).__name__} of {sorted({type(v).__name__ for v in value})}"
+    return VitcgError(f"{type(vlm).__name__}.get_{modality}_features returned {type(out).__name__} whose "
+                      f"{'pooler_output' if hasattr(out, 'pooler_output') else 'value'} holds {held}, not "
+                      f"feature tensors{' (it has ' + ', '.join(fields) + ')' if fields else ''}: the end-to-end stage "
+                      "compares these rows; set tests.vlm.architecture to a VLM class whose feature call returns "
+                      "them, or tests.vlm.skip with the reason")
 
 
 def _feature_inputs(vlm: torch.nn.Module, made: Mapping[str, Any], modality: str = "image") -> dict[str, Any]:
@@ -184,23 +210,36 @@ def compose_videos(spec: Spec, processor: Any, videos: list[np.ndarray]) -> dict
     per_item: dict[str, list[int]] = {role: [] for role in video.item_roles}
     for frames in videos:
         made = processor(images=list(frames), return_tensors="pt", **thaw(spec.tests.vlm.video_processor))
-        rows, grid = made.get(image.pixels_key), made.get(image.inputs["grid"])
-        if not isinstance(rows, torch.Tensor) or not isinstance(grid, torch.Tensor) or grid.ndim != 2:
-            raise Unavailable(f"the image processor gives no {image.pixels_key!r} and {image.inputs['grid']!r}")
-        full = [image.item_row(row) for row in grid.tolist()]
-        if any(row != [1, *full[0][1:]] for row in full):
-            raise Unavailable(f"the image processor gives grid rows {full} for frames of one size, not one "
-                              "(1, h, w) row each")
+        rows, full = _frame_rows(image, made)
         pixels.append(rows)
         grids.append(video.encoder_grid([len(full), *full[0][1:]]))
         for role, values in per_item.items():
-            given = made.get(image.inputs.get(role, ""))
-            shared = set(given.tolist()) if isinstance(given, torch.Tensor) and given.ndim == 1 else set()
-            if len(shared) != 1:
-                raise Unavailable(f"the image processor gives no single {role!r} value for the frames of a video")
-            values.append(shared.pop())
+            values.append(_shared_value(image, made, role))
     return {video.pixels_key: torch.cat(pixels), video.inputs["grid"]: torch.tensor(grids, dtype=torch.int64),
             **{video.inputs[role]: torch.tensor(values, dtype=torch.int64) for role, values in per_item.items()}}
+
+
+def _frame_rows(image: Any, made: Mapping[str, Any]) -> tuple[torch.Tensor, list[list[int]]]:
+    """The pixel rows and the full grid rows the image processor made of a video's frames; raises Unavailable
+    unless each frame is one ``(1, h, w)`` row of one size under the image modality's keys."""
+    rows, grid = made.get(image.pixels_key), made.get(image.inputs["grid"])
+    if not isinstance(rows, torch.Tensor) or not isinstance(grid, torch.Tensor) or grid.ndim != 2:
+        raise Unavailable(f"the image processor gives no {image.pixels_key!r} and {image.inputs['grid']!r}")
+    full = [image.item_row(row) for row in grid.tolist()]
+    if any(row != [1, *full[0][1:]] for row in full):
+        raise Unavailable(f"the image processor gives grid rows {full} for frames of one size, not one "
+                          "(1, h, w) row each")
+    return rows, full
+
+
+def _shared_value(image: Any, made: Mapping[str, Any], role: str) -> int:
+    """The one value of an item-aligned ``role`` that a video's frames share under the image modality's key;
+    raises Unavailable when they do not share one."""
+    given = made.get(image.inputs.get(role, ""))
+    shared = set(given.tolist()) if isinstance(given, torch.Tensor) and given.ndim == 1 else set()
+    if len(shared) != 1:
+        raise Unavailable(f"the image processor gives no single {role!r} value for the frames of a video")
+    return shared.pop()
 
 
 def _prompt(vlm: torch.nn.Module,

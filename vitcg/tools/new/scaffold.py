@@ -162,10 +162,7 @@ def _vlm_attribute(modeling, vlm_config: type, encoder: type) -> str | None:
     encoder's; None when neither assigns it."""
     own = vlm_config.__module__.replace(".configuration_", ".modeling_")
     if own != modeling.__name__:
-        try:
-            found = _vlm_attribute(importlib.import_module(own), vlm_config, encoder)
-        except ImportError:
-            found = None
+        found = _vlm_attribute_in(own, vlm_config, encoder)
         if found:
             return found
     from transformers import PreTrainedModel
@@ -174,13 +171,30 @@ def _vlm_attribute(modeling, vlm_config: type, encoder: type) -> str | None:
         if (cls.__module__ != modeling.__name__ or not issubclass(cls, PreTrainedModel)
                 or getattr(cls, "config_class", None) is not vlm_config or "ForConditional" in cls.__name__):
             continue
-        try:
-            source = inspect.getsource(cls.__init__)
-        except (OSError, TypeError):
-            continue
-        for name, rhs in re.findall(r"self\.(\w+)\s*=\s*([^\n]+)", source):
-            if encoder.__name__ in rhs or "vision_config" in rhs:
-                return f"model.{name}"
+        name = _encoder_assigned(cls, encoder)
+        if name:
+            return f"model.{name}"
+    return None
+
+
+def _vlm_attribute_in(module: str, vlm_config: type, encoder: type) -> str | None:
+    """:func:`_vlm_attribute` read off the modeling module named ``module``; None when it does not import."""
+    try:
+        return _vlm_attribute(importlib.import_module(module), vlm_config, encoder)
+    except ImportError:
+        return None
+
+
+def _encoder_assigned(cls: type, encoder: type) -> str | None:
+    """The attribute that ``cls.__init__`` sets to the encoder (or to something built from the vision config);
+    None when its source cannot be read or it sets none."""
+    try:
+        source = inspect.getsource(cls.__init__)
+    except (OSError, TypeError):
+        return None
+    for name, rhs in re.findall(r"self\.(\w+)\s*=\s*([^\n]+)", source):
+        if encoder.__name__ in rhs or "vision_config" in rhs:
+            return name
     return None
 
 
@@ -839,16 +853,24 @@ def _tiny_text_fields(vlm_config: type) -> str:
     tiny = {k: v for k, v in TEXT_TINY.items() if _int(defaults.get(k))}
     if "head_dim" in defaults and tiny:
         tiny["head_dim"] = TEXT_TINY["hidden_size"] // TEXT_TINY["num_attention_heads"]
-    head_dim = TEXT_TINY["hidden_size"] // TEXT_TINY["num_attention_heads"]
-    rope = defaults.get("rope_parameters")
-    flat = isinstance(rope, dict) and "rope_type" in rope  # not one rope per layer type
-    section = _mrope(rope, head_dim) if flat else None
-    if section is None and flat and tiny and "mrope_section" in _source(vlm_config):
-        section = _mrope({"mrope_section": [1, 1, 1]}, head_dim)  # the modeling code's own default, shrunk
+    section = _tiny_mrope(defaults.get("rope_parameters"), bool(tiny), vlm_config)
     fields = ", ".join(f"{k}: {v}" for k, v in tiny.items())
     if section:
         fields += f", rope_parameters: {{rope_type: default, mrope_section: {section}}}"
     return fields
+
+
+def _tiny_mrope(rope: Any, shrunk: bool, vlm_config: type) -> Any:
+    """The mrope section of the tiny language model's head size, from the text config's ``rope`` parameters, else
+    (``shrunk``: the draft makes a tiny language model) the modeling code's own default when it reads one; None
+    without one flat rope (not one per layer type)."""
+    head_dim = TEXT_TINY["hidden_size"] // TEXT_TINY["num_attention_heads"]
+    if not (isinstance(rope, dict) and "rope_type" in rope):
+        return None
+    section = _mrope(rope, head_dim)
+    if section is None and shrunk and "mrope_section" in _source(vlm_config):
+        section = _mrope({"mrope_section": [1, 1, 1]}, head_dim)  # the modeling code's own default, shrunk
+    return section
 
 
 def _vlm_lines(out: _Lines, d: Draft) -> None:
@@ -959,6 +981,14 @@ def _buffer_entries(d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: 
           "padding": "trailing_segment"}, {}),
         ({"name": "max_seqlen", "provider": "max_seqlen", "value": f"budget{unit}", "padding": "fixed"}, {}),
     ]
+    return entries + _helper_entries(d, style, geometry, m) + required
+
+
+def _helper_entries(d: Draft, style, geometry: dict, m: str | None) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """The buffers of the metadata the encoder computes with transformers' vision helpers (positions, windows,
+    interpolation) beyond a segmented style's basic ones."""
+    unit = f" * {m} ** 2" if m else ""
+    entries = []
     if "get_vision_position_ids" in d.helpers and m:
         entries.append(({"name": "position_ids", "provider": "position_ids", "shape": [f"budget{unit}", 2],
                          "padding": "zeros"}, {"shape": "2 (h, w) or 3 (t, h, w: params include_temporal) columns"}))
@@ -975,7 +1005,7 @@ def _buffer_entries(d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: 
             entries.append(({"name": name, "provider": name, "shape": [f"budget{unit}", 4], "padding": "zeros",
                              "params": {"mode": "bilinear", "align_corners": True}},
                             {"params": "as the encoder calls the helper"}))
-    return entries + required
+    return entries
 
 
 def _buffer_changes(entries: list[tuple[dict[str, Any], dict[str, str]]],
@@ -988,14 +1018,22 @@ def _buffer_changes(entries: list[tuple[dict[str, Any], dict[str, str]]],
     changes = [({"name": name, "remove": True}, {}) for name in by_name if name not in wanted]
     for entry, guesses in entries:
         entry = {k: v for k, v in entry.items() if not (k == "arg" and v == entry["name"])}
-        base = by_name.get(entry["name"])
-        if base is None:
-            changes.append((entry, guesses))
-            continue
-        differ = {k: v for k, v in entry.items() if k != "name" and base.get(k) != v}
-        if differ:
-            changes.append(({"name": entry["name"], **differ}, {k: g for k, g in guesses.items() if k in differ}))
+        change = _buffer_change(entry, guesses, by_name.get(entry["name"]))
+        if change is not None:
+            changes.append(change)
     return changes
+
+
+def _buffer_change(entry: dict[str, Any], guesses: dict[str, str],
+                   base: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """The entry a draft writes for ``entry`` over the default ``base`` of its name: the whole entry when there
+    is none, only the keys that differ (with their guesses) when there is, None when nothing differs."""
+    if base is None:
+        return entry, guesses
+    differ = {k: v for k, v in entry.items() if k != "name" and base.get(k) != v}
+    if not differ:
+        return None
+    return {"name": entry["name"], **differ}, {k: g for k, g in guesses.items() if k in differ}
 
 
 def _kept_guesses(entries: list[tuple[dict[str, Any], dict[str, str]]], changes: list) -> list[str]:

@@ -224,6 +224,16 @@ def fit_eager(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return e0, e1
 
 
+def _spec_results(specs: list, spec: str, where: str) -> tuple[int, dict]:
+    """The index and entry of ``spec`` in a results file's ``specs``; raises UsageError naming those it has."""
+    index, entry = next(((i, s) for i, s in enumerate(specs) if isinstance(s, dict) and s.get("spec") == spec),
+                        (None, None))
+    if entry is None:
+        names = ", ".join(str(s.get("spec"))[:40] for s in specs if isinstance(s, dict)) or "none"
+        raise UsageError(f"{where}: no results for spec {spec!r} (it has: {names})")
+    return index, entry
+
+
 def costs_from_results(path: Path, spec: str) -> CostCurves:
     """A cost model from a ``vitcg bench --json`` file: ``spec``'s measured replay_ms per budget
     (interpolated), pool_mib over its budgets, and a line through its workloads' eager times (:func:`fit_eager`).
@@ -235,11 +245,7 @@ def costs_from_results(path: Path, spec: str) -> CostCurves:
     specs = document.get("specs") if isinstance(document, dict) else None
     if not isinstance(specs, list):
         raise UsageError(f"{where}: not a results file of `vitcg bench --json` (no \"specs\" list)")
-    index, entry = next(((i, s) for i, s in enumerate(specs) if isinstance(s, dict) and s.get("spec") == spec),
-                        (None, None))
-    if entry is None:
-        names = ", ".join(str(s.get("spec"))[:40] for s in specs if isinstance(s, dict)) or "none"
-        raise UsageError(f"{where}: no results for spec {spec!r} (it has: {names})")
+    index, entry = _spec_results(specs, spec, where)
     at = f"specs[{index}]"
     replay = _replay_points(entry, at, where)
     budgets = [_positive_int(b, _where_key(at, "budgets", i), where)
@@ -300,24 +306,28 @@ def read_requests(path: Path) -> list[Request]:
     if not isinstance(document, list) or not document:
         raise UsageError(f'{where}: expected a non-empty JSON list of {{"images": [[h, w], ...], "videos": '
                          f'[[frames, h, w], ...]}}, got {type(document).__name__}')
-    requests = []
-    for i, entry in enumerate(document):
-        at = f"{where}: request {i}"
-        if not isinstance(entry, dict) or set(entry) - {"images", "videos"}:
-            raise UsageError(f'{at}: expected an object with "images" and/or "videos", got {json.dumps(entry)[:80]}')
-        parts = {}
-        for key, size in (("images", 2), ("videos", 3)):
-            value = entry.get(key, [])
-            if not isinstance(value, list) or not all(isinstance(v, list) and len(v) == size for v in value):
-                shape = "[h, w]" if size == 2 else "[frames, h, w]"
-                raise UsageError(f"{at}: {key!r} must be a list of {shape}, got {json.dumps(value)[:80]}")
-            for v in value:
-                _check_numbers(f"{at}: {key}", v)
-            parts[key] = tuple(tuple(v) for v in value)
-        if not parts["images"] and not parts["videos"]:
-            raise UsageError(f"{at}: no images and no videos")
-        requests.append(Request(parts["images"], parts["videos"]))
-    return requests
+    return [_request(f"{where}: request {i}", entry) for i, entry in enumerate(document)]
+
+
+def _request(at: str, entry: Any) -> Request:
+    """One request of a ``--requests`` file, ``at`` naming it in errors. Raises UsageError."""
+    if not isinstance(entry, dict) or set(entry) - {"images", "videos"}:
+        raise UsageError(f'{at}: expected an object with "images" and/or "videos", got {json.dumps(entry)[:80]}')
+    images, videos = _sizes(at, entry, "images", 2), _sizes(at, entry, "videos", 3)
+    if not images and not videos:
+        raise UsageError(f"{at}: no images and no videos")
+    return Request(images, videos)
+
+
+def _sizes(at: str, entry: dict, key: str, size: int) -> tuple[tuple[int, ...], ...]:
+    """The sizes under ``key`` of a request (``size`` numbers each; none when the key is absent)."""
+    value = entry.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, list) and len(v) == size for v in value):
+        shape = "[h, w]" if size == 2 else "[frames, h, w]"
+        raise UsageError(f"{at}: {key!r} must be a list of {shape}, got {json.dumps(value)[:80]}")
+    for v in value:
+        _check_numbers(f"{at}: {key}", v)
+    return tuple(tuple(v) for v in value)
 
 
 def default_requests(spec: Spec) -> list[Request]:
@@ -514,18 +524,10 @@ class Planner:
 
     def _neighbours(self, config: Config, candidates: list[int]) -> list[Config]:
         budgets = set(config.budgets)
-        out = []
-        for b in candidates:
-            if b not in budgets:
-                out.append(Config(tuple(sorted(budgets | {b})), config.max_items, config.max_frames))
+        out = [Config(tuple(sorted(budgets | {b})), config.max_items, config.max_frames)
+               for b in candidates if b not in budgets]
         for b in config.budgets:
-            if len(budgets) > 1:
-                out.append(Config(tuple(sorted(budgets - {b})), config.max_items, config.max_frames))
-            k = candidates.index(b) if b in candidates else None
-            for j in (k - 1, k + 1) if k is not None else ():
-                if 0 <= j < len(candidates) and candidates[j] not in budgets:
-                    out.append(Config(tuple(sorted(budgets - {b} | {candidates[j]})), config.max_items,
-                                      config.max_frames))
+            out += _moves(config, b, candidates)
         out += [Config(config.budgets, n, config.max_frames) for n in self._item_choices() if n != config.max_items]
         out += [Config(config.budgets, config.max_items, f) for f in self._frame_choices() if f != config.max_frames]
         return out
@@ -567,6 +569,22 @@ class Planner:
         return len(self._cache)
 
 
+def _moves(config: Config, b: int, candidates: list[int]) -> list[Config]:
+    """``config`` without its budget ``b`` (unless it is the only one), then with ``b`` moved to the candidate
+    below and above it that ``config`` does not hold."""
+    budgets = set(config.budgets)
+    out = []
+    if len(budgets) > 1:
+        out.append(Config(tuple(sorted(budgets - {b})), config.max_items, config.max_frames))
+    if b not in candidates:
+        return out
+    k = candidates.index(b)
+    for j in (k - 1, k + 1):
+        if 0 <= j < len(candidates) and candidates[j] not in budgets:
+            out.append(Config(tuple(sorted(budgets - {b} | {candidates[j]})), config.max_items, config.max_frames))
+    return out
+
+
 def modality_of(requests: Sequence[tuple[Request, int, Items]]) -> str:
     images = any(r.images for r, _, _ in requests)
     videos = any(r.videos for r, _, _ in requests)
@@ -585,12 +603,9 @@ def group(spec_items, requests: Sequence[Request]) -> list[tuple[Request, int, I
     return out
 
 
-def make_plan(target: Target, requests: Sequence[tuple[Request, int, Items]], costs: CostCurves, *,
-              manager: str = "vitcg", memory_cap_mib: float | None = None) -> Plan:
-    """Plan budgets, items and frames for ``requests`` (grouped, with items) on ``target``."""
-    if not requests:
-        raise UsageError("no requests to plan for")
-    planner = Planner(target, requests, costs, manager)
+def _memory_cap(planner: Planner, memory_cap_mib: float | None) -> float:
+    """The graph memory cap in MiB: ``memory_cap_mib``, else what vLLM's default ladder takes. Raises UsageError
+    when the default ladder breaks an invariant or the cap is not a positive number."""
     try:
         default_memory = planner.memory(planner.default_config())
     except BudgetError as exc:  # every limit here came from the command line
@@ -598,6 +613,16 @@ def make_plan(target: Target, requests: Sequence[tuple[Request, int, Items]], co
     cap = default_memory if memory_cap_mib is None else memory_cap_mib
     if not math.isfinite(cap) or cap <= 0:
         raise UsageError(f"--memory-cap-mib must be a positive number of MiB, got {memory_cap_mib!r}")
+    return cap
+
+
+def make_plan(target: Target, requests: Sequence[tuple[Request, int, Items]], costs: CostCurves, *,
+              manager: str = "vitcg", memory_cap_mib: float | None = None) -> Plan:
+    """Plan budgets, items and frames for ``requests`` (grouped, with items) on ``target``."""
+    if not requests:
+        raise UsageError("no requests to plan for")
+    planner = Planner(target, requests, costs, manager)
+    cap = _memory_cap(planner, memory_cap_mib)
     default, planned = planner.search(cap)
     modality = modality_of(requests)
     if target.video and "video" not in modality and planned.config.max_frames:
@@ -624,7 +649,8 @@ def _config_line(e: Evaluation) -> str:
             f"{e.memory_mib:.0f} MiB")
 
 
-def plan_text(plan: Plan, *, source: str, limits: tuple[int, int], seconds: float | None = None) -> str:
+def _request_table(plan: Plan) -> str:
+    """Per distinct request its count, items, tokens and default and planned times, then the expected mean."""
     rows = [("request", "count", "items", "tokens", "default ms", "planned ms", "speedup")]
     for (request, count, items), d, p in zip(plan.requests, plan.default.per_request, plan.planned.per_request):
         rows.append((request.label if len(request.label) <= 40 else request.label[:37] + "...", str(count),
@@ -633,8 +659,12 @@ def plan_text(plan: Plan, *, source: str, limits: tuple[int, int], seconds: floa
     rows.append(("expected (mean)", str(sum(c for _, c, _ in plan.requests)), "", "", f"{d:.2f}", f"{p:.2f}",
                  f"{d / p:.2f}x"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    table = "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
-                                enumerate(zip(row, widths))) for row in rows)
+    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
+                               enumerate(zip(row, widths))) for row in rows)
+
+
+def plan_text(plan: Plan, *, source: str, limits: tuple[int, int], seconds: float | None = None) -> str:
+    table = _request_table(plan)
     options = MANAGERS[plan.manager]
     lines = [
         f"vitcg plan {plan.target.name}: {len(plan.requests)} distinct requests ({source}); budget range "
