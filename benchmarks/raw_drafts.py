@@ -1,14 +1,19 @@
 """Sweep ``vitcg new`` over every transformers model type with a vision tower: draft, validate, check the raw draft.
 
-Usage: python benchmarks/raw_drafts.py [--out DIR] [--timeout S] [--deadline HH:MM] [--only TYPE ...] [--summary]
+Usage: python benchmarks/raw_drafts.py [--out DIR] [--timeout S] [--deadline HH:MM] [--only TYPE ...]
+                                      [--summary | --validate-only]
 
 The model types are those ``vitcg new`` drafts (:func:`vitcg.tools.new.scaffold.draft` returns rather than
 refusing), listed once in one process and kept in ``DIR/model_types.json``. Each model type then runs in its own
-subprocess, killed after ``--timeout`` seconds: ``vitcg new TYPE -o DIR/drafts/NAME.yaml``, ``vitcg validate``
-and ``vitcg check --json`` on that file (CPU, tiny), the three commands through vitcg's console entry point in
-that one process (transformers imported once). Model types no packaged spec lists in its ``model_types`` run
-first. Each result is appended to ``DIR/results.jsonl`` as it comes, so a rerun resumes where the last one
-stopped; ``--summary`` only writes ``DIR/summary.json`` and ``DIR/summary.md`` from the results so far.
+subprocess, killed after ``--timeout`` seconds: ``vitcg new TYPE -o DIR/drafts/NAME/NAME.yaml``, ``vitcg
+validate`` and ``vitcg check --json`` on that file (CPU, tiny), the three commands through vitcg's console entry
+point in that one process (transformers imported once). Each draft lies in a folder of its own, as a user's
+first draft does: ``extends:`` is looked up beside the file first, where a sibling draft named like a packaged
+spec would stand in for it. Model types that no packaged spec lists in its ``model_types`` run first, in a
+fixed shuffled order. Each result is appended to ``DIR/results.jsonl`` as it comes, so a rerun resumes where
+the last one stopped; ``--summary`` only writes ``DIR/summary.json`` and ``DIR/summary.md`` from the results so
+far. ``--validate-only`` runs ``vitcg new`` and ``vitcg validate`` alone for every model type in one process
+(minutes, where the whole sweep takes hours on two cores) into ``DIR/validate.jsonl``.
 
 A result's ``verdict`` is one of: ``proven`` (no guesses left), ``proven with guesses`` (``vitcg check`` says
 "proven, with N guesses left"), ``spec stage only``, ``failed`` (the reason's first line), ``new refused`` or
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import hashlib
 import io
 import json
 import os
@@ -62,7 +68,7 @@ def one(model_type: str, folder: Path) -> None:
     """Worker: the three commands for one model type, one JSON line per stage on stdout."""
     from vitcg.tools.new.scaffold import spec_name
 
-    path = folder / f"{spec_name(model_type)}.yaml"
+    path = folder / spec_name(model_type) / f"{spec_name(model_type)}.yaml"
     tic = time.perf_counter()
     _emit({"stage": "new", "started": True})
     code, out, err, crash = _cli("new", model_type, "-o", str(path), "--force")
@@ -88,6 +94,25 @@ def one(model_type: str, folder: Path) -> None:
            "verdict": spec and spec.get("verdict"), "reason": spec and spec.get("reason"),
            "guesses": len(spec.get("guesses") or ()) if spec else None,
            "seconds": round(time.perf_counter() - tic, 1)})
+
+
+def validate_all(model_types: list[str], folder: Path) -> None:
+    """Worker: ``vitcg new`` and ``vitcg validate`` (no check) for every model type in this one process, one JSON
+    line each: the fast pass that says which drafts validate, for the model types the full sweep has not reached."""
+    from vitcg.tools.new.scaffold import spec_name
+
+    for model_type in model_types:
+        path = folder / spec_name(model_type) / f"{spec_name(model_type)}.yaml"
+        tic = time.perf_counter()
+        code, out, err, crash = _cli("new", model_type, "-o", str(path), "--force")
+        record = {"model_type": model_type, "new": code, "crash": crash,
+                  "detail": (err or out).strip().splitlines()[0][:300] if code and (err or out).strip() else ""}
+        if code == 0 and not crash:
+            code, out, err, crash = _cli("validate", str(path))
+            record.update({"validate": code, "crash": crash,
+                           "detail": out.strip().splitlines()[0][:300] if code else ""})
+        record["seconds"] = round(time.perf_counter() - tic, 1)
+        _emit(record)
 
 
 def list_model_types() -> dict:
@@ -214,6 +239,12 @@ def summarize(folder: Path, listing: dict, results: list[dict], command: str) ->
     (folder / "summary.md").write_text("\n".join(lines) + "\n")
 
 
+def _shuffled(model_type: str) -> str:
+    """A fixed order that is not alphabetical, so that the counts of a sweep stopped early sample every family
+    rather than the first letters (a model type and its ``_vision`` sub-type sit apart)."""
+    return hashlib.sha1(model_type.encode()).hexdigest()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/raw-drafts"))
@@ -221,13 +252,19 @@ def main() -> None:
     parser.add_argument("--deadline", help="HH:MM (UTC): start no model type after it")
     parser.add_argument("--only", nargs="*", help="these model types (again, even if already swept)")
     parser.add_argument("--summary", action="store_true", help="only summarize the results so far")
+    parser.add_argument("--validate-only", action="store_true", help="only vitcg new and validate, every model "
+                        "type in one process (DIR/validate.jsonl)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--list-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-validate", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     folder = args.out.resolve()
     if args.worker:
         (folder / "drafts").mkdir(parents=True, exist_ok=True)
         one(args.worker, folder / "drafts")
+        return
+    if args.worker_validate:
+        validate_all(args.worker_validate, folder / "validate-drafts")
         return
     if args.list_worker:
         sys.stdout.write(json.dumps(list_model_types()) + "\n")
@@ -245,6 +282,12 @@ def main() -> None:
             sys.exit(f"listing failed:\n{run.stderr[-3000:]}")
         listing_file.write_text(run.stdout.strip().splitlines()[-1] + "\n")
     listing = json.loads(listing_file.read_text())
+    if args.validate_only:
+        (folder / "validate-drafts").mkdir(exist_ok=True)
+        with (folder / "validate.jsonl").open("w") as f:
+            subprocess.run([sys.executable, __file__, "--worker-validate", *(args.only or listing["vision"]),
+                            "--out", str(folder)], env=env, stdout=f, stderr=subprocess.DEVNULL)
+        return
     results_file = folder / "results.jsonl"
     lines = results_file.read_text().splitlines() if results_file.exists() else []
     results = list({r["model_type"]: r for r in map(json.loads, lines)}.values())  # a rerun's result wins
@@ -254,7 +297,7 @@ def main() -> None:
         return
     done = {r["model_type"] for r in results}
     todo = args.only if args.only is not None else [
-        t for t in sorted(listing["vision"], key=lambda t: (t in listing["covered"], t)) if t not in done]
+        t for t in sorted(listing["vision"], key=lambda t: (t in listing["covered"], _shuffled(t))) if t not in done]
     print(f"transformers {listing['transformers']}: {len(listing['vision'])} of {listing['all']} model types have "
           f"a vision tower ({len(listing['covered'])} covered by a packaged spec); {len(done)} swept, "
           f"{len(todo)} to go", flush=True)
