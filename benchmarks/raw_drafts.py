@@ -212,9 +212,15 @@ def summarize(folder: Path, listing: dict, results: list[dict], command: str) ->
     counts.update({v: sum(r["verdict"] == v for r in by_type.values()) for r in by_type.values()
                    for v in [r["verdict"]] if v not in ORDER})
     validated = sum(bool(r["stages"].get("validate", {}).get("code") == 0) for r in by_type.values())
+    fast = folder / "validate.jsonl"
+    passes = [json.loads(line) for line in fast.read_text().splitlines()] if fast.exists() else []
+    fast_pass = {"model_types": len(passes), "drafted": sum(p["new"] == 0 and not p["crash"] for p in passes),
+                 "validate_ok": sum(p.get("validate") == 0 and not p["crash"] for p in passes),
+                 "not_ok": {p["model_type"]: p["detail"] for p in passes if p.get("validate") != 0 or p["crash"]}}
     document = {"date": datetime.date.today().isoformat(), "transformers": listing["transformers"],
                 "command": command, "model_types_in_transformers": listing["all"],
                 "vision_model_types": len(listing["vision"]), "swept": len(by_type), "validate_ok": validated,
+                "new_and_validate_of_every_model_type": fast_pass,
                 "counts": counts, "refused_by_new": listing["refused"], "covered": listing["covered"],
                 "results": [{k: v for k, v in r.items() if k != "stages"}
                             | {"extends": r["stages"].get("new", {}).get("extends"),
@@ -225,7 +231,9 @@ def summarize(folder: Path, listing: dict, results: list[dict], command: str) ->
     lines = [f"# Raw drafts of `vitcg new`, {document['date']}, transformers {document['transformers']}, CPU tiny",
              "", f"Command: `{command}`", "",
              f"{len(by_type)} of {len(listing['vision'])} model types with a vision tower swept "
-             f"({listing['all']} model types in transformers); {validated} drafts validate.", "",
+             f"({listing['all']} model types in transformers); {validated} drafts validate."
+             + (f" `--validate-only` over all {fast_pass['model_types']}: {fast_pass['drafted']} drafted, "
+                f"{fast_pass['validate_ok']} validate." if passes else ""), "",
              "| verdict | count |", "|---|---|"]
     lines += [f"| {v} | {c} |" for v, c in counts.items() if c]
     lines += ["", "| model type | covered by | extends | validates | check | seconds | detail |",
@@ -291,7 +299,10 @@ def main() -> None:
     results_file = folder / "results.jsonl"
     lines = results_file.read_text().splitlines() if results_file.exists() else []
     results = list({r["model_type"]: r for r in map(json.loads, lines)}.values())  # a rerun's result wins
-    command = "python benchmarks/raw_drafts.py " + " ".join(sys.argv[1:])
+    command_file = folder / "command.txt"  # the sweep's own command, for the summary a later --summary writes
+    if not args.summary:
+        command_file.write_text("nice -n 19 python benchmarks/raw_drafts.py " + " ".join(sys.argv[1:]) + "\n")
+    command = command_file.read_text().strip() if command_file.exists() else "python benchmarks/raw_drafts.py"
     if args.summary:
         summarize(folder, listing, results, command)
         return
