@@ -145,12 +145,23 @@ def list_model_types() -> dict:
             "draft_raised": broken, "covered": {t: covered[spec_name(t)] for t in vision if spec_name(t) in covered}}
 
 
+MEMORY_CAP = 8 << 30
+"""Address space of one worker: a draft whose tiny config is not tiny (inkling_mm_model's check reached 21 GiB and
+the kernel's OOM killer on a shared 23 GiB machine) fails inside its worker with a MemoryError instead."""
+
+
+def _capped() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
 def _run_one(model_type: str, folder: Path, timeout: float, env: dict) -> dict:
     tic = time.perf_counter()
     command = [sys.executable, __file__, "--worker", model_type, "--out", str(folder)]
     timed_out = False
     try:
-        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=_capped)
         stdout, stderr, code = run.stdout, run.stderr, run.returncode
     except subprocess.TimeoutExpired as exc:
         timed_out = True
