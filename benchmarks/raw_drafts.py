@@ -187,6 +187,8 @@ def _classify(stages: dict, timed_out: bool, code: int | None, stderr: str) -> d
     for record in (new, valid, check):
         if record and record.get("crash"):
             return {"verdict": "crashed", "detail": f"{record['stage']}: " + record["crash"].strip().splitlines()[-1]}
+    if code is not None and code < 0:  # a signal: the kernel's OOM killer (SIGKILL), or the memory cap's abort
+        return {"verdict": "killed", "detail": f"signal {-code} in {'check' if valid else last[0]}"}
     if "code" not in new:
         tail = stderr.strip().splitlines()[-1:] or [f"worker exited {code}"]
         return {"verdict": "crashed", "detail": "worker: " + tail[0]}
@@ -214,7 +216,7 @@ def _classify(stages: dict, timed_out: bool, code: int | None, stderr: str) -> d
 
 
 ORDER = ("proven", "proven with guesses", "spec stage only", "failed", "invalid", "new failed", "new refused",
-         "crashed", "timed out")
+         "crashed", "killed", "timed out")
 
 
 def summarize(folder: Path, listing: dict, results: list[dict], command: str) -> None:
