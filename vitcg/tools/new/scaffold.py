@@ -621,7 +621,8 @@ def _render_extends(d: Draft, ranked: list[Candidate], path: str, schema: str) -
     tower = f"{d.encoder.__name__} from {d.vision_config.__name__}"
     _identity(out, d, (parent.name, f"{_from_here(parent.file)} describes the same tower ({tower}), "
                                     f"{ranked[0].why}; check its geometry, buffers and outputs hold here"))
-    if d.vlm_attribute and d.vlm_attribute != parent.encoder.vlm_attribute:
+    tower_alone = d.vision_config is d.vlm_config  # clip_vision_model: the end-to-end stage runs the parent's VLM
+    if d.vlm_attribute and d.vlm_attribute != parent.encoder.vlm_attribute and not tower_alone:
         out.add("encoder:")
         out.add(f"  vlm_attribute: {d.vlm_attribute}", f"where the VLM holds this encoder (read off "
                 f"{d.vlm_config.__name__}'s model; {parent.name} says {parent.encoder.vlm_attribute})")
@@ -633,6 +634,9 @@ def _render_extends(d: Draft, ranked: list[Candidate], path: str, schema: str) -
     out.add("tests:", f"the harness merges over {parent.name}'s: its tiny VLM config was written for "
                       f"{parent.architectures[0] if parent.architectures else parent.name}")
     out.add("  vlm:")
+    if tower_alone and parent.tests.vlm is not None and not parent.tests.vlm.architecture and parent.architectures:
+        out.add(f"    architecture: {parent.architectures[0]}", f"the VLM whose feature call proves this tower end to "
+                f"end, {parent.name}'s: {d.encoder.__name__} alone has no get_image_features")
     _child_text_config(out, d, parent)
     _omits_line(out, _left_out(d, parent.modality_names))
     return out

@@ -175,6 +175,21 @@ def test_the_parent_is_the_models_family_and_the_other_candidates_are_named():
     assert "\n    config: {}   # GUESS: " in scaffold.checked_draft("vipllava")[0]
 
 
+def test_a_towers_own_model_type_is_proven_through_its_parents_vlm():
+    """clip_vision_model is CLIP's tower alone: CLIPVisionModel has no get_image_features, so the end-to-end stage
+    failed on the draft's own architecture ("set tests.vlm.architecture ..."), and the vlm_attribute read off the
+    tower's own code (model.vision_model) overrode clip's (LLaVA's model.vision_tower). The draft names the parent's
+    VLM for the stage and keeps the parent's vlm_attribute (49 such model types in transformers 5.24)."""
+    text, _ = scaffold.checked_draft(_model_type("clip_vision_model"))
+    assert "\nextends: clip   # GUESS: " in text
+    assert "\n    architecture: LlavaForConditionalGeneration   # GUESS: the VLM whose feature call proves" in text
+    assert "vlm_attribute" not in text
+    # a VLM's own draft keeps its architecture and names no other (mistral_large4 extends pixtral)
+    assert "    architecture: " not in scaffold.checked_draft(_model_type("mistral_large4"))[0]
+    # a parent whose harness already names the VLM passes it on (qwen2_5_omni's: the thinker)
+    assert "    architecture: " not in scaffold.checked_draft(_model_type("qwen2_5_omni_vision_encoder"))[0]
+
+
 def test_a_spec_whose_notes_exclude_the_model_is_never_its_parent():
     """idefics3's notes say Aria reuses its tower but is not covered: Aria's draft is whole, naming why."""
     d = scaffold.draft(_model_type("aria"))
