@@ -328,10 +328,10 @@ def main() -> None:
     deadline = None
     if args.deadline:
         hours, minutes = map(int, args.deadline.split(":"))
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         deadline = now.replace(hour=hours, minute=minutes, second=0, microsecond=0)
     for i, model_type in enumerate(todo, 1):
-        if deadline and datetime.datetime.now(datetime.timezone.utc) >= deadline:
+        if deadline and datetime.datetime.now(datetime.UTC) >= deadline:
             print(f"deadline {args.deadline} reached: {len(todo) - i + 1} model types left", flush=True)
             break
         result = _run_one(model_type, folder, args.timeout, env)
