@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from support.cli import vitcg
+from support.cli import REPO, vitcg
 from support.inprocess import vitcg_inprocess
 from support.specs import packaged
 
@@ -223,8 +223,6 @@ def test_readme_walkthrough_works_as_written(tmp_path):
     """The README's "Adding a model" commands, run in a folder holding a copy of registry/ (the editor step
     aside)."""
     import shutil
-
-    from helpers import REPO
 
     readme = (REPO / "README.md").read_text()
     for command in WALKTHROUGH:

@@ -139,7 +139,6 @@ def test_new_writes_into_the_working_folder_never_the_package(installed):
 
 ACCELERATE = """
 import json, numpy, torch, vitcg
-from support.cli import REPO
 from vitcg.lang import SpecSource
 from vitcg.tools.check.vlm import build_processor, build_vlm
 
