@@ -40,6 +40,7 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "kimi_k25",
     "kosmos-2",
     "lfm2_vl",
+    "lfm3_vl",
     "lighton_ocr",
     "llama4",
     "llava",

@@ -414,6 +414,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048]},
         marks=["core_model"],
     ),
+    "lfm3_vl": VitCudagraphTestConfig(
+        model="LiquidAI/LFM3-VL-2B",
+        modalities=["image", "video"],
+        image_prompt="<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is in this image?<|im_end|>\n<|im_start|>assistant\n",
+        video_prompt="<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>Describe this video in one sentence.<|im_end|>\n<|im_start|>assistant\n",
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "lighton_ocr": VitCudagraphTestConfig(
         model="lightonai/LightOnOCR-1B-1025",
         modalities=["image"],

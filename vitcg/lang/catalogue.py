@@ -345,6 +345,11 @@ _BELOW = {"type": ["integer", "string"],
 _ROW_WIDTH = {"type": ["integer", "string"],
               "description": "a formula over geometry: how many entries of the rows dimension (rows_dim) one row "
                              "spans, its patches laid side by side (default 1)"}
+_ON_HOST = {"type": "boolean",
+            "description": "keep the buffer on the host, never on the encoder's device: for an encoder that reads "
+                           "its grid on the host only (a `.tolist()`) and whose graph reads no grid value, because a "
+                           "`replace` takes the per-item structure from a replay-time buffer instead; a graph bakes "
+                           "in what such a call reads, so this needs `replace`"}
 _SEGMENT_SLOTS = Capacity(rows={"trailing_segment": "max_segments + 2"},
                           doc="a slot for the leading zero, one per segment and one for the padding segment")
 
@@ -355,7 +360,8 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
              {"rows_dim": _ROWS_DIM, "row_width": _ROW_WIDTH}),
     Provider("grid", "tensor", SEGMENTED, ("zeros", "ones", "trailing_item"), "int64",
              "the items' t/h/w rows (`ones` padding when the encoder divides by them, `trailing_item` when it "
-             "derives its attention segments from them)",
+             "derives its attention segments from them); `on_host: true` keeps the buffer on the host",
+             params={"on_host": _ON_HOST},
              capacity=Capacity(rows={"zeros": "grid_rows", "ones": "grid_rows", "trailing_item": "grid_rows + 1"},
                                doc="a row per grid row the encoder sees (per item, or per frame of a modality "
                                    "with `split: frames`), and the padding item's row with `trailing_item`")),
@@ -395,6 +401,12 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
              forms=(ArgumentForm("5.24", "`(destination, weight, tokens)` for an `index_add_` into `tokens * merge**2` "
                                          "slots: per row, its slot and 1 / its item's frames (zero for padding "
                                          "rows); `tokens` is dim 0, fixed at capture"),)),
+    Provider("grid_neighbours", "tensor", SEGMENTED, ("zeros",), "int64",
+             "per row, the packed rows of the k x k cells around it in its own frame (k: geometry "
+             "conv_kernel_size), in the kernel's row-major order, -1 outside the frame: a 'same' convolution over "
+             "each item's grid as a gather, read by a `replace` (rows in merge-block order; `spatial_merge_size: 1` "
+             "gives raster order); padding rows read row 0, and no real row reads them",
+             ("spatial_merge_size", "conv_kernel_size"), {"spatial_merge_size": _MERGE}),
     Provider("aligned", "tensor", ALL, ("zeros", "ones"), "param",
              "an extra input aligned with the pixels on dim 0 (a per-tile mask, per-image shapes), sliced and "
              "padded like them", (),
@@ -408,6 +420,33 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
              {"dtype": _DTYPE, "rows_dim": _ROWS_DIM},
              scoped=True, capacity=_SEGMENT_SLOTS),
 )})
+
+@dataclass(frozen=True)
+class Replacement:
+    """A graph-safe form of a module whose own forward builds per-item structure on the host (a Python loop over
+    ``grid_thw.tolist()``, which a graph would bake in). A spec's ``replace`` puts it in place of every module of
+    a class inside the encoder (``vitcg.runtime.replacements``). It reads that structure from the one buffer of
+    :attr:`provider`, which the providers fill on the host at every replay and the encoder call passes as a
+    keyword argument that the model hands down to the module; where that argument is absent (the model's own
+    eager calls) the module's own forward runs, unchanged."""
+
+    name: str
+    doc: str
+    provider: str
+    """The provider of the buffer it reads: the spec must have one buffer of it."""
+    attributes: tuple[str, ...]
+    """The submodules the replaced module must hold (checked when the adapter is built)."""
+
+
+REPLACEMENTS: Mapping[str, Replacement] = MappingProxyType({r.name: r for r in (
+    Replacement("gated_grid_conv",
+                "LFM-VL's gated short convolution: `in_proj` to three chunks (input gate, output gate, values), a "
+                "depthwise `spatial_conv` (an nn.Conv2d, one group per channel, 'same' padding) over each frame's "
+                "grid of the gated values, the output gate, `out_proj`; the convolution runs as a gather over "
+                "`grid_neighbours`", "grid_neighbours", ("in_proj", "spatial_conv", "out_proj")),
+)})
+READ_BY_REPLACEMENTS = frozenset(r.provider for r in REPLACEMENTS.values())
+"""Providers whose buffers only a replacement reads: a spec with such a buffer needs a ``replace`` that reads it."""
 
 STANDARD_ROLES = ("pixels", *dict.fromkeys(s.count_role for s in STYLES.values()))
 """Input roles with a fixed meaning; any other role is an extra input aligned with the pixels on dim 0."""
@@ -445,6 +484,7 @@ def vocabulary_schema(base: Mapping[str, Any]) -> dict[str, Any]:
     buffer["padding"]["enum"] = list(PADDINGS)
     buffer["absent"]["enum"] = list(ABSENCES)
     buffer["params"]["properties"] = _union_params()
+    props["replace"]["items"]["properties"]["with"]["enum"] = list(REPLACEMENTS)
     props["tests"]["properties"]["inputs"]["additionalProperties"]["properties"]["dtype"]["enum"] = list(DTYPES)
     return out
 
@@ -468,5 +508,7 @@ def vocabulary() -> dict[str, Any]:
                       for p in PROVIDERS.values()},
         "paddings": {r.name: {"name": r.name, "doc": r.doc, "row_wise": r.row_wise} for r in PADDINGS.values()},
         "absences": {a.name: {"name": a.name, "doc": a.doc, "paddings": list(a.paddings)} for a in ABSENCES.values()},
+        "replacements": {r.name: {"name": r.name, "doc": r.doc, "provider": r.provider,
+                                  "attributes": list(r.attributes)} for r in REPLACEMENTS.values()},
         "dtypes": list(DTYPES),
     }

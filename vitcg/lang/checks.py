@@ -9,10 +9,10 @@ objects from the entries they looked at.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..errors import Diagnostic
 from . import catalogue as cat
@@ -20,7 +20,7 @@ from .bindings import MISSING, Bindings, release, transformers_version
 from .formulas import Formula, parse
 from .harness import ExampleInput, Placeholder, TestMeta, VlmTest
 from .loader import LoadedYaml, Path_
-from .model import Buffer, Docs, Encoder, Modality, Spec, ValidRows, freeze
+from .model import Buffer, Docs, Encoder, Modality, Replace, Spec, ValidRows, freeze
 from .rules import bindings as bind
 from .rules import buffers as buf
 from .rules import geometry as geo
@@ -100,6 +100,7 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
     encoder = _encoder(loaded, found, modalities)
     scope = data.get("graph_scope")
     found.add(buf.epilogue_whole_encoder(loaded, scope is not None))
+    found.add(buf.replace_whole_encoder(loaded, scope is not None))
     buffers = _buffers(loaded, found, style, names, encoder, modalities, scope is not None)
     tests = _tests(loaded, found, style, modalities, names, scope is not None)
     if found.diagnostics:
@@ -108,6 +109,7 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
         file=loaded.file,
         graph_scope=scope["module"] if scope else None,
         epilogue=data["epilogue"]["select"] if "epilogue" in data else None,
+        replace=_replace(data, buffers),
         valid=valid,
         transformers=data.get("transformers"),
         name=data["name"],
@@ -129,6 +131,13 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
         docs=Docs(data["docs"]["notes"], tuple(data["docs"].get("shared_by", ()))),
         tests=tests,
     )
+
+
+def _replace(data: Mapping[str, Any], buffers: Sequence[Buffer]) -> tuple[Replace, ...]:
+    """``replace``, each entry with the argument of the buffer its form reads (the rules made sure it exists)."""
+    argument = {b.provider: b.arg for b in buffers}
+    return tuple(Replace(item["module"], item["with"], argument[cat.REPLACEMENTS[item["with"]].provider])
+                 for item in data.get("replace", ()))
 
 
 def _valid(loaded: LoadedYaml, found: _Found, modalities: Sequence[Modality],
@@ -219,6 +228,8 @@ def _buffers(loaded: LoadedYaml, found: _Found, style: cat.AttentionStyle, geome
     found.add(buf.tuple_args_complete(loaded, out))
     found.add(buf.row_wise_buffer(loaded, out))
     found.add(buf.required_providers(loaded, entries, style, scoped))
+    found.add(buf.replace_reads_buffer(loaded, entries))
+    found.add(buf.buffers_need_replace(loaded, entries))
     found.add(buf.eager_args_agree(loaded, entries, out, encoder.args, style))
     found.add(buf.grid_buffer_width(loaded, entries, out, modalities))
     found.add(buf.square_masks(loaded, entries, out))

@@ -208,6 +208,20 @@ class ValidRows:
 
 
 @dataclass(frozen=True)
+class Replace:
+    """One ``replace`` entry: every module of class :attr:`module` inside the encoder runs vitcg's graph-safe
+    form :attr:`form` (:data:`vitcg.lang.catalogue.REPLACEMENTS`), reading the buffer :attr:`argument`."""
+
+    module: str
+    """Class name of the modules replaced."""
+    form: str
+    """The replacement's name (``with``)."""
+    argument: str
+    """The encoder keyword argument (a buffer's ``arg``) the replacement reads; absent, the module's own forward
+    runs."""
+
+
+@dataclass(frozen=True)
 class Docs:
     notes: str
     shared_by: tuple[str, ...]
@@ -250,6 +264,8 @@ class Spec:
     """``items.valid``: output_tokens may read the item's non-padding rows as ``valid``; None: it may not."""
     epilogue: str | None = None
     """``epilogue.select`` (``masked_rows``): what of the forward's data-dependent end runs after the graph."""
+    replace: tuple[Replace, ...] = ()
+    """``replace``: modules of the encoder that run a graph-safe form of vitcg's instead of their own forward."""
 
     @property
     def attention_style(self) -> AttentionStyle:

@@ -32,7 +32,7 @@ from ..errors import InputError, SpecRuntimeError, UnsupportedError
 from ..lang.bindings import config_snapshot
 from ..lang.catalogue import MERGE_NAME, PROVIDERS, capacity_names
 from ..lang.model import Buffer, Modality, PixelLayout, Spec, thaw
-from . import providers
+from . import providers, replacements
 from .attention import ATTENTION_NAME, configs_of, encoder_lock, register, use_attention
 from .engine import read_limits
 from .epilogue import epilogue
@@ -144,6 +144,7 @@ class _Adapter:
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self.pixel_layout = spec.pixel_layout(self.geometry)
         """Where the call's pixel argument holds its rows (the graphs and the inputs hold them rows-first)."""
+        replacements.install(spec, module)  # before any compilation: the compiled blocks call the forms
         self._boundary: Boundary = Scope(spec, module) if spec.graph_scope else \
             WholeCall(spec, module, self.combine_output, self.pixel_layout)
         """What the graphs capture: the whole encoder call or the scoped submodule call."""
@@ -162,6 +163,8 @@ class _Adapter:
         """Whether the encoder may see more grid rows than items (a modality split by frames)."""
         self._item_roles = frozenset(r for m in spec.modalities for r in m.item_roles)
         """Extra roles aligned with the items (``per_item``): their buffers hold a row per item."""
+        self.host_buffers: tuple[str, ...] = tuple(b.name for b in spec.buffers if b.params.get("on_host"))
+        """Tensor buffers kept on the host (``on_host``): filled at capture only, and the graph may read them there."""
         self._rows_buffer = spec.rows_buffer
         """The buffer whose first dimension is the row (or tile) capacity: where padding segments end."""
         parameter = next(module.parameters())
@@ -201,6 +204,7 @@ class _Adapter:
         shape = tuple(f.evaluate(names) for f in buffer.shape)
         self._check_capacity(buffer, shape[0], names)
         shape = self._boundary.storage_shape(buffer, shape)
+        device = torch.device("cpu") if buffer.params.get("on_host") else device  # read on the host only
         return torch.zeros(shape, dtype=dtype if kind == "model" else providers.DTYPES[kind], device=device)
 
     def _inputs(self, mm_kwargs: Mapping[str, Any]) -> list[Input]:

@@ -183,7 +183,8 @@ class BudgetGraphs(Mapping):
             entry.graph.replay()
             output = entry.output
         else:
-            with no_host_syncs(), torch.no_grad():  # what a capture would reject must fail here too
+            host = tuple(entry.inputs.values[name] for name in getattr(self.model, "host_buffers", ()))
+            with no_host_syncs(host), torch.no_grad():  # what a capture would reject must fail here too
                 output = self.model.encoder_cudagraph_forward({**entry.inputs.values}, path=DEFAULT_PATH)
         self.forward_seconds += time.perf_counter() - tic
         return output, entry.inputs.values

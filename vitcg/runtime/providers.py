@@ -207,6 +207,42 @@ def _temporal_merge_index(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor
     return _cat(parts, (0, slots, m * m), torch.int64, pack.cache.device)
 
 
+def frame_neighbours(height: int, width: int, kernel: int, merge: int) -> torch.Tensor:
+    """``(height * width, kernel ** 2)``: for each row of one frame, in merge-block order (``merge`` by ``merge``
+    blocks in raster order, raster inside each block; ``merge`` 1 is raster order), the rows of the cells a 'same'
+    ``kernel x kernel`` convolution reads, in the kernel's row-major order; -1 where the cell lies outside."""
+    order = torch.arange(height * width).view(height // merge, width // merge, merge, merge)
+    order = order.permute(0, 2, 1, 3).reshape(height, width)  # order[y, x]: the row of raster cell (y, x)
+    ys, xs = torch.empty(height * width, dtype=torch.int64), torch.empty(height * width, dtype=torch.int64)
+    ys[order.reshape(-1)] = torch.arange(height).repeat_interleave(width)
+    xs[order.reshape(-1)] = torch.arange(width).repeat(height)
+    reach = torch.arange(kernel) - kernel // 2
+    y = (ys[:, None] + reach[:, None].expand(kernel, kernel).reshape(-1))
+    x = (xs[:, None] + reach.repeat(kernel))
+    inside = (y >= 0) & (y < height) & (x >= 0) & (x < width)
+    return torch.where(inside, order[y.clamp(0, height - 1), x.clamp(0, width - 1)], -1)
+
+
+@provider("grid_neighbours")
+def _grid_neighbours(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    """:func:`frame_neighbours` of every frame of every item (cached per grid row), shifted to the frame's rows."""
+    kernel, merge = pack.geometry["conv_kernel_size"], _merge(pack, params)
+
+    def one(grid: torch.Tensor) -> torch.Tensor:
+        t, h, w = grid[0].tolist()
+        frame = frame_neighbours(h, w, kernel, merge)
+        shifts = (torch.arange(t) * h * w).repeat_interleave(h * w)[:, None]
+        frames = frame.repeat(t, 1)
+        return torch.where(frames >= 0, frames + shifts, -1)
+
+    parts, start = [], 0
+    for row in pack.rows:
+        index = _per_row(pack, "grid_neighbours", params, row, one)
+        parts.append(torch.where(index >= 0, index + start, -1) if start else index)
+        start += row[0] * row[1] * row[2]
+    return _cat(parts, (0, kernel * kernel), torch.int64, pack.cache.device)
+
+
 Rebuild = Callable[[torch.Tensor, int], Any]
 REBUILDS: dict[tuple[str, str], Rebuild] = {}
 """(provider name, release) -> the rebuild of one of its later argument forms
@@ -304,8 +340,9 @@ def _interp_weights(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
 
 
 def compute(buffer: Buffer, pack: Pack) -> torch.Tensor | None:
-    """The unpadded value of ``buffer`` for ``pack``, or None for a host integer (fixed at capture)."""
-    if PROVIDERS[buffer.provider].kind == "host":
+    """The unpadded value of ``buffer`` for ``pack``, or None for a host integer (fixed at capture) and for a buffer
+    kept on the host (``on_host``: the capture's value is what the graph baked in, so it is never refilled)."""
+    if PROVIDERS[buffer.provider].kind == "host" or buffer.params.get("on_host"):
         return None
     return PROVIDED[buffer.provider](pack, buffer.params)
 

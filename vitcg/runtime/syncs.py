@@ -71,9 +71,13 @@ def _caller() -> str:
 
 
 class _NoHostSyncs(TorchFunctionMode):
+    def __init__(self, host: tuple[torch.Tensor, ...] = ()):
+        super().__init__()
+        self._host = host
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         what = _offending(func, args, kwargs)
-        if what is not None:
+        if what is not None and not (args and any(args[0] is t for t in self._host)):
             raise HostSyncError(
                 f"the fixed-shape forward calls {what} at {_caller()}: a CUDA graph cannot capture it. Precompute "
                 "what it computes as a buffer, or leave that step outside the graph with graph_scope")
@@ -81,9 +85,10 @@ class _NoHostSyncs(TorchFunctionMode):
 
 
 @contextmanager
-def no_host_syncs() -> Iterator[None]:
-    """Inside the block, host syncs and data-dependent shapes raise :class:`HostSyncError`."""
-    with _NoHostSyncs():
+def no_host_syncs(host: tuple[torch.Tensor, ...] = ()) -> Iterator[None]:
+    """Inside the block, host syncs and data-dependent shapes raise :class:`HostSyncError`, except reads of the
+    ``host`` tensors themselves (buffers kept on the host, whose capture values a graph bakes in)."""
+    with _NoHostSyncs(host):
         yield
 
 

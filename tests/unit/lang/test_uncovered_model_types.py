@@ -15,7 +15,7 @@ from vitcg.lang.gaps import GAPS
 SETUP = (REPO / ".ci" / "setup").read_text()
 NEWEST = re.search(r"^transformers=\$\{2:-([0-9.]+)\}$", SETUP, re.M).group(1)
 """CI's newest stage (.ci/setup's default; tests/unit/lang/test_transformers_range.py ties it to pyproject's range):
-the list is of model types that release has. An older one may lack some (5.17 has no lfm3_vl)."""
+the list is of model types that release has. An older one may lack some."""
 LISTED = [t for gap in GAPS for t in gap.model_types]
 
 

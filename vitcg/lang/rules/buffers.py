@@ -94,6 +94,43 @@ def epilogue_whole_encoder(loaded: LoadedYaml, scoped: bool) -> Iterator[Diagnos
                     key=True)
 
 
+def replace_whole_encoder(loaded: LoadedYaml, scoped: bool) -> Iterator[Diagnostic]:
+    """A replacement reads its buffer from the encoder call's keyword arguments: a whole-encoder graph's."""
+    if scoped and "replace" in loaded.data:
+        yield error(loaded, ("replace",), "replace applies to whole-encoder specs: with graph_scope, the scoped "
+                    "call's arguments come from the model's own prologue", hint="remove replace, or remove graph_scope",
+                    key=True)
+
+
+def replace_reads_buffer(loaded: LoadedYaml, entries: Sequence[Entry]) -> Iterator[Diagnostic]:
+    """Each replacement reads the one buffer of its provider: the spec must have it."""
+    providers = {entry["provider"] for entry in entries}
+    for index, item in enumerate(loaded.data.get("replace", ())):
+        needed = cat.REPLACEMENTS[item["with"]].provider
+        if needed not in providers:
+            yield error(loaded, ("replace", index, "with"),
+                        f"{item['with']!r} reads a buffer of provider {needed!r}, and the spec has none",
+                        hint=f"add a buffer with provider: {needed} (registry/VOCABULARY.md)")
+
+
+def buffers_need_replace(loaded: LoadedYaml, entries: Sequence[Entry]) -> Iterator[Diagnostic]:
+    """A buffer that only a replacement reads, and a grid kept on the host (whose values a graph would bake in),
+    need a ``replace`` that takes the per-item structure from a replay-time buffer."""
+    read = {cat.REPLACEMENTS[item["with"]].provider for item in loaded.data.get("replace", ())}
+    for index, entry in enumerate(entries):
+        provider = entry["provider"]
+        if provider in cat.READ_BY_REPLACEMENTS and provider not in read:
+            forms = ", ".join(r.name for r in cat.REPLACEMENTS.values() if r.provider == provider)
+            yield error(loaded, ("buffers", index, "provider"),
+                        f"only a replacement reads a {provider!r} buffer, and no replace entry reads it",
+                        hint=f"add replace: [{{module: CLASS, with: {forms}}}], or remove the buffer")
+        elif entry.get("params", {}).get("on_host") and not read:
+            yield error(loaded, ("buffers", index, "params", "on_host"),
+                        "a grid kept on the host is read once, at capture, and baked into the graph: only an encoder "
+                        "whose graph reads no grid value (a replace takes the per-item structure) may keep it there",
+                        hint="remove on_host, or add the replace that reads the structure from a replay-time buffer")
+
+
 def padding_allowed(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:
     """The buffer's padding rule is one its provider supports."""
     provider, padding = entry["provider"], entry["padding"]

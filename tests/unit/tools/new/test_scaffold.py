@@ -201,7 +201,7 @@ def test_a_spec_whose_notes_exclude_the_model_is_never_its_parent():
 
 def test_a_covered_model_type_and_a_known_gap_are_said(tmp_path):
     """radio_packed lists nemotron_h_omni: the draft names it and extends it (not radio, the tower's own spec);
-    lfm3_vl is a gap of the spec language: its draft says so, with the reason. `vitcg new` repeats both."""
+    perception_lm is a gap of the spec language: its draft says so, with the reason. `vitcg new` repeats both."""
     from typer.testing import CliRunner
 
     from vitcg.cli import app
@@ -209,13 +209,14 @@ def test_a_covered_model_type_and_a_known_gap_are_said(tmp_path):
     d = scaffold.draft(_model_type("nemotron_h_omni"))
     assert scaffold.family_parent(d).name == "radio_packed"
     assert any(n.startswith("radio_packed (") and "already covers nemotron_h_omni" in n for n in scaffold.notices(d))
-    lfm = scaffold.draft(_model_type("lfm3_vl"))
-    assert any(n.startswith("lfm3_vl is a known gap of the spec language: Every conv layer")
-               for n in scaffold.notices(lfm))
-    out = tmp_path / "lfm3_vl.yaml"
-    result = CliRunner().invoke(app, ["new", "lfm3_vl", "-o", str(out)])
+    timm = scaffold.draft(_model_type("perception_lm"))
+    assert any(n.startswith("perception_lm is a known gap of the spec language: timm towers")
+               for n in scaffold.notices(timm))
+    out = tmp_path / "perception_lm.yaml"
+    result = CliRunner().invoke(app, ["new", "perception_lm", "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert "NOTE: lfm3_vl is a known gap" in result.output and "# NOTE: lfm3_vl is a known gap" in out.read_text()
+    assert "NOTE: perception_lm is a known gap" in result.output
+    assert "# NOTE: perception_lm is a known gap" in out.read_text()
 
 
 def test_checkpoints_come_from_the_configs_documentation():

@@ -1,0 +1,84 @@
+"""Graph-safe forms of modules whose own forward builds per-item structure on the host (a spec's ``replace``).
+
+LFM-VL's convolution layers reshape each item's rows to its grid in a Python loop over ``grid_thw.tolist()``: a
+graph of that code would bake in the grids of its capture. A replacement computes the same thing from a buffer
+the providers fill on the host at every replay (:data:`vitcg.lang.catalogue.REPLACEMENTS` names each form and
+the provider of the buffer it reads). The encoder call passes that buffer as a keyword argument, which the model
+hands down to the module with its other keyword arguments; where it is absent, in every call that is not
+vitcg's (the model's own eager forward, a check's reference), the module's own forward runs unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import SpecRuntimeError
+from ..lang.catalogue import REPLACEMENTS
+from ..lang.model import Spec
+
+Form = Callable[..., Any]
+FORMS: dict[str, Form] = {}
+"""Replacement name -> its forward: ``(module, own_forward, argument, *args, **kwargs)``."""
+MARK = "_vitcg_replaced"
+"""The attribute a replaced module holds: the name of its form (a module is replaced once)."""
+
+
+def form(name: str) -> Callable[[Form], Form]:
+    def register(fn: Form) -> Form:
+        FORMS[name] = fn
+        return fn
+    return register
+
+
+def grid_conv(values: torch.Tensor, conv: nn.Conv2d, neighbours: torch.Tensor) -> torch.Tensor:
+    """A depthwise 'same' convolution of ``values`` (rows, channels) over each frame's grid, as a gather:
+    ``neighbours`` (rows, k * k) holds the rows each output row reads (-1: outside its frame, zero)."""
+    channels = values.shape[-1]
+    padded = torch.cat([values, values.new_zeros(1, channels)])  # row -1: the zeros outside every frame
+    weight = conv.weight.reshape(channels, -1).to(values.dtype)
+    out = padded[neighbours[:, 0]] * weight[:, 0]
+    for tap in range(1, weight.shape[1]):
+        out = out + padded[neighbours[:, tap]] * weight[:, tap]
+    return out if conv.bias is None else out + conv.bias.to(values.dtype)
+
+
+@form("gated_grid_conv")
+def _gated_grid_conv(module: nn.Module, own: Callable[..., Any], argument: str, hidden_states: torch.Tensor,
+                     *args: Any, **kwargs: Any) -> torch.Tensor:
+    neighbours = kwargs.get(argument)
+    if neighbours is None:
+        return own(hidden_states, *args, **kwargs)
+    input_gate, output_gate, values = module.in_proj(hidden_states).chunk(3, dim=-1)
+    return module.out_proj(output_gate * grid_conv(input_gate * values, module.spatial_conv, neighbours))
+
+
+def _depthwise(conv: Any) -> bool:
+    return (isinstance(conv, nn.Conv2d) and conv.groups == conv.in_channels == conv.out_channels
+            and conv.stride == (1, 1) and conv.dilation == (1, 1) and conv.kernel_size[0] == conv.kernel_size[1]
+            and conv.padding == (conv.kernel_size[0] // 2,) * 2)
+
+
+def install(spec: Spec, encoder: nn.Module) -> None:
+    """Put each of ``spec.replace``'s forms in place of every module of its class inside ``encoder`` (once: a
+    module already replaced keeps its form). Raises SpecRuntimeError naming the class when the encoder holds no
+    such module, or one lacks what the form reads."""
+    for entry in spec.replace:
+        record = REPLACEMENTS[entry.form]
+        targets = [m for m in encoder.modules() if type(m).__name__ == entry.module]
+        if not targets:
+            raise SpecRuntimeError(f"{spec.name}: replace: {type(encoder).__name__} holds no module of class "
+                                   f"{entry.module!r}")
+        for target in targets:
+            missing = [name for name in record.attributes if not isinstance(getattr(target, name, None), nn.Module)]
+            if missing or (entry.form == "gated_grid_conv" and not _depthwise(target.spatial_conv)):
+                what = f"lacks {', '.join(missing)}" if missing else "has no depthwise 'same' spatial_conv"
+                raise SpecRuntimeError(f"{spec.name}: replace: a {entry.module} {what}, which {entry.form!r} "
+                                       f"reads ({record.doc})")
+            if getattr(target, MARK, None) is None:
+                target.forward = functools.partial(FORMS[entry.form], target, target.forward, entry.argument)
+                setattr(target, MARK, entry.form)
