@@ -2,7 +2,7 @@
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
 # Steps: gate (issue 36's GPU gate: exits 1 unless it passes; gate-a then gate-b: the same in two calls), env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
-# bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-planned, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides,
+# bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-planned, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides, replace (SPECS: the specs whose graphs run a replace or the new providers),
 # plugin-dp (2 GPUs); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -141,6 +141,9 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     plugin-equal)  # the same path in float32 (TF32 off): every item within 1e-5 of the stock item, at real size
       run 400 plugin.log python3 benchmarks/plugin_encode.py qwen2_vl qwen3_vl glm4v --dtype float32 --iters 2 \
         --workload mixed --workload image+video --workload 8x448 --json "$OUT/plugin_equal.json" ;;
+    replace)  # issue 39 item 5: the specs whose graphs run a replace or the new providers, at real size, and their bench
+      run 240 replace.log python3 -m vitcg check ${SPECS:-lfm3_vl} --device cuda --size real
+      run 330 replace.log python3 -m vitcg bench ${SPECS:-lfm3_vl} --iters 10 --json "$OUT/bench_replace.json" ;;
     plugin-dp)  # issue 41 item 3, on nvidia-h200-x2: two ranks (NCCL), replicated against data-parallel encoding
       run 400 plugin.log python3 benchmarks/plugin_encode.py qwen2_vl qwen3_vl --ranks 2 --workload 8x448 \
         --workload mixed --iters 10 --json "$OUT/plugin_dp.json" ;;
