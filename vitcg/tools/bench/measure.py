@@ -50,8 +50,12 @@ class ExactGraph:
         self.values: dict[str, Any] = {}
         for buffer in adapter.spec.buffers:
             value = fresh.values[buffer.name]
-            self.values[buffer.name] = (buffer.value.evaluate(names) if value is None
-                                        else value.to(adapter.device).clone())
+            if buffer.is_host:
+                self.values[buffer.name] = buffer.value.evaluate(names)
+            elif value is None:  # kept on the host (on_host): the graph reads none of its values
+                self.values[buffer.name] = torch.zeros([f.evaluate(names) for f in buffer.shape], dtype=torch.int64)
+            else:
+                self.values[buffer.name] = value.to(adapter.device).clone()
         self.adapter = adapter
         self.graph = None
         self.output = None
