@@ -10,7 +10,6 @@ vitcg's (the model's own eager forward, a check's reference), the module's own f
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ Form = Callable[..., Any]
 FORMS: dict[str, Form] = {}
 """Replacement name -> its forward: ``(module, own_forward, argument, *args, **kwargs)``."""
 MARK = "_vitcg_replaced"
-"""The attribute a replaced module holds: the name of its form (a module is replaced once)."""
+"""The class attribute of a replaced module: the name of its form (a module is replaced once)."""
 
 
 def form(name: str) -> Callable[[Form], Form]:
@@ -63,10 +62,32 @@ def _depthwise(conv: Any) -> bool:
             and conv.padding == (conv.kernel_size[0] // 2,) * 2)
 
 
+_CLASSES: dict[tuple[type, str], type] = {}
+"""(a module class, a form) -> the subclass whose forward is the form: one class for every module replaced, so that
+the compiled blocks the layers share trace it once (a forward set per instance would be a guard per layer)."""
+ARGUMENT = "_vitcg_argument"
+"""The attribute of a replaced module naming the keyword argument its form reads."""
+
+
+def _replaced(cls: type, name: str) -> type:
+    key = (cls, name)
+    if key not in _CLASSES:
+        run = FORMS[name]
+
+        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return run(self, super(subclass, self).forward, getattr(self, ARGUMENT), *args, **kwargs)
+
+        subclass = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
+                                               "__qualname__": cls.__qualname__, MARK: name})
+        _CLASSES[key] = subclass
+    return _CLASSES[key]
+
+
 def install(spec: Spec, encoder: nn.Module) -> None:
-    """Put each of ``spec.replace``'s forms in place of every module of its class inside ``encoder`` (once: a
-    module already replaced keeps its form). Raises SpecRuntimeError naming the class when the encoder holds no
-    such module, or one lacks what the form reads."""
+    """Put each of ``spec.replace``'s forms in place of every module of its class inside ``encoder``: the module
+    becomes an instance of a subclass whose forward is the form (:func:`_replaced`; once: a module already
+    replaced keeps its form). Raises SpecRuntimeError naming the class when the encoder holds no such module, or
+    one lacks what the form reads."""
     for entry in spec.replace:
         record = REPLACEMENTS[entry.form]
         targets = [m for m in encoder.modules() if type(m).__name__ == entry.module]
@@ -80,5 +101,5 @@ def install(spec: Spec, encoder: nn.Module) -> None:
                 raise SpecRuntimeError(f"{spec.name}: replace: a {entry.module} {what}, which {entry.form!r} "
                                        f"reads ({record.doc})")
             if getattr(target, MARK, None) is None:
-                target.forward = functools.partial(FORMS[entry.form], target, target.forward, entry.argument)
-                setattr(target, MARK, entry.form)
+                setattr(target, ARGUMENT, entry.argument)
+                target.__class__ = _replaced(type(target), entry.form)

@@ -160,3 +160,22 @@ def test_the_lfm3_vl_convolution_layers_run_the_gather_in_the_graphs_only():
         own = convs[0](x, grid_thw=rows)
         gathered = convs[0](x, grid_thw=[[1, 1, 1]], conv_neighbours=neighbours(rows, 3, 2))
     torch.testing.assert_close(gathered, own, rtol=1e-5, atol=1e-6)
+
+
+def test_one_class_serves_every_replaced_module_so_shared_compiled_blocks_trace_it_once():
+    """A form set per instance would make each layer a new guard of the block compiled once for all of them
+    (dynamo stopped at its recompile limit on LFM3-VL's 14 layers): the replaced modules share one subclass."""
+    from torch._dynamo.testing import CompileCounter
+
+    first, second = Gated(), Gated()
+    replacements.install(gated_spec(), Holder(first, second))
+    assert type(first) is type(second) and isinstance(first, Gated) and type(first) is not Gated
+    assert type(first).__name__ == "Gated"
+    counter = CompileCounter()
+    call = torch.compile(lambda module, x, index: module(x, conv_neighbours=index), backend=counter, dynamic=False)
+    x, index = torch.randn(8, 8), neighbours([[1, 2, 4]], 3, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(call(first, x, index), first(x, conv_neighbours=index))
+        call(second, x, index)
+    torch._dynamo.reset()
+    assert counter.frame_count == 1
