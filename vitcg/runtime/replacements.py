@@ -20,33 +20,49 @@ from ..errors import SpecRuntimeError
 from ..lang.catalogue import REPLACEMENTS
 from ..lang.model import Spec
 
-Form = Callable[..., Any]
-FORMS: dict[str, Form] = {}
-"""Replacement name -> its forward: ``(module, own_forward, argument, *args, **kwargs)``."""
+Forward = Callable[..., Any]
+"""A form's forward: ``(module, own_forward, argument, *args, **kwargs)``."""
+Fits = Callable[[nn.Module], "str | None"]
+"""What a module that holds the form's parts (:attr:`~vitcg.lang.catalogue.Replacement.attributes`) still lacks
+for its forward, in words, or None."""
+FORMS: dict[str, tuple[Forward, Fits]] = {}
+"""Replacement name (:data:`vitcg.lang.catalogue.REPLACEMENTS`) -> its forward and its check of a module."""
 MARK = "_vitcg_replaced"
 """The class attribute of a replaced module: the name of its form (a module is replaced once)."""
 
 
-def form(name: str) -> Callable[[Form], Form]:
-    def register(fn: Form) -> Form:
-        FORMS[name] = fn
+def form(name: str, fits: Fits) -> Callable[[Forward], Forward]:
+    def register(fn: Forward) -> Forward:
+        FORMS[name] = (fn, fits)
         return fn
     return register
 
 
 def grid_conv(values: torch.Tensor, conv: nn.Conv2d, neighbours: torch.Tensor) -> torch.Tensor:
     """A depthwise 'same' convolution of ``values`` (rows, channels) over each frame's grid, as a gather:
-    ``neighbours`` (rows, k * k) holds the rows each output row reads (-1: outside its frame, zero)."""
+    ``neighbours`` (rows, k * k) holds the rows each output row reads (-1: outside its frame, zero). Raises
+    SpecRuntimeError when its taps are not the kernel's (shapes only: no sync)."""
     channels = values.shape[-1]
-    padded = torch.cat([values, values.new_zeros(1, channels)])  # row -1: the zeros outside every frame
     weight = conv.weight.reshape(channels, -1).to(values.dtype)
+    if neighbours.shape[-1] != weight.shape[1]:
+        raise SpecRuntimeError(f"grid_neighbours holds {neighbours.shape[-1]} cells per row, but the convolution's "
+                               f"kernel has {weight.shape[1]}: check geometry conv_kernel_size")
+    padded = torch.cat([values, values.new_zeros(1, channels)])  # row -1: the zeros outside every frame
     out = padded[neighbours[:, 0]] * weight[:, 0]
     for tap in range(1, weight.shape[1]):
         out = out + padded[neighbours[:, tap]] * weight[:, tap]
     return out if conv.bias is None else out + conv.bias.to(values.dtype)
 
 
-@form("gated_grid_conv")
+def _depthwise_conv(module: nn.Module) -> str | None:
+    conv = module.spatial_conv
+    depthwise = (isinstance(conv, nn.Conv2d) and conv.groups == conv.in_channels == conv.out_channels
+                 and conv.stride == (1, 1) and conv.dilation == (1, 1) and conv.kernel_size[0] == conv.kernel_size[1]
+                 and conv.padding == (conv.kernel_size[0] // 2,) * 2)
+    return None if depthwise else "has no depthwise 'same' spatial_conv"
+
+
+@form("gated_grid_conv", _depthwise_conv)
 def _gated_grid_conv(module: nn.Module, own: Callable[..., Any], argument: str, hidden_states: torch.Tensor,
                      *args: Any, **kwargs: Any) -> torch.Tensor:
     neighbours = kwargs.get(argument)
@@ -54,12 +70,6 @@ def _gated_grid_conv(module: nn.Module, own: Callable[..., Any], argument: str, 
         return own(hidden_states, *args, **kwargs)
     input_gate, output_gate, values = module.in_proj(hidden_states).chunk(3, dim=-1)
     return module.out_proj(output_gate * grid_conv(input_gate * values, module.spatial_conv, neighbours))
-
-
-def _depthwise(conv: Any) -> bool:
-    return (isinstance(conv, nn.Conv2d) and conv.groups == conv.in_channels == conv.out_channels
-            and conv.stride == (1, 1) and conv.dilation == (1, 1) and conv.kernel_size[0] == conv.kernel_size[1]
-            and conv.padding == (conv.kernel_size[0] // 2,) * 2)
 
 
 _CLASSES: dict[tuple[type, str], type] = {}
@@ -72,7 +82,7 @@ ARGUMENT = "_vitcg_argument"
 def _replaced(cls: type, name: str) -> type:
     key = (cls, name)
     if key not in _CLASSES:
-        run = FORMS[name]
+        run = FORMS[name][0]
 
         def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             return run(self, super(subclass, self).forward, getattr(self, ARGUMENT), *args, **kwargs)
@@ -96,10 +106,10 @@ def install(spec: Spec, encoder: nn.Module) -> None:
                                    f"{entry.module!r}")
         for target in targets:
             missing = [name for name in record.attributes if not isinstance(getattr(target, name, None), nn.Module)]
-            if missing or (entry.form == "gated_grid_conv" and not _depthwise(target.spatial_conv)):
-                what = f"lacks {', '.join(missing)}" if missing else "has no depthwise 'same' spatial_conv"
-                raise SpecRuntimeError(f"{spec.name}: replace: a {entry.module} {what}, which {entry.form!r} "
-                                       f"reads ({record.doc})")
+            lack = f"lacks {', '.join(missing)}" if missing else FORMS[entry.form][1](target)
+            if lack is not None:
+                raise SpecRuntimeError(f"{spec.name}: replace: a {entry.module} {lack}, which {entry.form!r} reads "
+                                       f"({record.doc})")
             if getattr(target, MARK, None) is None:
                 setattr(target, ARGUMENT, entry.argument)
                 target.__class__ = _replaced(type(target), entry.form)

@@ -179,3 +179,10 @@ def test_one_class_serves_every_replaced_module_so_shared_compiled_blocks_trace_
         call(second, x, index)
     torch._dynamo.reset()
     assert counter.frame_count == 1
+
+
+def test_taps_that_are_not_the_kernels_are_refused():
+    """A geometry conv_kernel_size that is not the module's kernel gives neighbours of the wrong width."""
+    conv = nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False)
+    with pytest.raises(SpecRuntimeError, match="holds 25 cells per row, but the convolution's kernel has 9"):
+        grid_conv(torch.randn(8, 4), conv, neighbours([[1, 2, 4]], 5, 2))
