@@ -53,6 +53,7 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "mlcd",
     "mllama",
     "molmo2",
+    "muse_glimmer",
     "nemotron_h_omni",
     "ovis2",
     "paddleocr_vl",

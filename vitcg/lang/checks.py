@@ -20,7 +20,7 @@ from .bindings import MISSING, Bindings, release, transformers_version
 from .formulas import Formula, parse
 from .harness import ExampleInput, Placeholder, TestMeta, VlmTest
 from .loader import LoadedYaml, Path_
-from .model import Buffer, Docs, Encoder, Modality, Spec, ValidRows, freeze
+from .model import Buffer, Docs, Encoder, LayerArgs, Modality, Spec, ValidRows, freeze
 from .rules import bindings as bind
 from .rules import buffers as buf
 from .rules import geometry as geo
@@ -101,6 +101,8 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
     scope = data.get("graph_scope")
     found.add(buf.epilogue_whole_encoder(loaded, scope is not None))
     buffers = _buffers(loaded, found, style, names, encoder, modalities, scope is not None)
+    found.add(buf.layer_args_whole_encoder(loaded, scope is not None))
+    found.add(buf.layer_args_name_host_buffers(loaded, buffers))
     tests = _tests(loaded, found, style, modalities, names, scope is not None)
     if found.diagnostics:
         return None
@@ -108,6 +110,7 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
         file=loaded.file,
         graph_scope=scope["module"] if scope else None,
         epilogue=data["epilogue"]["select"] if "epilogue" in data else None,
+        layer_args=_layer_args(data.get("layer_args")),
         valid=valid,
         transformers=data.get("transformers"),
         name=data["name"],
@@ -129,6 +132,12 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
         docs=Docs(data["docs"]["notes"], tuple(data["docs"].get("shared_by", ()))),
         tests=tests,
     )
+
+
+def _layer_args(entry: dict | None) -> LayerArgs | None:
+    if entry is None:
+        return None
+    return LayerArgs(entry["module"], entry["types"], freeze(entry["by_type"]))
 
 
 def _valid(loaded: LoadedYaml, found: _Found, modalities: Sequence[Modality],
@@ -304,6 +313,7 @@ def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> 
     found.add(bind.tiny_layers_present(loaded, snapshots))  # vacuous tiny configs: checks that skip the code
     found.add(bind.tiny_layer_indexes_in_depth(loaded, snapshots))
     found.add(bind.tiny_feature_layers_in_depth(loaded, spec, snapshots))
+    found.add(bind.layer_types_covered(loaded, spec, snapshots))
     geometry = found.take(bind.evaluate_geometry(loaded, spec, snapshots))
     if geometry is None:
         return

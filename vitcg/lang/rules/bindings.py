@@ -491,6 +491,35 @@ def _no_layer_output(loaded: LoadedYaml, what: str, index: int, depth_path: tupl
                  "come from", hint=hint)
 
 
+def layer_types_covered(loaded: LoadedYaml, spec: Spec,
+                        snapshots: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
+    """``layer_args.types`` names a config field listing one type (a string) per layer; every type a config
+    (defaults, tiny_config, real_config) lists has its entry in ``by_type``, and every entry is a type some config
+    lists (a misspelt one would leave its layers without their arguments)."""
+    layer_args = spec.layer_args
+    if layer_args is None:
+        return
+    listed: set[str] = set()
+    for label, snapshot in snapshots.items():
+        types = snapshot.get(layer_args.types)
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            yield error(loaded, ("layer_args", "types"), f"the encoder config ({label}) has no list of layer types "
+                        f"in field {layer_args.types!r}", hint=suggest(layer_args.types, sorted(snapshot)))
+            return
+        missing = sorted(set(types) - set(layer_args.by_type))
+        if missing:
+            yield error(loaded, ("layer_args", "by_type"), f"the encoder config ({label}) lists layer types "
+                        f"{', '.join(missing)} in {layer_args.types}, which by_type leaves out",
+                        hint=f"add by_type entries for {', '.join(missing)}", key=True)
+            return
+        listed.update(types)
+    for kind in layer_args.by_type:
+        if kind not in listed:
+            yield error(loaded, ("layer_args", "by_type", kind), f"no encoder config lists layer type {kind!r} in "
+                        f"{layer_args.types} ({', '.join(sorted(listed))})", hint=suggest(kind, sorted(listed)),
+                        key=True)
+
+
 def _vlm_class(vlm: Mapping[str, Any], spec: Spec, bindings: Bindings) -> str | None:
     """The VLM class transformers has of ``tests.vlm.architecture``, else of the spec's architectures, the
     encoder's own class left out; None when there is none."""
