@@ -558,6 +558,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=[],
     ),
+    "muse_spark": VitCudagraphTestConfig(
+        model="meta-models/Muse-Spark-Open-816B-A42B",
+        modalities=["image", "video"],
+        image_prompt="<|begin_of_text|>user\n<|image_start|><|patch|><|image_end|>What is in this image?\nassistant\n",
+        video_prompt="<|begin_of_text|>user\n<|vid_start|><|video|><|vid_end|>Describe this video in one sentence.\nassistant\n",
+        num_video_frames=16,
+        max_model_len=8192,
+        needs_video_metadata=True,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=[],
+    ),
     "ovis2": VitCudagraphTestConfig(
         model="thisisiron/Ovis2-2B-hf",
         modalities=["image"],
