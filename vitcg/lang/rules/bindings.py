@@ -491,6 +491,17 @@ def _no_layer_output(loaded: LoadedYaml, what: str, index: int, depth_path: tupl
                  "come from", hint=hint)
 
 
+def _not_layer_types(loaded: LoadedYaml, field: str, label: str, snapshot: Mapping[str, Any]) -> Diagnostic:
+    """``layer_args.types`` names no config field, or one that is not a list of strings."""
+    if field not in snapshot:
+        lists = sorted(k for k, v in snapshot.items() if isinstance(v, list) and v and all(isinstance(t, str) for t in v))
+        return error(loaded, ("layer_args", "types"), f"the encoder config ({label}) has no field {field!r}",
+                     hint=suggest(field, lists) or f"fields listing strings: {', '.join(lists) or 'none'}")
+    return error(loaded, ("layer_args", "types"), f"the encoder config's {field} ({label}) is {snapshot[field]!r}, "
+                 "not a type (a string) per layer", hint="name the config field that lists one type per layer, "
+                                                         "such as layer_types")
+
+
 def layer_types_covered(loaded: LoadedYaml, spec: Spec,
                         snapshots: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
     """``layer_args.types`` names a config field listing one type (a string) per layer; every type a config
@@ -499,25 +510,23 @@ def layer_types_covered(loaded: LoadedYaml, spec: Spec,
     layer_args = spec.layer_args
     if layer_args is None:
         return
-    listed: set[str] = set()
+    listed: dict[str, str] = {}
     for label, snapshot in snapshots.items():
         types = snapshot.get(layer_args.types)
         if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-            yield error(loaded, ("layer_args", "types"), f"the encoder config ({label}) has no list of layer types "
-                        f"in field {layer_args.types!r}", hint=suggest(layer_args.types, sorted(snapshot)))
+            yield _not_layer_types(loaded, layer_args.types, label, snapshot)
             return
-        missing = sorted(set(types) - set(layer_args.by_type))
-        if missing:
-            yield error(loaded, ("layer_args", "by_type"), f"the encoder config ({label}) lists layer types "
-                        f"{', '.join(missing)} in {layer_args.types}, which by_type leaves out",
-                        hint=f"add by_type entries for {', '.join(missing)}", key=True)
-            return
-        listed.update(types)
+        listed.update({kind: label for kind in types if kind not in listed})
+    missing = [kind for kind in listed if kind not in layer_args.by_type]
+    if missing:
+        yield error(loaded, ("layer_args", "by_type"), f"config.{layer_args.types} lists layer types "
+                    f"{', '.join(missing)} ({', '.join(sorted({listed[k] for k in missing}))}), which by_type "
+                    "leaves out: those layers would get none of their arguments",
+                    hint=f"add by_type entries for {', '.join(missing)}", key=True)
     for kind in layer_args.by_type:
         if kind not in listed:
             yield error(loaded, ("layer_args", "by_type", kind), f"no encoder config lists layer type {kind!r} in "
-                        f"{layer_args.types} ({', '.join(sorted(listed))})", hint=suggest(kind, sorted(listed)),
-                        key=True)
+                        f"{layer_args.types} ({', '.join(listed)})", hint=suggest(kind, list(listed)), key=True)
 
 
 def _vlm_class(vlm: Mapping[str, Any], spec: Spec, bindings: Bindings) -> str | None:
