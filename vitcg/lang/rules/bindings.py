@@ -502,6 +502,18 @@ def _not_layer_types(loaded: LoadedYaml, field: str, label: str, snapshot: Mappi
                                                          "such as layer_types")
 
 
+def _listed_types(field: str, snapshots: Mapping[str, Mapping[str, Any]]) -> dict[str, str] | tuple[str, Mapping]:
+    """Each layer type the configs list in ``field`` -> the first config listing it; or ``(label, snapshot)`` of the
+    first config whose ``field`` is no list of strings."""
+    listed: dict[str, str] = {}
+    for label, snapshot in snapshots.items():
+        types = snapshot.get(field)
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            return label, snapshot
+        listed.update({kind: label for kind in types if kind not in listed})
+    return listed
+
+
 def layer_types_covered(loaded: LoadedYaml, spec: Spec,
                         snapshots: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
     """``layer_args.types`` names a config field listing one type (a string) per layer; every type a config
@@ -510,13 +522,10 @@ def layer_types_covered(loaded: LoadedYaml, spec: Spec,
     layer_args = spec.layer_args
     if layer_args is None:
         return
-    listed: dict[str, str] = {}
-    for label, snapshot in snapshots.items():
-        types = snapshot.get(layer_args.types)
-        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-            yield _not_layer_types(loaded, layer_args.types, label, snapshot)
-            return
-        listed.update({kind: label for kind in types if kind not in listed})
+    listed = _listed_types(layer_args.types, snapshots)
+    if isinstance(listed, tuple):
+        yield _not_layer_types(loaded, layer_args.types, *listed)
+        return
     missing = [kind for kind in listed if kind not in layer_args.by_type]
     if missing:
         yield error(loaded, ("layer_args", "by_type"), f"config.{layer_args.types} lists layer types "
