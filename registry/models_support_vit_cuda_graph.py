@@ -54,6 +54,8 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "mlcd",
     "mllama",
     "molmo2",
+    "muse_glimmer",
+    "muse_spark",
     "nemotron_h_omni",
     "ovis2",
     "paddleocr_vl",

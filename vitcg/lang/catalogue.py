@@ -332,8 +332,14 @@ SEGMENTED = frozenset(s.name for s in STYLES.values() if s.segmented)
 _MERGE = {"type": "integer", "minimum": 1, "maximum": 16,
           "description": "the merge block size this provider orders rows by, where the encoder's helpers use "
                          "another than geometry spatial_merge_size (default: that geometry)"}
+INTERP_AXES = {"thw": (0, 1, 2), "twh": (0, 2, 1)}
+"""``params.axes`` of the interpolation providers -> the grid columns, in order, the helper is called with: ``twh``
+swaps h and w (a tower whose patch (h, w) reads its position table at (w, h), as MuseGlimmer's does)."""
 _INTERP = {"mode": {"enum": ["bilinear", "bicubic"]}, "align_corners": {"type": "boolean"},
-           "padding": {"enum": ["border", "zeros"]}, "spatial_merge_size": _MERGE}
+           "padding": {"enum": ["border", "zeros"]}, "spatial_merge_size": _MERGE,
+           "axes": {"enum": list(INTERP_AXES),
+                    "description": "the grid's axis order the encoder passes its helper (default thw; twh: h and w "
+                                   "swapped, `grid_thw[:, [0, 2, 1]]`)"}}
 _DTYPE = {"enum": list(DTYPES), "description": "the buffer's dtype (default model)"}
 _ROWS_DIM = {"type": "integer", "minimum": 0, "maximum": 3,
              "description": "the dimension of the call's argument holding the rows (default 0); the buffer is "
@@ -390,6 +396,10 @@ PROVIDERS: Mapping[str, Provider] = MappingProxyType({p.name: p for p in (
              ("num_grid_per_side", "spatial_merge_size"), _INTERP),
     Provider("interp_weights", "tensor", SEGMENTED, ("zeros",), "float32",
              "weights of those taps; zero for padding rows", ("num_grid_per_side", "spatial_merge_size"), _INTERP),
+    Provider("pixel_shuffle_index", "tensor", SEGMENTED, ("identity",), "int64",
+             "gather index taking each frame's rows from raster to merge-block order, each `merge x merge` block "
+             "as `merge**2` consecutive rows (MuseGlimmer's `get_vision_pixel_shuffle_index`); padding rows map "
+             "to themselves", ("spatial_merge_size",)),
     Provider("frame_index", "tensor", SEGMENTED, ("zeros",), "int64",
              "each row's frame in its item, counted from 1, into a temporal table whose row 0 adds nothing: 0 "
              "for every row of a one-frame item (an image), f + 1 for frame f of a longer one"),

@@ -20,7 +20,7 @@ from .bindings import MISSING, Bindings, release, transformers_version
 from .formulas import Formula, parse
 from .harness import ExampleInput, Placeholder, TestMeta, VlmTest
 from .loader import LoadedYaml, Path_
-from .model import Buffer, Docs, Encoder, Modality, Replace, Spec, ValidRows, freeze
+from .model import Buffer, Docs, Encoder, LayerArgs, Modality, Replace, Spec, ValidRows, freeze
 from .rules import bindings as bind
 from .rules import buffers as buf
 from .rules import geometry as geo
@@ -102,6 +102,8 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
     found.add(buf.epilogue_whole_encoder(loaded, scope is not None))
     found.add(buf.replace_whole_encoder(loaded, scope is not None))
     buffers = _buffers(loaded, found, style, names, encoder, modalities, scope is not None)
+    found.add(buf.layer_args_whole_encoder(loaded, scope is not None))
+    found.add(buf.layer_args_name_host_buffers(loaded, buffers))
     tests = _tests(loaded, found, style, modalities, names, scope is not None)
     if found.diagnostics:
         return None
@@ -110,6 +112,7 @@ def _spec(loaded: LoadedYaml, found: _Found) -> Spec | None:
         graph_scope=scope["module"] if scope else None,
         epilogue=data["epilogue"]["select"] if "epilogue" in data else None,
         replace=_replace(data, buffers),
+        layer_args=_layer_args(data.get("layer_args")),
         valid=valid,
         transformers=data.get("transformers"),
         name=data["name"],
@@ -138,6 +141,12 @@ def _replace(data: Mapping[str, Any], buffers: Sequence[Buffer]) -> tuple[Replac
     argument = {b.provider: b.arg for b in buffers}
     return tuple(Replace(item["module"], item["with"], argument[cat.REPLACEMENTS[item["with"]].provider])
                  for item in data.get("replace", ()))
+
+
+def _layer_args(entry: dict | None) -> LayerArgs | None:
+    if entry is None:
+        return None
+    return LayerArgs(entry["module"], entry["types"], freeze(entry["by_type"]))
 
 
 def _valid(loaded: LoadedYaml, found: _Found, modalities: Sequence[Modality],
@@ -315,6 +324,7 @@ def _bind(loaded: LoadedYaml, found: _Found, spec: Spec, bindings: Bindings) -> 
     found.add(bind.tiny_layers_present(loaded, snapshots))  # vacuous tiny configs: checks that skip the code
     found.add(bind.tiny_layer_indexes_in_depth(loaded, snapshots))
     found.add(bind.tiny_feature_layers_in_depth(loaded, spec, snapshots))
+    found.add(bind.layer_types_covered(loaded, spec, snapshots))
     geometry = found.take(bind.evaluate_geometry(loaded, spec, snapshots))
     if geometry is None:
         return

@@ -222,6 +222,18 @@ class Replace:
 
 
 @dataclass(frozen=True)
+class LayerArgs:
+    """``layer_args``: host integers a whole-encoder graph adds to the calls of a layer stack, per layer type."""
+
+    module: str
+    """Dotted path of the ``nn.ModuleList`` whose layers the encoder's forward loops over."""
+    types: str
+    """The encoder config's field listing one type per layer (``layer_types``)."""
+    by_type: Mapping[str, Mapping[str, str]]
+    """Layer type -> {argument of the layer's call: name of the host buffer whose value it gets}."""
+
+
+@dataclass(frozen=True)
 class Docs:
     notes: str
     shared_by: tuple[str, ...]
@@ -266,6 +278,8 @@ class Spec:
     """``epilogue.select`` (``masked_rows``): what of the forward's data-dependent end runs after the graph."""
     replace: tuple[Replace, ...] = ()
     """``replace``: modules of the encoder that run a graph-safe form of vitcg's instead of their own forward."""
+    layer_args: LayerArgs | None = None
+    """Host integers passed to each layer of a stack, by layer type; None: the layers get what the forward passes."""
 
     @property
     def attention_style(self) -> AttentionStyle:
@@ -359,6 +373,8 @@ class Spec:
             "attention": {"style": self.style, "segments": self.segments},
             "graph_scope": self.graph_scope,
             **({"epilogue": self.epilogue} if self.epilogue is not None else {}),
+            **({"layer_args": {"module": self.layer_args.module, "types": self.layer_args.types,
+                               "by_type": thaw(self.layer_args.by_type)}} if self.layer_args is not None else {}),
             "modalities": {m.name: _modality_json(m) for m in self.modalities},
             "items": self._items_json(),
             "budget": {"min": self.budget_min.source, "max": self.budget_max.source},

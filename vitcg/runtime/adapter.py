@@ -39,6 +39,7 @@ from .epilogue import epilogue
 from .extension import MIXED, Replay
 from .hf import combine_output, pixels_to_call
 from .inputs import BACKEND_ROW_KEYS, Input, InputReader, item_indices
+from .layers import LayerCalls
 from .padding import BufferPadding, Capacities, fill
 from .protocol import (
     DEFAULT_PATH,
@@ -82,6 +83,8 @@ class WholeCall:
         self._pixels = spec.providers().get("pixels")
         # arguments the installed transformers takes in another form than the buffer's, chosen once
         self._rebuilds = [(b, r) for b in spec.buffers if (r := providers.argument_rebuild(b)) is not None]
+        self._layers = LayerCalls(spec.name, spec.layer_args, module) if spec.layer_args is not None else None
+        """The host integers each layer of a stack gets (``layer_args``), or None."""
 
     def use_forwards(self, forwards: Mapping[nn.Module, Callable[..., Any]]) -> None:
         """Nothing to do: :func:`~vitcg.runtime.regions.compiled_blocks` patches them in around the call."""
@@ -106,7 +109,8 @@ class WholeCall:
                   for b in self.spec.buffers}
         for buffer, rebuild in self._rebuilds:
             kwargs[buffer.arg] = rebuild(inputs[buffer.name], inputs[self._pixels.name].shape[0])
-        with epilogue(self.spec.epilogue):  # a deferred data-dependent end keeps fixed shapes here
+        layers = self._layers.passed(inputs) if self._layers is not None else contextlib.nullcontext()
+        with epilogue(self.spec.epilogue), layers:  # a deferred data-dependent end keeps fixed shapes here
             return self._combine(self._call(**kwargs, **self._call_kwargs))
 
 

@@ -20,7 +20,7 @@ from transformers import vision_utils
 
 from ..errors import InputError
 from ..lang.bindings import release, transformers_version
-from ..lang.catalogue import GRID_COLUMNS, PROVIDERS
+from ..lang.catalogue import GRID_COLUMNS, INTERP_AXES, PROVIDERS
 from ..lang.model import Buffer
 
 Compute = Callable[["Pack", Mapping[str, Any]], torch.Tensor]
@@ -160,9 +160,13 @@ def _window(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.
 
 
 def _interp(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The helper per item (cached), on the grid's columns in ``params.axes`` order: ``twh`` swaps h and w, as an
+    encoder that passes ``grid_thw[:, [0, 2, 1]]`` does. Rows stay t * h * w per item either way."""
+    axes = list(INTERP_AXES[params.get("axes", "thw")])
+
     def one(grid: torch.Tensor):
         return vision_utils.get_vision_interpolation_indices_and_weights(
-            grid, pack.geometry["num_grid_per_side"], mode=params.get("mode", "bilinear"),
+            grid[:, axes], pack.geometry["num_grid_per_side"], mode=params.get("mode", "bilinear"),
             align_corners=params.get("align_corners", False), spatial_merge_size=_merge(pack, params),
             padding=params.get("padding", "border"))
 
@@ -171,6 +175,24 @@ def _interp(pack: Pack, params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.
     device = pack.cache.device
     return (_cat([p[0] for p in parts], (0, taps), torch.int64, device),
             _cat([p[1] for p in parts], (0, taps), torch.float32, device))
+
+
+@provider("pixel_shuffle_index")
+def _pixel_shuffle_index(pack: Pack, params: Mapping[str, Any]) -> torch.Tensor:
+    """Per frame, its raster rows in ``m x m`` block order (blocks in raster order, each block's rows row by row),
+    offset to the frame's and item's first row: a gather that makes each block ``m * m`` consecutive rows."""
+    m = pack.geometry["spatial_merge_size"]
+
+    def one(grid: torch.Tensor) -> torch.Tensor:
+        t, h, w = grid[0].tolist()
+        index = torch.arange(t * h * w, dtype=torch.int64).view(t, h // m, m, w // m, m)
+        return index.permute(0, 1, 3, 2, 4).reshape(-1)
+
+    parts, start = [], 0
+    for row in pack.rows:
+        parts.append(_per_row(pack, "pixel_shuffle_index", {}, row, one) + start)
+        start += row[0] * row[1] * row[2]
+    return _cat(parts, (0,), torch.int64, pack.cache.device)
 
 
 @provider("frame_index")

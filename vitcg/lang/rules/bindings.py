@@ -491,6 +491,53 @@ def _no_layer_output(loaded: LoadedYaml, what: str, index: int, depth_path: tupl
                  "come from", hint=hint)
 
 
+def _not_layer_types(loaded: LoadedYaml, field: str, label: str, snapshot: Mapping[str, Any]) -> Diagnostic:
+    """``layer_args.types`` names no config field, or one that is not a list of strings."""
+    if field not in snapshot:
+        lists = sorted(k for k, v in snapshot.items() if isinstance(v, list) and v and all(isinstance(t, str) for t in v))
+        return error(loaded, ("layer_args", "types"), f"the encoder config ({label}) has no field {field!r}",
+                     hint=suggest(field, lists) or f"fields listing strings: {', '.join(lists) or 'none'}")
+    return error(loaded, ("layer_args", "types"), f"the encoder config's {field} ({label}) is {snapshot[field]!r}, "
+                 "not a type (a string) per layer", hint="name the config field that lists one type per layer, "
+                                                         "such as layer_types")
+
+
+def _listed_types(field: str, snapshots: Mapping[str, Mapping[str, Any]]) -> dict[str, str] | tuple[str, Mapping]:
+    """Each layer type the configs list in ``field`` -> the first config listing it; or ``(label, snapshot)`` of the
+    first config whose ``field`` is no list of strings."""
+    listed: dict[str, str] = {}
+    for label, snapshot in snapshots.items():
+        types = snapshot.get(field)
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            return label, snapshot
+        listed.update({kind: label for kind in types if kind not in listed})
+    return listed
+
+
+def layer_types_covered(loaded: LoadedYaml, spec: Spec,
+                        snapshots: Mapping[str, Mapping[str, Any]]) -> Iterator[Diagnostic]:
+    """``layer_args.types`` names a config field listing one type (a string) per layer; every type a config
+    (defaults, tiny_config, real_config) lists has its entry in ``by_type``, and every entry is a type some config
+    lists (a misspelt one would leave its layers without their arguments)."""
+    layer_args = spec.layer_args
+    if layer_args is None:
+        return
+    listed = _listed_types(layer_args.types, snapshots)
+    if isinstance(listed, tuple):
+        yield _not_layer_types(loaded, layer_args.types, *listed)
+        return
+    missing = [kind for kind in listed if kind not in layer_args.by_type]
+    if missing:
+        yield error(loaded, ("layer_args", "by_type"), f"config.{layer_args.types} lists layer types "
+                    f"{', '.join(missing)} ({', '.join(sorted({listed[k] for k in missing}))}), which by_type "
+                    "leaves out: those layers would get none of their arguments",
+                    hint=f"add by_type entries for {', '.join(missing)}", key=True)
+    for kind in layer_args.by_type:
+        if kind not in listed:
+            yield error(loaded, ("layer_args", "by_type", kind), f"no encoder config lists layer type {kind!r} in "
+                        f"{layer_args.types} ({', '.join(listed)})", hint=suggest(kind, list(listed)), key=True)
+
+
 def _vlm_class(vlm: Mapping[str, Any], spec: Spec, bindings: Bindings) -> str | None:
     """The VLM class transformers has of ``tests.vlm.architecture``, else of the spec's architectures, the
     encoder's own class left out; None when there is none."""

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ...errors import Diagnostic, FormulaError
+from ...errors import Diagnostic, FormulaError, suggest
 from .. import catalogue as cat
 from ..formulas import Formula
 from ..loader import LoadedYaml
@@ -129,6 +129,30 @@ def buffers_need_replace(loaded: LoadedYaml, entries: Sequence[Entry]) -> Iterat
                         "a grid kept on the host is read once, at capture, and baked into the graph: only an encoder "
                         "whose graph reads no grid value (a replace takes the per-item structure) may keep it there",
                         hint="remove on_host, or add the replace that reads the structure from a replay-time buffer")
+
+
+def layer_args_whole_encoder(loaded: LoadedYaml, scoped: bool) -> Iterator[Diagnostic]:
+    """``layer_args`` adds host integers to the layers of a whole-encoder graph: with graph_scope, a host integer
+    the scoped call lacks is a ``scope_arg`` buffer with ``value``."""
+    if scoped and "layer_args" in loaded.data:
+        yield error(loaded, ("layer_args",), "layer_args applies to whole-encoder specs: with graph_scope, a host "
+                    "integer the scoped call lacks is a scope_arg buffer with value", key=True,
+                    hint="remove layer_args, or remove graph_scope")
+
+
+def layer_args_name_host_buffers(loaded: LoadedYaml, buffers: Sequence[Buffer]) -> Iterator[Diagnostic]:
+    """Each value of ``layer_args.by_type`` names a host buffer of the spec (one written with ``value``): the
+    layers get integers fixed at capture, never a tensor refilled per replay."""
+    entry = loaded.data.get("layer_args")
+    if entry is None:
+        return
+    host = sorted(b.name for b in buffers if b.is_host)
+    for kind, args in entry["by_type"].items():
+        for arg, name in args.items():
+            if name not in host:
+                yield error(loaded, ("layer_args", "by_type", kind, arg),
+                            f"{name!r} is no host buffer of the spec: layer_args passes host integers fixed at capture",
+                            hint=suggest(name, host) or "name a buffer written with value: (a host integer)")
 
 
 def padding_allowed(loaded: LoadedYaml, index: int, entry: Entry) -> Iterator[Diagnostic]:

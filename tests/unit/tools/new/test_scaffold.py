@@ -252,3 +252,11 @@ def test_a_draft_passes_every_required_argument_of_the_tower(model_type, extra):
     assert all(m.inputs[name] for m in spec.modalities for name in extra)
     inputs = next(line for line in text.splitlines() if line.startswith("  inputs: "))
     assert "# GUESS: how vitcg check builds each required argument" in inputs
+
+
+@pytest.mark.parametrize("model_type", ["muse_glimmer", "muse_spark"])
+def test_the_muse_towers_are_said_to_be_covered(model_type):
+    """Issue 39, item 5: the Muse specs cover their model types, so `vitcg new` names them instead of drafting a
+    tower whose pixel-shuffle index, swapped interpolation axes and alternating boundary sets were gaps."""
+    d = scaffold.draft(_model_type(model_type))
+    assert any(n.startswith(f"{model_type} (") and f"already covers {model_type}" in n for n in scaffold.notices(d))
