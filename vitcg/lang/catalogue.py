@@ -352,10 +352,11 @@ _ROW_WIDTH = {"type": ["integer", "string"],
               "description": "a formula over geometry: how many entries of the rows dimension (rows_dim) one row "
                              "spans, its patches laid side by side (default 1)"}
 _ON_HOST = {"type": "boolean",
-            "description": "keep the buffer on the host, never on the encoder's device: for an encoder that reads "
-                           "its grid on the host only (a `.tolist()`) and whose graph reads no grid value, because a "
-                           "`replace` takes the per-item structure from a replay-time buffer instead; a graph bakes "
-                           "in what such a call reads, so this needs `replace`"}
+            "description": "keep the buffer on the host, filled once at capture and never refilled: for an encoder "
+                           "whose forward reads its grid only where the graph keeps no value of it (a `.tolist()` "
+                           "feeding a loop a `replace` took over, a column swap whose result a precomputed buffer "
+                           "makes unused); what the capture read is what every replay computes with, and `vitcg "
+                           "check`'s items (grids other than the capture's) prove the graph reads nothing of it"}
 _SEGMENT_SLOTS = Capacity(rows={"trailing_segment": "max_segments + 2"},
                           doc="a slot for the leading zero, one per segment and one for the padding segment")
 

@@ -50,6 +50,8 @@ def _mask_index(args: tuple, kwargs: dict) -> str | None:
     parts = (args[1] if isinstance(args[1], tuple) else (args[1],)) if len(args) > 1 else ()
     if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
         return "boolean-mask indexing"
+    if any(isinstance(p, list) for p in parts):  # torch builds a host index tensor and copies it in
+        return "indexing with a Python list (a host index copied to the device)"
     return None
 
 

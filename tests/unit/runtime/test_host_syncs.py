@@ -21,6 +21,8 @@ POINTS = torch.arange(3)
     ("nonzero", lambda: X.nonzero()),
     ("repeat_interleave without output_size", lambda: torch.repeat_interleave(X, X)),
     ("boolean-mask indexing", lambda: X[X > 1]),
+    ("indexing with a Python list (a host index copied to the device)", lambda: X[[0, 2]]),
+    ("indexing with a Python list (a host index copied to the device)", lambda: X[None][:, [2, 1]]),
     ("where(condition)", lambda: torch.where(X > 1)),
     ("cpu", lambda: X.cpu()),
     ("tensor", lambda: torch.tensor([1, 2])),

@@ -114,8 +114,7 @@ def replace_reads_buffer(loaded: LoadedYaml, entries: Sequence[Entry]) -> Iterat
 
 
 def buffers_need_replace(loaded: LoadedYaml, entries: Sequence[Entry]) -> Iterator[Diagnostic]:
-    """A buffer that only a replacement reads, and a grid kept on the host (whose values a graph would bake in),
-    need a ``replace`` that takes the per-item structure from a replay-time buffer."""
+    """A buffer that only a replacement reads needs a ``replace`` that reads it."""
     read = {cat.REPLACEMENTS[item["with"]].provider for item in loaded.data.get("replace", ())}
     for index, entry in enumerate(entries):
         provider = entry["provider"]
@@ -124,11 +123,6 @@ def buffers_need_replace(loaded: LoadedYaml, entries: Sequence[Entry]) -> Iterat
             yield error(loaded, ("buffers", index, "provider"),
                         f"only a replacement reads a {provider!r} buffer, and no replace entry reads it",
                         hint=f"add replace: [{{module: CLASS, with: {forms}}}], or remove the buffer")
-        elif entry.get("params", {}).get("on_host") and not read:
-            yield error(loaded, ("buffers", index, "params", "on_host"),
-                        "a grid kept on the host is read once, at capture, and baked into the graph: only an encoder "
-                        "whose graph reads no grid value (a replace takes the per-item structure) may keep it there",
-                        hint="remove on_host, or add the replace that reads the structure from a replay-time buffer")
 
 
 def layer_args_whole_encoder(loaded: LoadedYaml, scoped: bool) -> Iterator[Diagnostic]:
