@@ -81,4 +81,5 @@ MODELS_SUPPORT_VIT_CUDA_GRAPH = [
     "step3p7",
     "unlimited_ocr",
     "video_llama_3",
+    "vipllava",
 ]

@@ -858,6 +858,18 @@ VIT_CUDAGRAPH_TEST_CONFIGS: dict[str, VitCudagraphTestConfig] = {
         compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
         marks=[],
     ),
+    "vipllava": VitCudagraphTestConfig(
+        model="llava-hf/vip-llava-7b-hf",
+        modalities=["image"],
+        image_prompt="USER: <image>\nWhat is in this image? ASSISTANT:",
+        video_prompt=None,
+        num_video_frames=16,
+        max_model_len=4096,
+        needs_video_metadata=False,
+        vllm_runner_kwargs={},
+        compilation_config_overrides={"encoder_cudagraph_token_budgets": [1024, 2048, 4096]},
+        marks=["core_model"],
+    ),
 }
 
 
