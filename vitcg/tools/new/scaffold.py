@@ -15,6 +15,7 @@ import functools
 import importlib
 import importlib.resources
 import inspect
+import logging
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ from typing import Any
 from ...errors import UsageError, VitcgError, suggest
 from ...lang.catalogue import PROVIDERS, STANDARD_ROLES, STYLE_DEFAULTS, STYLES, style_of
 from ..guesses import MARK, placeholder_checkpoint
+
+log = logging.getLogger(__name__)
 
 TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
         "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96, "out_hidden_size": 48,
@@ -1099,14 +1102,20 @@ def checked_draft(model_type: str, path: str | os.PathLike | None = None) -> tup
 
     The draft is validated before it is returned, so ``vitcg new`` never writes a spec ``vitcg validate``
     refuses. Raises UsageError when the model type cannot be drafted, SpecError (naming the model type, with
-    every diagnostic) if the draft does not validate: a bug of this module for that model type.
+    every diagnostic) if the draft does not validate: a bug of this module for that model type. What transformers
+    and torch warn meanwhile (config defaults, model code) goes to this module's log at debug level, not stderr.
     """
+    from ..quiet import kept_warnings
+
     shown = str(path) if path is not None else None
-    lines = _rendered(model_type, shown, path)
-    problem = _invalid(lines, model_type, shown)
-    if problem is not None and "\nextends: " in lines.text():  # the family's spec does not fit: draft it whole
-        lines = _rendered(model_type, shown, path, family=False)
+    with kept_warnings() as kept:  # config defaults and model code warn as they are read: not the user's concern
+        lines = _rendered(model_type, shown, path)
         problem = _invalid(lines, model_type, shown)
+        if problem is not None and "\nextends: " in lines.text():  # the family's spec does not fit: draft it whole
+            lines = _rendered(model_type, shown, path, family=False)
+            problem = _invalid(lines, model_type, shown)
+    for line in kept.lines():
+        log.debug("while drafting %s: %s", model_type, line)
     if problem is not None:
         raise VitcgError(f"the draft of {model_type!r} does not validate, so nothing was written (a bug of "
                          f"vitcg new: please report it, and write the spec by hand meanwhile):\n{problem}")

@@ -251,3 +251,16 @@ def test_a_draft_passes_every_required_argument_of_the_tower(model_type, extra):
     assert all(m.inputs[name] for m in spec.modalities for name in extra)
     inputs = next(line for line in text.splitlines() if line.startswith("  inputs: "))
     assert "# GUESS: how vitcg check builds each required argument" in inputs
+
+
+def test_drafting_prints_no_warning_of_transformers_and_logs_it(capfd, caplog):
+    """``vitcg new cohere_compass`` printed "[transformers] `standardize_rope_params` was called but no RoPE
+    parameters were found." twice on stderr: config defaults built while drafting warn. They go to vitcg's log
+    (debug) instead, so the command prints only what it wrote."""
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="vitcg.tools.new.scaffold"):
+        scaffold.checked_draft(_model_type("cohere_compass"))
+    assert capfd.readouterr().err == ""
+    logged = [r.getMessage() for r in caplog.records if r.name == "vitcg.tools.new.scaffold"]
+    assert any("while drafting cohere_compass: [transformers] `standardize_rope_params`" in m for m in logged), logged
