@@ -26,6 +26,7 @@ from typing import Any
 from ...errors import UsageError, VitcgError, suggest
 from ...lang.catalogue import PROVIDERS, STANDARD_ROLES, STYLE_DEFAULTS, STYLES, style_of
 from ..guesses import MARK, placeholder_checkpoint
+from .tokens import Prepended, prepended_tokens
 
 log = logging.getLogger(__name__)
 
@@ -397,8 +398,9 @@ def _geometry(d: Draft, style) -> dict[str, tuple[str, str | None, int]]:
     return geometry
 
 
-def _items_and_budget(out: _Lines, style: str, packed: bool, geometry: dict, m: str | None) -> None:
-    """``items`` and ``budget``: what differs from the style's defaults."""
+def _items_and_budget(out: _Lines, style: str, packed: bool, geometry: dict, m: str | None, prepended: int = 0) -> None:
+    """``items`` and ``budget``: what differs from the style's defaults (``prepended``: the tokens a tile yields
+    beyond its patch grid)."""
     merged = f"(h // {m}) * (w // {m})" if m else "h * w"
     if packed:
         items = {"input_size": ("t * h * w", None),
@@ -408,9 +410,19 @@ def _items_and_budget(out: _Lines, style: str, packed: bool, geometry: dict, m: 
         values = {name: value for name, (_, _, value) in geometry.items()}
         items = {"input_size": ("n", None), "output_tokens": ("n * tokens_per_tile", None)}
         budget = {"min": ("tokens_per_tile", "smallest useful budget"),
-                  "max": _tile_budget_max(values, max(1, values["image_size"] // values["patch_size"]) ** 2)}
+                  "max": _tile_budget_max(values, max(1, values["image_size"] // values["patch_size"]) ** 2 + prepended)}
     _section(out, style, "items", items)
     _section(out, style, "budget", budget)
+
+
+def _prepended(d: Draft, geometry: dict[str, tuple[str, str | None, int]]) -> Prepended | None:
+    """:func:`prepended_tokens` of the draft's tower at its default size (None where the config does not build)."""
+    try:
+        config = d.vision_config()
+    except Exception:  # noqa: BLE001 - config code of any release: nothing measured
+        return None
+    return prepended_tokens(d.encoder, config, geometry["image_size"][2], geometry["patch_size"][2],
+                            geometry["in_channels"][2])
 
 
 def _tiny_image_size(defaults: dict[str, Any]) -> dict[str, int]:
@@ -689,6 +701,8 @@ class _Whole:
     pixels_arg: str
     grid_arg: str
     extras: Sequence[Any]
+    prepended: Prepended | None = None
+    """Tokens a tiles tower puts before its patch rows (a CLS token), measured on the meta device."""
 
     @classmethod
     def of(cls, d: Draft, path: str, schema: str, ranked: list[Candidate]) -> _Whole:
@@ -703,7 +717,8 @@ class _Whole:
         passed = (pixels_arg, grid_arg) if style.segmented else (pixels_arg,)
         drafted = [e["name"] for e, _ in _buffer_entries(d, style, geometry, pixels_arg, grid_arg, m)]
         extras = required_arguments(d, passed, (*drafted, *(b["name"] for b in STYLE_DEFAULTS[d.style]["buffers"])))
-        return cls(d, path, schema, ranked, style, geometry, m, signature, pixels_arg, grid_arg, extras)
+        prepended = None if style.segmented or extras else _prepended(d, geometry)
+        return cls(d, path, schema, ranked, style, geometry, m, signature, pixels_arg, grid_arg, extras, prepended)
 
     @property
     def packed(self) -> bool:
@@ -752,9 +767,14 @@ def _geometry_and_attention(out: _Lines, w: _Whole) -> None:
     out.add("geometry:")
     for name, (formula, guess, _) in w.geometry.items():
         out.add(f"  {name}: {formula}", guess)
-    if not w.packed:
+    if not w.packed and w.prepended is None:
         out.add("  tokens_per_tile: (image_size // patch_size) ** 2",
                 "tokens one tile yields (a CLS token? pooling? a projector that merges patches?)")
+    elif not w.packed:
+        count, held = w.prepended.count, ", ".join(w.prepended.parameters)
+        out.add(f"  tokens_per_tile: (image_size // patch_size) ** 2 + {count}",
+                f"the patch rows and {count} token{'s' * (count != 1)} before them ({held}), as "
+                f"{w.d.encoder.__name__} returns one tile on the meta device; pooling? a projector that merges patches?")
     out.add("")
     out.add("attention:")
     calls = ", ".join(sorted(w.d.helpers)) or "no vision_utils helper"
@@ -778,7 +798,7 @@ def _modalities(out: _Lines, w: _Whole) -> None:
                     "the processor's output keys; add `tiles: <key>` if an image carries a tile count")
         if modality == "video":
             out.add("    max_frames_per_video: 32", "largest grid t of one video")
-    _items_and_budget(out, w.d.style, w.packed, w.geometry, w.m)
+    _items_and_budget(out, w.d.style, w.packed, w.geometry, w.m, w.prepended.count if w.prepended else 0)
     out.add("")
 
 

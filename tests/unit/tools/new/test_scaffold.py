@@ -264,3 +264,32 @@ def test_drafting_prints_no_warning_of_transformers_and_logs_it(capfd, caplog):
     assert capfd.readouterr().err == ""
     logged = [r.getMessage() for r in caplog.records if r.name == "vitcg.tools.new.scaffold"]
     assert any("while drafting cohere_compass: [transformers] `standardize_rope_params`" in m for m in logged), logged
+
+
+@pytest.mark.parametrize("model_type, tokens", [
+    ("vit", "(image_size // patch_size) ** 2 + 1   # GUESS: the patch rows and 1 token before them (embeddings.cls_token)"),
+    ("dinov2_with_registers", "(image_size // patch_size) ** 2 + 5   # GUESS: the patch rows and 5 tokens before them "
+                              "(embeddings.cls_token, embeddings.register_tokens)"),
+    ("pixio", "(image_size // patch_size) ** 2 + 8   # GUESS: the patch rows and 8 tokens"),
+    ("siglip_vision_model", "(image_size // patch_size) ** 2   # GUESS: tokens one tile yields"),
+    ("aimv2_vision_model", "(image_size // patch_size) ** 2   # GUESS: tokens one tile yields")])
+def test_a_tiles_draft_counts_the_tokens_its_tower_puts_before_the_patches(model_type, tokens):
+    """21 raw tiles drafts of the 2026-11-29 sweep failed on "manager output (16, 64) but eager output (17, 64)":
+    tokens_per_tile left out the CLS token. The draft counts what the tower returns for one tile beyond its patch
+    grid where a token parameter holds it; SigLIP has none, AIMv2's cls_token is its pooling head's (its rows are
+    the patches alone)."""
+    line = next(t for t in _draft_text(_model_type(model_type)).splitlines() if t.startswith("  tokens_per_tile: "))
+    assert line.startswith(f"  tokens_per_tile: {tokens}"), line
+
+
+def test_the_counted_tokens_are_the_rows_the_tower_returns(tmp_path):
+    """The drafted count holds against the eager tower: vit's spec stage passes (it failed on the CLS row)."""
+    from vitcg.lang import SpecSource
+    from vitcg.tools.check.cases import check_spec
+
+    text, _ = scaffold.checked_draft("vit", tmp_path / "vit.yaml")
+    (tmp_path / "vit.yaml").write_text(text)
+    spec = SpecSource.of_files([tmp_path / "vit.yaml"]).specs[0]
+    report = check_spec(spec, device="cpu", size="tiny")
+    first = next(c for c in report.cases if c.stage == "spec")
+    assert first.error is None and "graph 17" in first.route, (first.route, first.error)
