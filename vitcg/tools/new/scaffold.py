@@ -1130,10 +1130,10 @@ def checked_draft(model_type: str, path: str | os.PathLike | None = None) -> tup
     shown = str(path) if path is not None else None
     with kept_warnings() as kept:  # config defaults and model code warn as they are read: not the user's concern
         lines = _rendered(model_type, shown, path)
-        problem = _invalid(lines, model_type, shown)
+        problem = _invalid(lines, model_type, shown, path)
         if problem is not None and "\nextends: " in lines.text():  # the family's spec does not fit: draft it whole
             lines = _rendered(model_type, shown, path, family=False)
-            problem = _invalid(lines, model_type, shown)
+            problem = _invalid(lines, model_type, shown, path)
     for line in kept.lines():
         log.debug("while drafting %s: %s", model_type, line)
     if problem is not None:
@@ -1153,13 +1153,14 @@ def _rendered(model_type: str, shown: str | None, path: str | os.PathLike | None
                          "(docs/writing-specs.md)") from None
 
 
-def _invalid(lines: _Lines, model_type: str, shown: str | None) -> Exception | None:
-    """The SpecError the draft gets from validation, or None when it validates."""
+def _invalid(lines: _Lines, model_type: str, shown: str | None, path: str | os.PathLike | None = None) -> Exception | None:
+    """The SpecError the draft gets from validation as the file at ``path`` (its parent looked up beside it first,
+    as it will be: a spec beside it that extends it back is a cycle), or None when it validates."""
     from ...errors import SpecError
     from ...lang import Bindings, spec_from_text
 
     try:
-        spec_from_text(lines.text(), shown or f"<draft of {model_type}>", Bindings())
+        spec_from_text(lines.text(), shown or f"<draft of {model_type}>", Bindings(), at=path)
     except SpecError as exc:
         return exc
     return None

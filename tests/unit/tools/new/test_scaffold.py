@@ -293,3 +293,20 @@ def test_the_counted_tokens_are_the_rows_the_tower_returns(tmp_path):
     report = check_spec(spec, device="cpu", size="tiny")
     first = next(c for c in report.cases if c.stage == "spec")
     assert first.error is None and "graph 17" in first.route, (first.route, first.error)
+
+
+@pytest.mark.parametrize("order", [("llava_next", "clip"), ("clip", "llava_next")])
+def test_two_drafts_in_one_folder_form_no_extends_cycle(tmp_path, order):
+    """The drafts of llava_next (extends clip) and clip (extends llava_next) written into one folder found each other
+    beside them: llava_next -> clip -> llava_next, both invalid. The second draft is validated as the file it will
+    be, sees the cycle and is drafted whole."""
+    from vitcg.lang import SpecSource
+
+    for model_type in order:
+        path = tmp_path / f"{model_type}.yaml"
+        text, _ = scaffold.checked_draft(model_type, path)
+        path.write_text(text)
+    result = SpecSource.of_files([tmp_path / f"{t}.yaml" for t in order])
+    assert result.ok, [d.format() for d in result.diagnostics]
+    assert "\nextends: " in (tmp_path / f"{order[0]}.yaml").read_text()
+    assert "\nextends: " not in (tmp_path / f"{order[1]}.yaml").read_text()
