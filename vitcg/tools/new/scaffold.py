@@ -15,7 +15,9 @@ import functools
 import importlib
 import importlib.resources
 import inspect
+import json
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -26,14 +28,11 @@ from typing import Any
 from ...errors import UsageError, VitcgError, suggest
 from ...lang.catalogue import PROVIDERS, STANDARD_ROLES, STYLE_DEFAULTS, STYLES, style_of
 from ..guesses import MARK, placeholder_checkpoint
+from .tiny import tiny_config
 from .tokens import Prepended, prepended_tokens
 
 log = logging.getLogger(__name__)
 
-TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96, "out_hidden_size": 48,
-        "num_position_embeddings": 64}
-"""Small values for the vision config fields a tiny CPU check shrinks, when the config has them."""
 GEOMETRY = {
     "patch_size": ("patch_size",),
     "temporal_patch_size": ("temporal_patch_size",),
@@ -307,42 +306,6 @@ def _out_hidden_size(defaults: dict[str, Any]) -> tuple[str, str, int]:
             return (f"config.{field_name}[{len(value) - 1}]",
                     f"the width of one output row (here the last stage's {field_name})", value[-1])
     return "64", "the width of one output row: no hidden size field found in the config", 64
-
-
-def _tiny_config(config: type, defaults: dict[str, Any]) -> dict[str, int]:
-    """The :data:`TINY` values the config accepts: each one kept only if the config still builds with it
-    (a field may be derived, or tied to others: per-layer settings indexed by layer)."""
-    from ...lang.bindings import unknown_config_keys
-
-    tiny: dict[str, int] = {}
-    for key, value in TINY.items():
-        if not _int(defaults.get(key)) or unknown_config_keys(config, {key: value}):
-            continue
-        try:
-            config(**tiny, **{key: value})
-        except Exception:  # noqa: BLE001 - any failure means: leave this field at its default
-            continue
-        tiny[key] = value
-    return _tiny_layer_indexes(config, defaults, tiny)
-
-
-def _tiny_layer_indexes(config: type, defaults: dict[str, Any], tiny: dict[str, Any]) -> dict[str, Any]:
-    """``tiny`` with each layer-index list of the defaults that names a layer past the tiny depth (deepstack,
-    full-attention, global-attention, intermediate layers) set to the tiny tower's last layer: the tiny checks
-    then run both the plain layers and the indexed path (``vitcg validate`` refuses a tiny config that skips it)."""
-    from ...lang.rules.bindings import LAYER_INDEX_FIELDS, TOWER_DEPTH_FIELDS
-
-    depth = next((v for k in TOWER_DEPTH_FIELDS if _int(v := tiny.get(k, defaults.get(k)))), None)
-    for key in LAYER_INDEX_FIELDS:
-        indexes = defaults.get(key)
-        if depth is None or not isinstance(indexes, list) or all(isinstance(i, int) and i < depth for i in indexes):
-            continue
-        try:
-            config(**tiny, **{key: [depth - 1]})
-        except Exception:  # noqa: BLE001 - leave it; validate names the field to fix
-            continue
-        tiny[key] = [depth - 1]
-    return tiny
 
 
 def _tile_budget_max(values: dict[str, int], tokens_per_tile: int) -> tuple[str, str | None]:
@@ -812,12 +775,12 @@ def _buffers_and_docs(out: _Lines, w: _Whole) -> None:
 
 
 def _tests(out: _Lines, w: _Whole) -> None:
-    tiny = _tiny_config(w.d.vision_config, w.d.defaults)
+    tiny = tiny_config(w.d.vision_config, w.d.defaults)
     if "image_size" in w.geometry and not w.packed and w.geometry["image_size"][0].startswith("config.image_size"):
         tiny.update(_tiny_image_size(w.d.defaults))
     out.add("tests:", "the harness: how vitcg check builds and feeds the model (or NAME.tests.yaml beside the spec)")
-    out.add("  tiny_config: {" + ", ".join(f"{k}: {v}" for k, v in tiny.items()) + "}",
-            "small dimensions for CPU checks: 2 layers, hidden <= 64")
+    out.add(f"  tiny_config: {_plain_flow(tiny)}", "small dimensions for CPU checks: 2 layers (one a stage), hidden "
+            "<= 64, the same in the sub-configs that build the tower")
     out.add("  real_config: {}", "overrides for a real checkpoint's dimensions, where the defaults differ")
     if w.extras:
         described = ", ".join(f"{e.role}: {{shape: [], fill: ones, dtype: int64}}" for e in w.extras)
@@ -1068,6 +1031,26 @@ def _kept_guesses(entries: list[tuple[dict[str, Any], dict[str, str]]], changes:
     written = {(e["name"], k) for e, _ in changes for k in e}
     return [f"{e['name']}.{k}: {g}" for e, guesses in entries for k, g in guesses.items()
             if (e["name"], k) not in written]
+
+
+YAML_WORDS = frozenset({"null", "true", "false", "yes", "no", "on", "off", "y", "n", "nan", "inf"})
+"""Plain words YAML reads as something other than a string."""
+
+
+def _plain_flow(value: Any) -> str:
+    """``value`` (config values: numbers, strings, None, lists and mappings of them) in YAML flow style, a string
+    quoted unless it reads back as itself."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_plain_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_plain_flow(v) for v in value) + "]"
+    if isinstance(value, str):
+        plain = re.fullmatch(r"[A-Za-z_][\w.-]*", value) and value.lower() not in YAML_WORDS
+        return value if plain else json.dumps(value)
+    if isinstance(value, float) and math.isfinite(value):
+        text = repr(value)  # YAML 1.1 reads 1e-06 as a string: a float needs its dot (1.0e-06)
+        return text if "." in text else text.replace("e", ".0e")
+    return json.dumps(value) if value is None or isinstance(value, (bool, float)) else str(value)
 
 
 def _flow(value: Any) -> str:

@@ -310,3 +310,51 @@ def test_two_drafts_in_one_folder_form_no_extends_cycle(tmp_path, order):
     assert result.ok, [d.format() for d in result.diagnostics]
     assert "\nextends: " in (tmp_path / f"{order[0]}.yaml").read_text()
     assert "\nextends: " not in (tmp_path / f"{order[1]}.yaml").read_text()
+
+
+def _tiny_line(model_type: str) -> str:
+    return next(t for t in _draft_text(_model_type(model_type)).splitlines() if t.startswith("  tiny_config: "))
+
+
+@pytest.mark.parametrize("model_type, shrunk", [
+    ("inkling_mm_model", "num_hidden_layers: 2"),  # stored as n_layers (attribute_map): was 24 layers, 21 GiB
+    ("florence_vision", "depths: [1, 1, 1, 1]"),  # DaViT's layers per stage: was [1, 1, 9, 1]
+    ("videoprism", "num_spatial_layers: 2, num_temporal_layers: 2"),
+    ("zoedepth", "backbone_config: {model_type: beit, "),  # the tower's depth lies in its backbone's config
+    ("zoedepth", "num_hidden_layers: 4, hidden_size: 64, num_attention_heads: 4, intermediate_size: 96, "
+                 "out_indices: [1, 2, 3, 4]}"),  # its neck takes 4 feature maps: one tiny layer each
+    ("sam3", "global_attn_indexes: [1]}")])  # and the backbone's indexed layers follow its tiny depth
+def test_a_tiny_config_shrinks_a_depth_of_another_name_or_in_a_sub_config(model_type, shrunk):
+    """Eight raw drafts of the 2026-11-29 sweep timed out and one ran out of memory: their tiny config shrank no
+    depth (another field name, per-stage lists, a backbone_config), so vitcg check ran the full-size tower."""
+    line = _tiny_line(model_type)
+    assert shrunk in line, line
+
+
+def test_a_stage_count_is_not_shrunk_as_a_depth():
+    """Swin's num_layers (num_hidden_layers) counts its four stages: its tiny config keeps one layer a stage."""
+    line = _tiny_line("swin")
+    assert "depths: [1, 1, 1, 1]" in line and "num_hidden_layers" not in line and "num_layers" not in line, line
+
+
+def test_a_tiny_sub_config_reaches_the_built_config(tmp_path):
+    """The nested tiny_config builds the tower it says: ZoeDepth's BEiT backbone with 4 layers of width 64 returning
+    each, and every other field as ZoeDepth's default backbone has it."""
+    from vitcg.lang import SpecSource
+    from vitcg.tools.encoders import build_config
+
+    text, _ = scaffold.checked_draft("zoedepth", tmp_path / "zoedepth.yaml")
+    (tmp_path / "zoedepth.yaml").write_text(text)
+    spec = SpecSource.of_files([tmp_path / "zoedepth.yaml"]).specs[0]
+    tiny, default = build_config(spec).backbone_config.to_dict(), spec_default_backbone("zoedepth")
+    assert (tiny["num_hidden_layers"], tiny["hidden_size"], tiny["out_indices"]) == (4, 64, [1, 2, 3, 4])
+    assert default["out_indices"] == [6, 12, 18, 24]
+    differ = {k for k in default if tiny.get(k) != default[k]}
+    assert differ == {"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "stage_names",
+                      "out_features", "out_indices"}, differ
+
+
+def spec_default_backbone(model_type: str) -> dict:
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type]().backbone_config.to_dict()

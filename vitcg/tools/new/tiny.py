@@ -1,0 +1,152 @@
+"""The tiny config of a draft (``tests.tiny_config``): small widths, two layers, the indexed layers kept, and the
+same for the sub-configs that build the tower (a ``backbone_config``).
+
+A tiny config that shrinks nothing leaves ``vitcg check`` a full-size tower on a CPU: the sweep of 2026-11-29 timed
+out on eight raw drafts and ran one out of memory (21 GiB), every one a config whose depth has another name
+(Inkling's ``n_layers``, Florence-2's per-stage ``depths``) or lies in a sub-config (ZoeDepth's, SAM 3's and
+DepthAnything-like heads' ``backbone_config``). Each value is kept only where the config still builds with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any
+
+TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96, "out_hidden_size": 48,
+        "num_position_embeddings": 64}
+"""Small values for the vision config fields a tiny CPU check shrinks, when the config has them."""
+TINY_DEPTH = TINY["num_hidden_layers"]
+DEPTH_ALIASES = re.compile(r"(n|num)_(\w+_)?layers|(encoder|vision)_layers")
+"""Other names of a layer count (``n_layers``, ``num_spatial_layers``, ``encoder_layers``): shrunk to
+:data:`TINY_DEPTH` where larger."""
+STAGE_DEPTHS = ("depths", "depth")
+"""Lists of layers per stage (Swin, ConvNeXt, Florence-2's DaViT, CvT): one layer a stage."""
+NOT_TOWER = re.compile(r".*(text|audio|decoder).*")
+"""Sub-configs that build no part of the vision tower (a language model, a detection decoder)."""
+IGNORED = frozenset({"transformers_version", "_name_or_path", "architectures"})
+"""Keys of a sub-config's ``to_dict()`` that say nothing about the model built from it."""
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _builds(config: type, values: dict[str, Any], key: str | None = None) -> bool:
+    """Whether ``config(**values)`` builds (and, given ``key``, keeps the value passed for it: a field the config
+    derives from others, as Swin's layer count from its ``depths``, is no field to shrink)."""
+    try:
+        built = config(**values)
+    except Exception:  # noqa: BLE001 - config code of any release: any failure means it does not build so
+        return False
+    return key is None or getattr(built, key, None) == values[key]
+
+
+def _candidates(config: type, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The small values to try for the fields of ``defaults``, in order: :data:`TINY`'s, the other layer counts,
+    one layer per stage. A field the config class stores under another name (Inkling's ``num_hidden_layers`` in
+    ``n_layers``, its ``attribute_map``) is read under both."""
+    stages = {key: value for key in STAGE_DEPTHS if isinstance(value := defaults.get(key), list) and value
+              and all(_int(v) for v in value)}
+    stage_count = len(next(iter(stages.values()), ()))  # Swin's num_layers counts its stages, not layers
+    mapped = getattr(config, "attribute_map", None)
+    aliases = mapped.items() if isinstance(mapped, dict) else ()
+    defaults = {**defaults, **{alias: defaults[name] for alias, name in aliases
+                               if name in defaults and name not in TINY and DEPTH_ALIASES.fullmatch(name)
+                               and defaults[name] != stage_count}}
+    found = {key: value for key, value in TINY.items() if _int(defaults.get(key)) and key not in stages}
+    found |= {key: TINY_DEPTH for key, value in defaults.items() if key not in found and DEPTH_ALIASES.fullmatch(key)
+              and _int(value) and value > TINY_DEPTH and value != stage_count}
+    found |= {key: [1] * len(value) for key, value in stages.items() if max(value) > 1}
+    return found
+
+
+def tiny_fields(config: type, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The small values of :func:`_candidates` that ``config`` accepts: each one kept only if the config still
+    builds with it (a field may be derived, or tied to others: per-layer settings indexed by layer), then the
+    layer indexes moved inside the tiny depth (:func:`tiny_layer_indexes`)."""
+    from ...lang.bindings import unknown_config_keys
+
+    tiny: dict[str, Any] = {}
+    for key, value in _candidates(config, defaults).items():
+        if not unknown_config_keys(config, {key: value}) and _builds(config, {**tiny, key: value}, key):
+            tiny[key] = value
+    return tiny_layer_indexes(config, defaults, _tiny_outputs(config, defaults, tiny))
+
+
+def _tiny_outputs(config: type, defaults: dict[str, Any], tiny: dict[str, Any]) -> dict[str, Any]:
+    """``tiny`` where a backbone returns the feature maps of ``out_indices`` layers: one tiny layer per feature
+    map, each returned (ZoeDepth's BEiT returns layers 6, 12, 18 and 24 of 24 to a neck that expects four maps;
+    the tiny one returns layers 1 to 4 of 4). Unchanged where the defaults name no layer past the tiny depth."""
+    from ...lang.rules.bindings import TOWER_DEPTH_FIELDS
+
+    indexes = defaults.get("out_indices")
+    field = next((k for k in TOWER_DEPTH_FIELDS if _int(tiny.get(k))), None)
+    if field is None or not (isinstance(indexes, list) and indexes and all(_int(i) for i in indexes)):
+        return tiny
+    if max(indexes) <= tiny[field]:
+        return tiny
+    depth = max(tiny[field], len(indexes))
+    wanted = list(range(depth - len(indexes) + 1, depth + 1))
+    if depth == tiny[field] and _builds(config, {**tiny, "out_indices": wanted}, "out_indices") \
+            and list(getattr(config(**tiny), "out_indices", None) or ()) == wanted:
+        return tiny  # the config derives them from the tiny depth already (DINOv2's last layer)
+    changed = {**tiny, field: depth, "out_indices": wanted}
+    return changed if _builds(config, changed, "out_indices") else tiny
+
+
+def tiny_layer_indexes(config: type, defaults: dict[str, Any], tiny: dict[str, Any]) -> dict[str, Any]:
+    """``tiny`` with each layer-index list of the defaults that names a layer past the tiny depth (deepstack,
+    full-attention, global-attention, intermediate layers) set to the tiny tower's last layer: the tiny checks
+    then run both the plain layers and the indexed path (``vitcg validate`` refuses a tiny config that skips it)."""
+    from ...lang.rules.bindings import LAYER_INDEX_FIELDS, TOWER_DEPTH_FIELDS
+
+    depth = next((v for k in TOWER_DEPTH_FIELDS if _int(v := tiny.get(k, defaults.get(k)))), None)
+    for key in LAYER_INDEX_FIELDS:
+        indexes = defaults.get(key)
+        if depth is None or not isinstance(indexes, list) or all(isinstance(i, int) and i < depth for i in indexes):
+            continue
+        if _builds(config, {**tiny, key: [depth - 1]}):  # else leave it: validate names the field to fix
+            tiny[key] = [depth - 1]
+    return tiny
+
+
+def tiny_config(config: type, defaults: dict[str, Any]) -> dict[str, Any]:
+    """``tests.tiny_config`` of a draft whose vision config is ``config`` (``defaults``: its ``to_dict()``): the
+    config's own small fields (:func:`tiny_fields`), and a mapping of small fields for each sub-config that builds
+    part of the tower (:func:`_tiny_sub_config`)."""
+    tiny = tiny_fields(config, defaults)
+    for key, value in defaults.items():
+        if isinstance(value, dict) and "model_type" in value and not NOT_TOWER.fullmatch(key):
+            nested = _tiny_sub_config(config, tiny, key)
+            if nested:
+                tiny[key] = nested
+    return tiny
+
+
+def _tiny_sub_config(config: type, tiny: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """What ``tests.tiny_config.KEY`` writes to shrink the sub-config ``key`` of ``config``: its model type, the
+    fields the parent's default sets beyond the sub-config class's own defaults (a backbone's ``out_indices``), and
+    its small fields; None where it shrinks nothing or the parent does not build with it."""
+    try:
+        sub = getattr(config(**tiny), key)
+        plain = type(sub)().to_dict()
+    except Exception:  # noqa: BLE001 - a sub-config that cannot build alone: left at its default
+        return None
+    defaults = sub.to_dict()
+    small = tiny_fields(type(sub), defaults)
+    if not small:
+        return None
+    try:  # fields derived from the small ones (a backbone's stage_names): the parent's values would contradict them
+        derived = {k for k, v in type(sub)(**small).to_dict().items() if plain.get(k) != v}
+    except Exception:  # noqa: BLE001
+        return None
+    own = {k: v for k, v in defaults.items()
+           if k not in IGNORED and k not in small and k not in derived and plain.get(k, v) != v}
+    nested = {"model_type": defaults["model_type"], **own, **small} if "model_type" in defaults else {**own, **small}
+    with contextlib.suppress(Exception):  # noqa: BLE001 - the parent rejects it: the sub-config keeps its default
+        built = getattr(config(**tiny, **{key: nested}), key).to_dict()
+        if all(built.get(k) == v for k, v in small.items()):
+            return nested
+    return None
