@@ -1044,6 +1044,10 @@ def _plain_flow(value: Any) -> str:
         return "{" + ", ".join(f"{k}: {_plain_flow(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_plain_flow(v) for v in value) + "]"
+    return _plain_scalar(value)
+
+
+def _plain_scalar(value: Any) -> str:
     if isinstance(value, str):
         plain = re.fullmatch(r"[A-Za-z_][\w.-]*", value) and value.lower() not in YAML_WORDS
         return value if plain else json.dumps(value)

@@ -9,7 +9,6 @@ DepthAnything-like heads' ``backbone_config``). Each value is kept only where th
 
 from __future__ import annotations
 
-import contextlib
 import re
 from typing import Any
 
@@ -43,21 +42,39 @@ def _builds(config: type, values: dict[str, Any], key: str | None = None) -> boo
     return key is None or getattr(built, key, None) == values[key]
 
 
-def _candidates(config: type, defaults: dict[str, Any]) -> dict[str, Any]:
-    """The small values to try for the fields of ``defaults``, in order: :data:`TINY`'s, the other layer counts,
-    one layer per stage. A field the config class stores under another name (Inkling's ``num_hidden_layers`` in
-    ``n_layers``, its ``attribute_map``) is read under both."""
-    stages = {key: value for key in STAGE_DEPTHS if isinstance(value := defaults.get(key), list) and value
-              and all(_int(v) for v in value)}
-    stage_count = len(next(iter(stages.values()), ()))  # Swin's num_layers counts its stages, not layers
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_int(v) for v in value)
+
+
+def _stages(defaults: dict[str, Any]) -> dict[str, list[int]]:
+    """The per-stage layer counts of ``defaults`` (:data:`STAGE_DEPTHS`)."""
+    return {key: defaults[key] for key in STAGE_DEPTHS if _ints(defaults.get(key))}
+
+
+def _with_aliases(config: type, defaults: dict[str, Any], stage_count: int) -> dict[str, Any]:
+    """``defaults`` with each layer count the config class stores under another name (Inkling's
+    ``num_hidden_layers`` in ``n_layers``: its ``attribute_map``) readable under the mapped name too; a count of
+    stages is none (Swin's ``num_layers``)."""
     mapped = getattr(config, "attribute_map", None)
     aliases = mapped.items() if isinstance(mapped, dict) else ()
-    defaults = {**defaults, **{alias: defaults[name] for alias, name in aliases
-                               if name in defaults and name not in TINY and DEPTH_ALIASES.fullmatch(name)
-                               and defaults[name] != stage_count}}
+    return {**defaults, **{alias: defaults[name] for alias, name in aliases
+                           if name in defaults and name not in TINY and DEPTH_ALIASES.fullmatch(name)
+                           and defaults[name] != stage_count}}
+
+
+def _deeper(key: str, value: Any, stage_count: int) -> bool:
+    """Whether field ``key`` is a layer count (:data:`DEPTH_ALIASES`) past the tiny depth, not a stage count."""
+    return bool(DEPTH_ALIASES.fullmatch(key)) and _int(value) and value > TINY_DEPTH and value != stage_count
+
+
+def _candidates(config: type, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The small values to try for the fields of ``defaults``, in order: :data:`TINY`'s, the other layer counts,
+    one layer per stage."""
+    stages = _stages(defaults)
+    stage_count = len(next(iter(stages.values()), ()))
+    defaults = _with_aliases(config, defaults, stage_count)
     found = {key: value for key, value in TINY.items() if _int(defaults.get(key)) and key not in stages}
-    found |= {key: TINY_DEPTH for key, value in defaults.items() if key not in found and DEPTH_ALIASES.fullmatch(key)
-              and _int(value) and value > TINY_DEPTH and value != stage_count}
+    found |= {key: TINY_DEPTH for key, value in defaults.items() if key not in found and _deeper(key, value, stage_count)}
     found |= {key: [1] * len(value) for key, value in stages.items() if max(value) > 1}
     return found
 
@@ -78,22 +95,27 @@ def tiny_fields(config: type, defaults: dict[str, Any]) -> dict[str, Any]:
 def _tiny_outputs(config: type, defaults: dict[str, Any], tiny: dict[str, Any]) -> dict[str, Any]:
     """``tiny`` where a backbone returns the feature maps of ``out_indices`` layers: one tiny layer per feature
     map, each returned (ZoeDepth's BEiT returns layers 6, 12, 18 and 24 of 24 to a neck that expects four maps;
-    the tiny one returns layers 1 to 4 of 4). Unchanged where the defaults name no layer past the tiny depth."""
+    the tiny one returns layers 1 to 4 of 4). Unchanged where the defaults name no layer past the tiny depth, or
+    the config derives the same from the tiny depth already (DINOv2's last layer)."""
     from ...lang.rules.bindings import TOWER_DEPTH_FIELDS
 
     indexes = defaults.get("out_indices")
     field = next((k for k in TOWER_DEPTH_FIELDS if _int(tiny.get(k))), None)
-    if field is None or not (isinstance(indexes, list) and indexes and all(_int(i) for i in indexes)):
-        return tiny
-    if max(indexes) <= tiny[field]:
+    if field is None or not _ints(indexes) or max(indexes) <= tiny[field]:
         return tiny
     depth = max(tiny[field], len(indexes))
-    wanted = list(range(depth - len(indexes) + 1, depth + 1))
-    if depth == tiny[field] and _builds(config, {**tiny, "out_indices": wanted}, "out_indices") \
-            and list(getattr(config(**tiny), "out_indices", None) or ()) == wanted:
-        return tiny  # the config derives them from the tiny depth already (DINOv2's last layer)
-    changed = {**tiny, field: depth, "out_indices": wanted}
-    return changed if _builds(config, changed, "out_indices") else tiny
+    changed = {**tiny, field: depth, "out_indices": list(range(depth - len(indexes) + 1, depth + 1))}
+    if not _builds(config, changed, "out_indices") or _derived(config, tiny, changed["out_indices"]):
+        return tiny
+    return changed
+
+
+def _derived(config: type, tiny: dict[str, Any], indexes: list[int]) -> bool:
+    """Whether ``config(**tiny)`` has these ``out_indices`` without being told."""
+    try:
+        return list(getattr(config(**tiny), "out_indices", None) or ()) == indexes
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def tiny_layer_indexes(config: type, defaults: dict[str, Any], tiny: dict[str, Any]) -> dict[str, Any]:
@@ -127,26 +149,25 @@ def tiny_config(config: type, defaults: dict[str, Any]) -> dict[str, Any]:
 
 def _tiny_sub_config(config: type, tiny: dict[str, Any], key: str) -> dict[str, Any] | None:
     """What ``tests.tiny_config.KEY`` writes to shrink the sub-config ``key`` of ``config``: its model type, the
-    fields the parent's default sets beyond the sub-config class's own defaults (a backbone's ``out_indices``), and
-    its small fields; None where it shrinks nothing or the parent does not build with it."""
+    fields the parent's default sets beyond the sub-config class's own defaults (ZoeDepth's BEiT:
+    ``image_size: 384``), and its small fields; None where it shrinks nothing or the parent does not build with
+    it (the sub-config then keeps its default)."""
     try:
         sub = getattr(config(**tiny), key)
-        plain = type(sub)().to_dict()
-    except Exception:  # noqa: BLE001 - a sub-config that cannot build alone: left at its default
+        small = tiny_fields(type(sub), sub.to_dict())
+        nested = _nested(type(sub), sub.to_dict(), small) if small else None
+        built = getattr(config(**tiny, **{key: nested}), key).to_dict() if nested else {}
+    except Exception:  # noqa: BLE001 - config code of any release: the sub-config keeps its default
         return None
-    defaults = sub.to_dict()
-    small = tiny_fields(type(sub), defaults)
-    if not small:
-        return None
-    try:  # fields derived from the small ones (a backbone's stage_names): the parent's values would contradict them
-        derived = {k for k, v in type(sub)(**small).to_dict().items() if plain.get(k) != v}
-    except Exception:  # noqa: BLE001
-        return None
+    return nested if nested and all(built.get(k) == v for k, v in small.items()) else None
+
+
+def _nested(sub: type, defaults: dict[str, Any], small: dict[str, Any]) -> dict[str, Any]:
+    """The mapping that builds the sub-config class ``sub`` as ``defaults`` with ``small`` over it: the model type,
+    the fields that differ from the class's own defaults, except those derived from the small ones (a backbone's
+    ``stage_names``: the parent's values would contradict them), then ``small``. Raises what the class raises."""
+    plain = sub().to_dict()
+    derived = {k for k, v in sub(**small).to_dict().items() if plain.get(k) != v}
     own = {k: v for k, v in defaults.items()
            if k not in IGNORED and k not in small and k not in derived and plain.get(k, v) != v}
-    nested = {"model_type": defaults["model_type"], **own, **small} if "model_type" in defaults else {**own, **small}
-    with contextlib.suppress(Exception):  # noqa: BLE001 - the parent rejects it: the sub-config keeps its default
-        built = getattr(config(**tiny, **{key: nested}), key).to_dict()
-        if all(built.get(k) == v for k, v in small.items()):
-            return nested
-    return None
+    return {**({"model_type": defaults["model_type"]} if "model_type" in defaults else {}), **own, **small}
