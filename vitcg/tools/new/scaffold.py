@@ -28,8 +28,8 @@ from typing import Any
 from ...errors import UsageError, VitcgError, suggest
 from ...lang.catalogue import PROVIDERS, STANDARD_ROLES, STYLE_DEFAULTS, STYLES, style_of
 from ..guesses import MARK, placeholder_checkpoint
-from .tiny import tiny_config
-from .tokens import Prepended, prepended_tokens
+from .tiny import fitting, tiny_config
+from .tokens import Prepended, meta_call, prepended_tokens
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +376,22 @@ def _items_and_budget(out: _Lines, style: str, packed: bool, geometry: dict, m: 
                   "max": _tile_budget_max(values, max(1, values["image_size"] // values["patch_size"]) ** 2 + prepended)}
     _section(out, style, "items", items)
     _section(out, style, "budget", budget)
+
+
+def _runs_on_meta(w: _Whole, image: dict[str, int] | None = None) -> Callable[[dict[str, Any]], bool]:
+    """Whether the draft's tiles tower, built from its config with these overrides (and ``image``: a tiny
+    ``image_size``), runs one tile on the meta device."""
+    image = image or {}
+    size, channels = image.get("image_size", w.geometry["image_size"][2]), w.geometry["in_channels"][2]
+
+    def runs(overrides: dict[str, Any]) -> bool:
+        try:
+            config = w.d.vision_config(**overrides, **image)
+        except Exception:  # noqa: BLE001 - config code of any release
+            return False
+        return meta_call(w.d.encoder, config, size, channels) is not None
+
+    return runs
 
 
 def _prepended(d: Draft, geometry: dict[str, tuple[str, str | None, int]]) -> Prepended | None:
@@ -775,9 +791,14 @@ def _buffers_and_docs(out: _Lines, w: _Whole) -> None:
 
 
 def _tests(out: _Lines, w: _Whole) -> None:
-    tiny = tiny_config(w.d.vision_config, w.d.defaults)
+    image = {}
     if "image_size" in w.geometry and not w.packed and w.geometry["image_size"][0].startswith("config.image_size"):
-        tiny.update(_tiny_image_size(w.d.defaults))
+        image = _tiny_image_size(w.d.defaults)
+    if image and not _runs_on_meta(w, image)({}) and _runs_on_meta(w)({}):
+        image = {}  # the tower does not run a tile of four patches a side (Swin's windows): its own size
+    tiny = tiny_config(w.d.vision_config, w.d.defaults) if w.packed else fitting(w.d.vision_config, w.d.defaults,
+                                                                                   _runs_on_meta(w, image))
+    tiny.update(image)
     out.add("tests:", "the harness: how vitcg check builds and feeds the model (or NAME.tests.yaml beside the spec)")
     out.add(f"  tiny_config: {_plain_flow(tiny)}", "small dimensions for CPU checks: 2 layers (one a stage), hidden "
             "<= 64, the same in the sub-configs that build the tower")

@@ -10,6 +10,7 @@ DepthAnything-like heads' ``backbone_config``). Each value is kept only where th
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
@@ -17,6 +18,9 @@ TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, 
         "num_position_embeddings": 64}
 """Small values for the vision config fields a tiny CPU check shrinks, when the config has them."""
 TINY_DEPTH = TINY["num_hidden_layers"]
+WIDTHS = ("hidden_size", "embed_dim", "num_heads", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+          "out_hidden_size")
+""":data:`TINY`'s widths (the rest are depths and position tables)."""
 DEPTH_ALIASES = re.compile(r"(n|num)_(\w+_)?layers|(encoder|vision)_layers")
 """Other names of a layer count (``n_layers``, ``num_spatial_layers``, ``encoder_layers``): shrunk to
 :data:`TINY_DEPTH` where larger."""
@@ -24,6 +28,9 @@ STAGE_DEPTHS = ("depths", "depth")
 """Lists of layers per stage (Swin, ConvNeXt, Florence-2's DaViT, CvT): one layer a stage."""
 NOT_TOWER = re.compile(r".*(text|audio|decoder).*")
 """Sub-configs that build no part of the vision tower (a language model, a detection decoder)."""
+LAYER_INDEXES = ("deepstack_visual_indexes", "fullatt_block_indexes", "global_attn_indexes",
+                 "intermediate_layers_indices", "out_indices")
+"""Fields of layer indexes a tiny config moves with its depth (kept with the :data:`TINY` fields they follow)."""
 IGNORED = frozenset({"transformers_version", "_name_or_path", "architectures"})
 """Keys of a sub-config's ``to_dict()`` that say nothing about the model built from it."""
 
@@ -171,3 +178,40 @@ def _nested(sub: type, defaults: dict[str, Any], small: dict[str, Any]) -> dict[
     own = {k: v for k, v in defaults.items()
            if k not in IGNORED and k not in small and k not in derived and plain.get(k, v) != v}
     return {**({"model_type": defaults["model_type"]} if "model_type" in defaults else {}), **own, **small}
+
+
+def fitting(config: type, defaults: dict[str, Any], runs: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """:func:`tiny_config`, unless the tower it builds does not run (``runs``: a call on the meta device) where the
+    default one does; then the first that runs of: the sub-configs' depths alone (:func:`_shallow`), no sub-config,
+    the depths alone, the :data:`TINY` fields alone, nothing. Shrinking parts apart can break what joins them:
+    DPT's neck takes the backbone's default width (DepthAnything), CvT indexes a per-stage list past a stage of one
+    layer, SAM 2's Hiera keeps per-stage widths beside its hidden_size, Swin's head counts do not divide 64."""
+    whole = tiny_config(config, defaults)
+    if runs(whole) or not runs({}):
+        return whole
+    return next((t for t in _fallbacks(whole) if t and t != whole and runs(t)), {})
+
+
+def _fallbacks(whole: dict[str, Any]) -> list[dict[str, Any]]:
+    """The smaller tiny configs :func:`fitting` tries after ``whole``, in order."""
+    own = {k: v for k, v in whole.items() if not isinstance(v, dict)}
+    deep = {k: v for k, v in own.items() if k not in WIDTHS}  # Swin: embed_dim 64 fits no head count of 3
+    plain = {k: v for k, v in own.items() if k in TINY or k in LAYER_INDEXES}
+    return [_shallow(whole), own, deep, plain]
+
+
+def _shallow(tiny: dict[str, Any]) -> dict[str, Any]:
+    """``tiny`` with each sub-config's widths left at its default (its depths still small); a sub-config left with
+    no small field is left out."""
+    shallow = {}
+    for key, value in tiny.items():
+        if isinstance(value, dict):
+            value = {f: x for f, x in value.items() if f not in WIDTHS}
+            if not any(_small_field(f) for f in value):
+                continue
+        shallow[key] = value
+    return shallow
+
+
+def _small_field(name: str) -> bool:
+    return name in TINY or name in STAGE_DEPTHS or name in LAYER_INDEXES or bool(DEPTH_ALIASES.fullmatch(name))

@@ -38,16 +38,28 @@ def prepended_tokens(encoder: type, config: Any, image_size: int, patch_size: in
 
     if image_size <= 0 or patch_size <= 0 or image_size % patch_size:
         return None
-    try:
-        with torch.device("meta"):
-            tower = encoder(config)
-        with torch.no_grad():
-            result = tower(torch.empty(1, channels, image_size, image_size, device="meta"))
-    except Exception:  # noqa: BLE001 - model code of any release; a draft never fails on a measurement
+    called = meta_call(encoder, config, image_size, channels)
+    if called is None:
         return None
+    tower, result = called
     rows = getattr(result, output, None) if not isinstance(result, torch.Tensor) else result
     if not isinstance(rows, torch.Tensor) or rows.dim() != 3:  # channels-first maps and pooled rows: not tokens
         return None
     count = rows.shape[1] - (image_size // patch_size) ** 2
     names = tuple(name for name, _ in tower.named_parameters() if TOKEN_PARAMETERS.fullmatch(name.rpartition(".")[2]))
     return Prepended(count, names) if count > 0 and names else None
+
+
+def meta_call(encoder: type, config: Any, image_size: int, channels: int) -> tuple[Any, Any] | None:
+    """``(tower, output)``: ``encoder`` built from ``config`` on the meta device and called on one tile of
+    ``image_size`` pixels, or None where building or calling it raises (model code that reads values, a forward
+    that needs other arguments, a config whose parts do not fit together)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            tower = encoder(config)
+        with torch.no_grad():
+            return tower, tower(torch.empty(1, channels, image_size, image_size, device="meta"))
+    except Exception:  # noqa: BLE001 - model code of any release; a draft never fails on a measurement
+        return None

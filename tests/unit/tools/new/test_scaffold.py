@@ -358,3 +358,24 @@ def spec_default_backbone(model_type: str) -> dict:
     from transformers import CONFIG_MAPPING
 
     return CONFIG_MAPPING[model_type]().backbone_config.to_dict()
+
+
+@pytest.mark.parametrize("model_type", ["swin", "cvt", "depth_anything", "sam2_vision_model", "zoedepth"])
+def test_a_drafted_tiny_config_builds_a_tower_that_runs(tmp_path, model_type):
+    """Shrinking parts apart broke what joins them: Swin's embed_dim 64 fits no head count of 3, CvT indexes a
+    per-stage list past a stage of one layer, DepthAnything's neck takes its backbone's default width, SAM 2's Hiera
+    keeps per-stage widths beside hidden_size. The draft keeps the smallest tiny config whose tower runs one tile on
+    the meta device, as the default tower does."""
+    from vitcg.lang import SpecSource
+    from vitcg.lang.catalogue import STYLES
+    from vitcg.tools.encoders import build_config
+    from vitcg.tools.new.tokens import meta_call
+
+    path = tmp_path / f"{scaffold.spec_name(model_type)}.yaml"
+    text, _ = scaffold.checked_draft(_model_type(model_type), path)
+    path.write_text(text)
+    config = build_config(SpecSource.of_files([path]).specs[0])  # the tiny config, as vitcg check builds it
+    d = scaffold.draft(model_type)
+    geometry = scaffold._geometry(d, STYLES[d.style])
+    size = config.image_size if isinstance(getattr(config, "image_size", None), int) else geometry["image_size"][2]
+    assert meta_call(d.encoder, config, size, geometry["in_channels"][2]) is not None, text.split("tiny_config: ")[1][:200]
