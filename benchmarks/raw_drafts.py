@@ -12,8 +12,9 @@ first draft does: ``extends:`` is looked up beside the file first, where a sibli
 spec would stand in for it. Model types that no packaged spec lists in its ``model_types`` run first, in a
 fixed shuffled order. Each result is appended to ``DIR/results.jsonl`` as it comes, so a rerun resumes where
 the last one stopped; ``--summary`` only writes ``DIR/summary.json`` and ``DIR/summary.md`` from the results so
-far. ``--validate-only`` runs ``vitcg new`` and ``vitcg validate`` alone for every model type in one process
-(minutes, where the whole sweep takes hours on two cores) into ``DIR/validate.jsonl``.
+far, with the failures grouped by :data:`REASONS`. ``--validate-only`` runs ``vitcg new`` and ``vitcg
+validate`` alone for every model type in one process (minutes, where the whole sweep takes hours on two cores)
+into ``DIR/validate.jsonl``.
 
 A result's ``verdict`` is one of: ``proven`` (no guesses left), ``proven with guesses`` (``vitcg check`` says
 "proven, with N guesses left"), ``spec stage only``, ``failed`` (the reason's first line), ``new refused`` or
@@ -215,6 +216,37 @@ def _classify(stages: dict, timed_out: bool, code: int | None, stderr: str) -> d
     return {"verdict": str(verdict), "guesses": guesses, "detail": (reason[0] or tail[0])[:300]}
 
 
+REASONS = (
+    ("a token count off by the tokens before the patches (a CLS token)", r"manager output \(\d+, \d+\) but eager output"),
+    ("an output width or row count other than the drafted out_hidden_size or items formula",
+     r"graph returned rows of width|graph returned \d+ rows for"),
+    ("channels-first outputs", r"channels first"),
+    ("a tower that returns a plain tensor or a backbone output (no last_hidden_state)", r"has no 'last_hidden_state'"),
+    ("a package this environment lacks (timm, natten, scipy)", r"requires the \w+ library|No module named"),
+    ("a backbone without SDPA", r"does not support an attention implementation through torch\.nn\.functional"),
+    ("the tiny encoder does not build", r"building the tiny encoder failed"),
+    ("a host sync in the captured forward", r"HostSyncError"),
+    ("end to end: a standalone tower (no get_image_features)", r"^end-to-end stage: .*has no get_image_features"),
+    ("end to end: no image processor mapped to the model type", r"^end-to-end stage: .*has no image processor mapped"),
+    ("end to end: vlm_attribute names no encoder", r"^end-to-end stage: .* is a \w+, not the spec's"),
+    ("end to end: other", r"^end-to-end stage"),
+    ("other spec-stage failures", r""),
+)
+"""Why a raw draft failed, read off its detail line: the first pattern that matches names the reason."""
+
+
+def reasons(results: list[dict]) -> dict[str, list[str]]:
+    """The failed model types of ``results`` by :data:`REASONS`, in that order (empty reasons left out)."""
+    import re
+
+    found: dict[str, list[str]] = {}
+    for r in sorted(results, key=lambda r: r["model_type"]):
+        if r["verdict"] == "failed":
+            label = next(label for label, pattern in REASONS if re.search(pattern, r.get("detail", "")))
+            found.setdefault(label, []).append(r["model_type"])
+    return {label: found[label] for label, _ in REASONS if label in found}
+
+
 ORDER = ("proven", "proven with guesses", "spec stage only", "failed", "invalid", "new failed", "new refused",
          "crashed", "killed", "timed out")
 
@@ -234,7 +266,8 @@ def summarize(folder: Path, listing: dict, results: list[dict], command: str) ->
                 "command": command, "model_types_in_transformers": listing["all"],
                 "vision_model_types": len(listing["vision"]), "swept": len(by_type), "validate_ok": validated,
                 "new_and_validate_of_every_model_type": fast_pass,
-                "counts": counts, "refused_by_new": listing["refused"], "covered": listing["covered"],
+                "counts": counts, "failed_by_reason": reasons(list(by_type.values())),
+                "refused_by_new": listing["refused"], "covered": listing["covered"],
                 "results": [{k: v for k, v in r.items() if k != "stages"}
                             | {"extends": r["stages"].get("new", {}).get("extends"),
                                "covered_by": listing["covered"].get(r["model_type"]),
@@ -249,6 +282,8 @@ def summarize(folder: Path, listing: dict, results: list[dict], command: str) ->
                 f"{fast_pass['validate_ok']} validate." if passes else ""), "",
              "| verdict | count |", "|---|---|"]
     lines += [f"| {v} | {c} |" for v, c in counts.items() if c]
+    lines += ["", "| why failed | count |", "|---|---|"]
+    lines += [f"| {label} | {len(types)} |" for label, types in document["failed_by_reason"].items()]
     lines += ["", "| model type | covered by | extends | validates | check | seconds | detail |",
               "|---|---|---|---|---|---|---|"]
     for r in document["results"]:

@@ -91,10 +91,11 @@ def resolve_file(path: str | Path, display: str | None = None) -> tuple[LoadedYa
     return resolver().resolve_file(Path(path), display)
 
 
-def spec_from_text(text: str, file: str = "<text>", bindings: Bindings | None = None) -> Spec:
-    """Validate one spec given as text (it may extend a spec of :func:`spec_folders`). Raises SpecError with every
+def spec_from_text(text: str, file: str = "<text>", bindings: Bindings | None = None, at: str | Path | None = None) -> Spec:
+    """Validate one spec given as text (it may extend a spec of :func:`spec_folders`; with ``at``, the path it is
+    about to be written to, one beside that path first, as the file will). Raises SpecError with every
     diagnostic."""
-    loaded, problems = resolver().resolve_text(text, file)
+    loaded, problems = resolver().resolve_text(text, file, Path(at) if at is not None else None)
     spec = None
     if loaded is not None:
         spec, problems = check(loaded, bindings)

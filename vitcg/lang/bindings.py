@@ -101,6 +101,9 @@ def unknown_config_keys(config_cls: type, overrides: Mapping[str, Any], prefix: 
     if known is None:
         return []
     known |= set(getattr(config_cls, "attribute_map", {}))
+    # a property with a setter is set from its keyword like a field (a backbone's out_indices, out_features)
+    known |= {name for klass in config_cls.__mro__ for name, attr in vars(klass).items()
+              if isinstance(attr, property) and attr.fset is not None}
     known |= {"model_type"}
     problems = []
     for key, value in overrides.items():

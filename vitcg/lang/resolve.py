@@ -321,11 +321,30 @@ class Resolver:
         """The resolved spec of the file at ``path``, or None and the diagnostics that explain why not."""
         return self._file(Path(path), display or str(path), ())
 
-    def resolve_text(self, text: str, file: str) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+    def resolve_text(self, text: str, file: str, at: Path | None = None) -> tuple[LoadedYaml | None, list[Diagnostic]]:
+        """``text`` resolved; ``at``: the path it is about to be written to, so that it resolves as that file will
+        (parents beside it first), and a spec there that would extend it back is an ``extends`` cycle now, not
+        once the file is written (two drafts of ``vitcg new`` in one folder: llava_next -> clip -> llava_next)."""
         loaded, problems = load_text(text, file)
         if loaded is None:
             return None, problems
-        return self._loaded(loaded, None, (None,))  # None: the text, first in its chain
+        if at is None:
+            return self._loaded(loaded, None, (None,))  # None: the text, first in its chain
+        key = Path(at).resolve()
+        find = self.find
+
+        def pending(name: str, near: Path | None) -> Path | None:  # the text is the file at ``at`` already
+            beside = near is not None and Path(near).resolve() == key.parent
+            if not (beside and name == key.stem and key.suffix in (".yaml", ".yml")):
+                return find(name, near)
+            first = key.with_suffix(".yaml")  # the finder's order beside a file: NAME.yaml, then NAME.yml
+            return first if key.suffix == ".yml" and _there(first) else key
+
+        self.find = pending
+        try:
+            return self._loaded(loaded, key.parent, (key,))
+        finally:
+            self.find = find
 
     def _file(self, path: Path, display: str, chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
         """``path`` resolved, from the cache when it was before: a result depends on the file and its ancestors
@@ -441,7 +460,19 @@ class Resolver:
             cycle = chain[chain.index(key):]
             for i, member in enumerate(cycle):
                 self._cycles[member] = cycle[i:] + cycle[:i]
-            raise _Refused(*_cycle(self._cycles[chain[-1]]))
+            raise _Refused(*self._cycle(self._cycles[chain[-1]]))
+
+    def _cycle(self, members: tuple[Path, ...]) -> tuple[str, str]:
+        """:func:`_cycle`'s message, and a hint naming the member that stands beside its child in place of the spec
+        folders' file of that name (a draft named like a packaged spec), when one does."""
+        message, hint = _cycle(members)
+        for child, parent in zip(members, (*members[1:], members[0])):
+            elsewhere = self.find(parent.stem, None)
+            if parent.parent == child.parent and elsewhere is not None and elsewhere.resolve() != parent:
+                return message, (f"{parent.name} beside {child.name} stands in for {elsewhere} (a parent is looked up "
+                                 f"beside the file first): rename {parent.name} and its name:, or move it to a folder "
+                                 "of its own")
+        return message, hint
 
     def _ancestor(self, path: Path, chain: Chain) -> tuple[LoadedYaml | None, list[Diagnostic]]:
         """The parent at ``path`` resolved; a chain too long is refused by its first file only."""
@@ -455,7 +486,7 @@ class Resolver:
             names = " -> ".join("(text)" if p is None else p.stem for p in too_long.chain)
             raise _Refused(f"extends chain longer than {MAX_CHAIN} specs: {shown(names)[1:-1]} -> ...", _LONG) from None
         if parent is None and chain[-1] in self._cycles:
-            raise _Refused(*_cycle(self._cycles[chain[-1]]))
+            raise _Refused(*self._cycle(self._cycles[chain[-1]]))
         return parent, problems
 
     def _valid(self, parent: LoadedYaml | None, problems: list[Diagnostic], name: str, path: Path) -> None:

@@ -432,3 +432,32 @@ def test_buffer_rules_in_a_child_show_its_own_index_and_name_the_parents_entry_b
     assert default.path == "$.buffers[0].arg" and default.message == (
         "buffer arg 'grid_thw' is already used by the 'packed' style's default "
         f"({tmp_path / 'qwen2_vl.yaml'}:{style} chose it), buffer 'grid_thw'")
+
+
+def test_a_cycle_through_a_file_named_like_a_packaged_spec_names_the_file_it_stands_in_for(tmp_path):
+    """Two drafts of vitcg new in one folder: clip.yaml extends llava_next, meaning vitcg/specs/llava_next.yaml,
+    but llava_next.yaml beside it is found first, and it extends clip, found beside it as well. The hint says which
+    file stands in for which."""
+    from vitcg.lang import packaged_specs_dir
+
+    child(tmp_path, "name: clip\nextends: llava_next\n", "clip")
+    child(tmp_path, "name: llava_next\nextends: clip\n", "llava_next")
+    _, problems = resolve_file(tmp_path / "clip.yaml")
+    (d,) = problems
+    assert (d.line, d.message) == (2, "extends cycle: clip -> llava_next -> clip")
+    assert d.hint.startswith(f"llava_next.yaml beside clip.yaml stands in for {packaged_specs_dir() / 'llava_next.yaml'} "
+                             "(a parent is looked up beside the file first)"), d.hint
+
+
+def test_a_text_about_to_be_written_resolves_as_the_file_it_will_be(tmp_path):
+    """spec_from_text(..., at=PATH) (vitcg new's check before it writes): a spec beside PATH that extends PATH's name
+    would find the new file, so a cycle through it is an error before the file exists, not after."""
+    from vitcg.errors import SpecError
+    from vitcg.lang import spec_from_text
+
+    child(tmp_path, "name: llava_next\nextends: clip\n", "llava_next")
+    text = "name: clip\nextends: llava_next\n"
+    with pytest.raises(SpecError, match="extends cycle: clip -> llava_next -> clip"):
+        spec_from_text(text, str(tmp_path / "clip.yaml"), at=tmp_path / "clip.yaml")
+    loaded, problems = resolver().resolve_text(text, "clip.yaml", at=tmp_path / "elsewhere" / "clip.yaml")
+    assert not problems and loaded.data["name"] == "clip"  # in another folder the packaged llava_next is found

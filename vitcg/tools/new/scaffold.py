@@ -15,6 +15,9 @@ import functools
 import importlib
 import importlib.resources
 import inspect
+import json
+import logging
+import math
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -25,11 +28,11 @@ from typing import Any
 from ...errors import UsageError, VitcgError, suggest
 from ...lang.catalogue import PROVIDERS, STANDARD_ROLES, STYLE_DEFAULTS, STYLES, style_of
 from ..guesses import MARK, placeholder_checkpoint
+from .tiny import fitting, tiny_config
+from .tokens import Prepended, meta_call, prepended_tokens
 
-TINY = {"depth": 2, "num_hidden_layers": 2, "hidden_size": 64, "embed_dim": 64, "num_heads": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96, "out_hidden_size": 48,
-        "num_position_embeddings": 64}
-"""Small values for the vision config fields a tiny CPU check shrinks, when the config has them."""
+log = logging.getLogger(__name__)
+
 GEOMETRY = {
     "patch_size": ("patch_size",),
     "temporal_patch_size": ("temporal_patch_size",),
@@ -305,42 +308,6 @@ def _out_hidden_size(defaults: dict[str, Any]) -> tuple[str, str, int]:
     return "64", "the width of one output row: no hidden size field found in the config", 64
 
 
-def _tiny_config(config: type, defaults: dict[str, Any]) -> dict[str, int]:
-    """The :data:`TINY` values the config accepts: each one kept only if the config still builds with it
-    (a field may be derived, or tied to others: per-layer settings indexed by layer)."""
-    from ...lang.bindings import unknown_config_keys
-
-    tiny: dict[str, int] = {}
-    for key, value in TINY.items():
-        if not _int(defaults.get(key)) or unknown_config_keys(config, {key: value}):
-            continue
-        try:
-            config(**tiny, **{key: value})
-        except Exception:  # noqa: BLE001 - any failure means: leave this field at its default
-            continue
-        tiny[key] = value
-    return _tiny_layer_indexes(config, defaults, tiny)
-
-
-def _tiny_layer_indexes(config: type, defaults: dict[str, Any], tiny: dict[str, Any]) -> dict[str, Any]:
-    """``tiny`` with each layer-index list of the defaults that names a layer past the tiny depth (deepstack,
-    full-attention, global-attention, intermediate layers) set to the tiny tower's last layer: the tiny checks
-    then run both the plain layers and the indexed path (``vitcg validate`` refuses a tiny config that skips it)."""
-    from ...lang.rules.bindings import LAYER_INDEX_FIELDS, TOWER_DEPTH_FIELDS
-
-    depth = next((v for k in TOWER_DEPTH_FIELDS if _int(v := tiny.get(k, defaults.get(k)))), None)
-    for key in LAYER_INDEX_FIELDS:
-        indexes = defaults.get(key)
-        if depth is None or not isinstance(indexes, list) or all(isinstance(i, int) and i < depth for i in indexes):
-            continue
-        try:
-            config(**tiny, **{key: [depth - 1]})
-        except Exception:  # noqa: BLE001 - leave it; validate names the field to fix
-            continue
-        tiny[key] = [depth - 1]
-    return tiny
-
-
 def _tile_budget_max(values: dict[str, int], tokens_per_tile: int) -> tuple[str, str | None]:
     """``(formula, guess)`` for ``budget.max`` of a tiles draft: the engine limits, unless they hold no whole
     tile, or more tiles than a spec may capture (then a literal number of tiles, marked)."""
@@ -394,8 +361,9 @@ def _geometry(d: Draft, style) -> dict[str, tuple[str, str | None, int]]:
     return geometry
 
 
-def _items_and_budget(out: _Lines, style: str, packed: bool, geometry: dict, m: str | None) -> None:
-    """``items`` and ``budget``: what differs from the style's defaults."""
+def _items_and_budget(out: _Lines, style: str, packed: bool, geometry: dict, m: str | None, prepended: int = 0) -> None:
+    """``items`` and ``budget``: what differs from the style's defaults (``prepended``: the tokens a tile yields
+    beyond its patch grid)."""
     merged = f"(h // {m}) * (w // {m})" if m else "h * w"
     if packed:
         items = {"input_size": ("t * h * w", None),
@@ -405,9 +373,35 @@ def _items_and_budget(out: _Lines, style: str, packed: bool, geometry: dict, m: 
         values = {name: value for name, (_, _, value) in geometry.items()}
         items = {"input_size": ("n", None), "output_tokens": ("n * tokens_per_tile", None)}
         budget = {"min": ("tokens_per_tile", "smallest useful budget"),
-                  "max": _tile_budget_max(values, max(1, values["image_size"] // values["patch_size"]) ** 2)}
+                  "max": _tile_budget_max(values, max(1, values["image_size"] // values["patch_size"]) ** 2 + prepended)}
     _section(out, style, "items", items)
     _section(out, style, "budget", budget)
+
+
+def _runs_on_meta(w: _Whole, image: dict[str, int] | None = None) -> Callable[[dict[str, Any]], bool]:
+    """Whether the draft's tiles tower, built from its config with these overrides (and ``image``: a tiny
+    ``image_size``), runs one tile on the meta device."""
+    image = image or {}
+    size, channels = image.get("image_size", w.geometry["image_size"][2]), w.geometry["in_channels"][2]
+
+    def runs(overrides: dict[str, Any]) -> bool:
+        try:
+            config = w.d.vision_config(**overrides, **image)
+        except Exception:  # noqa: BLE001 - config code of any release
+            return False
+        return meta_call(w.d.encoder, config, size, channels) is not None
+
+    return runs
+
+
+def _prepended(d: Draft, geometry: dict[str, tuple[str, str | None, int]]) -> Prepended | None:
+    """:func:`prepended_tokens` of the draft's tower at its default size (None where the config does not build)."""
+    try:
+        config = d.vision_config()
+    except Exception:  # noqa: BLE001 - config code of any release: nothing measured
+        return None
+    return prepended_tokens(d.encoder, config, geometry["image_size"][2], geometry["patch_size"][2],
+                            geometry["in_channels"][2])
 
 
 def _tiny_image_size(defaults: dict[str, Any]) -> dict[str, int]:
@@ -686,6 +680,8 @@ class _Whole:
     pixels_arg: str
     grid_arg: str
     extras: Sequence[Any]
+    prepended: Prepended | None = None
+    """Tokens a tiles tower puts before its patch rows (a CLS token), measured on the meta device."""
 
     @classmethod
     def of(cls, d: Draft, path: str, schema: str, ranked: list[Candidate]) -> _Whole:
@@ -700,7 +696,8 @@ class _Whole:
         passed = (pixels_arg, grid_arg) if style.segmented else (pixels_arg,)
         drafted = [e["name"] for e, _ in _buffer_entries(d, style, geometry, pixels_arg, grid_arg, m)]
         extras = required_arguments(d, passed, (*drafted, *(b["name"] for b in STYLE_DEFAULTS[d.style]["buffers"])))
-        return cls(d, path, schema, ranked, style, geometry, m, signature, pixels_arg, grid_arg, extras)
+        prepended = None if style.segmented or extras else _prepended(d, geometry)
+        return cls(d, path, schema, ranked, style, geometry, m, signature, pixels_arg, grid_arg, extras, prepended)
 
     @property
     def packed(self) -> bool:
@@ -749,9 +746,14 @@ def _geometry_and_attention(out: _Lines, w: _Whole) -> None:
     out.add("geometry:")
     for name, (formula, guess, _) in w.geometry.items():
         out.add(f"  {name}: {formula}", guess)
-    if not w.packed:
+    if not w.packed and w.prepended is None:
         out.add("  tokens_per_tile: (image_size // patch_size) ** 2",
                 "tokens one tile yields (a CLS token? pooling? a projector that merges patches?)")
+    elif not w.packed:
+        count, held = w.prepended.count, ", ".join(w.prepended.parameters)
+        out.add(f"  tokens_per_tile: (image_size // patch_size) ** 2 + {count}",
+                f"the patch rows and {count} token{'s' * (count != 1)} before them ({held}), as "
+                f"{w.d.encoder.__name__} returns one tile on the meta device; pooling? a projector that merges patches?")
     out.add("")
     out.add("attention:")
     calls = ", ".join(sorted(w.d.helpers)) or "no vision_utils helper"
@@ -775,7 +777,7 @@ def _modalities(out: _Lines, w: _Whole) -> None:
                     "the processor's output keys; add `tiles: <key>` if an image carries a tile count")
         if modality == "video":
             out.add("    max_frames_per_video: 32", "largest grid t of one video")
-    _items_and_budget(out, w.d.style, w.packed, w.geometry, w.m)
+    _items_and_budget(out, w.d.style, w.packed, w.geometry, w.m, w.prepended.count if w.prepended else 0)
     out.add("")
 
 
@@ -789,12 +791,17 @@ def _buffers_and_docs(out: _Lines, w: _Whole) -> None:
 
 
 def _tests(out: _Lines, w: _Whole) -> None:
-    tiny = _tiny_config(w.d.vision_config, w.d.defaults)
+    image = {}
     if "image_size" in w.geometry and not w.packed and w.geometry["image_size"][0].startswith("config.image_size"):
-        tiny.update(_tiny_image_size(w.d.defaults))
+        image = _tiny_image_size(w.d.defaults)
+    if image and not _runs_on_meta(w, image)({}) and _runs_on_meta(w)({}):
+        image = {}  # the tower does not run a tile of four patches a side (Swin's windows): its own size
+    tiny = tiny_config(w.d.vision_config, w.d.defaults) if w.packed else fitting(w.d.vision_config, w.d.defaults,
+                                                                                   _runs_on_meta(w, image))
+    tiny.update(image)
     out.add("tests:", "the harness: how vitcg check builds and feeds the model (or NAME.tests.yaml beside the spec)")
-    out.add("  tiny_config: {" + ", ".join(f"{k}: {v}" for k, v in tiny.items()) + "}",
-            "small dimensions for CPU checks: 2 layers, hidden <= 64")
+    out.add(f"  tiny_config: {_plain_flow(tiny)}", "small dimensions for CPU checks: 2 layers (one a stage), hidden "
+            "<= 64, the same in the sub-configs that build the tower")
     out.add("  real_config: {}", "overrides for a real checkpoint's dimensions, where the defaults differ")
     if w.extras:
         described = ", ".join(f"{e.role}: {{shape: [], fill: ones, dtype: int64}}" for e in w.extras)
@@ -1047,6 +1054,30 @@ def _kept_guesses(entries: list[tuple[dict[str, Any], dict[str, str]]], changes:
             if (e["name"], k) not in written]
 
 
+YAML_WORDS = frozenset({"null", "true", "false", "yes", "no", "on", "off", "y", "n", "nan", "inf"})
+"""Plain words YAML reads as something other than a string."""
+
+
+def _plain_flow(value: Any) -> str:
+    """``value`` (config values: numbers, strings, None, lists and mappings of them) in YAML flow style, a string
+    quoted unless it reads back as itself."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_plain_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_plain_flow(v) for v in value) + "]"
+    return _plain_scalar(value)
+
+
+def _plain_scalar(value: Any) -> str:
+    if isinstance(value, str):
+        plain = re.fullmatch(r"[A-Za-z_][\w.-]*", value) and value.lower() not in YAML_WORDS
+        return value if plain else json.dumps(value)
+    if isinstance(value, float) and math.isfinite(value):
+        text = repr(value)  # YAML 1.1 reads 1e-06 as a string: a float needs its dot (1.0e-06)
+        return text if "." in text else text.replace("e", ".0e")
+    return json.dumps(value) if value is None or isinstance(value, (bool, float)) else str(value)
+
+
 def _flow(value: Any) -> str:
     """``value`` in YAML flow style (formulas, numbers, booleans and flat mappings of them)."""
     if isinstance(value, bool):
@@ -1099,14 +1130,20 @@ def checked_draft(model_type: str, path: str | os.PathLike | None = None) -> tup
 
     The draft is validated before it is returned, so ``vitcg new`` never writes a spec ``vitcg validate``
     refuses. Raises UsageError when the model type cannot be drafted, SpecError (naming the model type, with
-    every diagnostic) if the draft does not validate: a bug of this module for that model type.
+    every diagnostic) if the draft does not validate: a bug of this module for that model type. What transformers
+    and torch warn meanwhile (config defaults, model code) goes to this module's log at debug level, not stderr.
     """
+    from ..quiet import kept_warnings
+
     shown = str(path) if path is not None else None
-    lines = _rendered(model_type, shown, path)
-    problem = _invalid(lines, model_type, shown)
-    if problem is not None and "\nextends: " in lines.text():  # the family's spec does not fit: draft it whole
-        lines = _rendered(model_type, shown, path, family=False)
-        problem = _invalid(lines, model_type, shown)
+    with kept_warnings() as kept:  # config defaults and model code warn as they are read: not the user's concern
+        lines = _rendered(model_type, shown, path)
+        problem = _invalid(lines, model_type, shown, path)
+        if problem is not None and "\nextends: " in lines.text():  # the family's spec does not fit: draft it whole
+            lines = _rendered(model_type, shown, path, family=False)
+            problem = _invalid(lines, model_type, shown, path)
+    for line in kept.lines():
+        log.debug("while drafting %s: %s", model_type, line)
     if problem is not None:
         raise VitcgError(f"the draft of {model_type!r} does not validate, so nothing was written (a bug of "
                          f"vitcg new: please report it, and write the spec by hand meanwhile):\n{problem}")
@@ -1124,13 +1161,14 @@ def _rendered(model_type: str, shown: str | None, path: str | os.PathLike | None
                          "(docs/writing-specs.md)") from None
 
 
-def _invalid(lines: _Lines, model_type: str, shown: str | None) -> Exception | None:
-    """The SpecError the draft gets from validation, or None when it validates."""
+def _invalid(lines: _Lines, model_type: str, shown: str | None, path: str | os.PathLike | None = None) -> Exception | None:
+    """The SpecError the draft gets from validation as the file at ``path`` (its parent looked up beside it first,
+    as it will be: a spec beside it that extends it back is a cycle), or None when it validates."""
     from ...errors import SpecError
     from ...lang import Bindings, spec_from_text
 
     try:
-        spec_from_text(lines.text(), shown or f"<draft of {model_type}>", Bindings())
+        spec_from_text(lines.text(), shown or f"<draft of {model_type}>", Bindings(), at=path)
     except SpecError as exc:
         return exc
     return None
