@@ -336,6 +336,11 @@ def _tiny_line(model_type: str) -> str:
 def test_a_tiny_config_shrinks_a_depth_of_another_name_or_in_a_sub_config(model_type, shrunk):
     """Eight raw drafts of the 2026-11-29 sweep timed out and one ran out of memory: their tiny config shrank no
     depth (another field name, per-stage lists, a backbone_config), so vitcg check ran the full-size tower."""
+    from vitcg.lang.bindings import release, transformers_version
+
+    if model_type == "inkling_mm_model" and release(transformers_version()) < release("5.24"):
+        pytest.skip("before transformers 5.24 no model class is built from inkling_mm_model's vision config, so "
+                    "vitcg new refuses it (the sweep ran on 5.24)")
     line = _tiny_line(model_type)
     assert shrunk in line, line
 
