@@ -28,7 +28,7 @@ from typing import Any
 from ...errors import UsageError, VitcgError, suggest
 from ...lang.catalogue import PROVIDERS, STANDARD_ROLES, STYLE_DEFAULTS, STYLES, style_of
 from ..guesses import MARK, placeholder_checkpoint
-from .tiny import fitting, tiny_config
+from .tiny import fitting, positive_int, positive_ints, tiny_config
 from .tokens import Prepended, meta_call, prepended_tokens
 
 log = logging.getLogger(__name__)
@@ -274,10 +274,6 @@ def draft(model_type: str) -> Draft:
                  style, modalities or ("image",), defaults, helpers, [c.__name__ for c in candidates[1:4]])
 
 
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def _read(defaults: dict[str, Any], name: str) -> tuple[str, str | None, int] | None:
     """``(formula, guess, value)`` reading geometry ``name`` off the config defaults, or None when no field has it.
 
@@ -286,9 +282,9 @@ def _read(defaults: dict[str, Any], name: str) -> tuple[str, str | None, int] | 
     for field_name in GEOMETRY[name]:
         value = defaults.get(field_name)
         other = None if field_name == name else f"read from config.{field_name}"
-        if _int(value):
+        if positive_int(value):
             return f"config.{field_name}", other, value
-        if isinstance(value, list) and value and all(_int(v) for v in value):
+        if positive_ints(value):
             same = all(v == value[0] for v in value)
             return f"config.{field_name}[0]", (other if same else f"config.{field_name} is {value} (per stage?)"), value[0]
     return None
@@ -297,12 +293,12 @@ def _read(defaults: dict[str, Any], name: str) -> tuple[str, str | None, int] | 
 def _out_hidden_size(defaults: dict[str, Any]) -> tuple[str, str, int]:
     """``(formula, guess, value)`` for the width of one output row."""
     for field_name in ("out_hidden_size", "hidden_size", "embed_dim", "projection_dim"):
-        if _int(defaults.get(field_name)):
+        if positive_int(defaults.get(field_name)):
             return (f"config.{field_name}", "the width of one output row (the merger's or projector's output?)",
                     defaults[field_name])
     for field_name in ("hidden_sizes", "embed_dim", "embed_dims", "dims"):
         value = defaults.get(field_name)
-        if isinstance(value, list) and 0 < len(value) <= 16 and all(_int(v) for v in value):
+        if isinstance(value, list) and 0 < len(value) <= 16 and all(positive_int(v) for v in value):
             return (f"config.{field_name}[{len(value) - 1}]",
                     f"the width of one output row (here the last stage's {field_name})", value[-1])
     return "64", "the width of one output row: no hidden size field found in the config", 64
@@ -408,7 +404,7 @@ def _tiny_image_size(defaults: dict[str, Any]) -> dict[str, int]:
     """A tiles draft's tiny ``image_size``: four patches a side, when the config has both fields."""
     patch = defaults.get("patch_size")
     patch = patch[0] if isinstance(patch, list) and patch else patch
-    return {"image_size": 4 * patch} if _int(patch) and isinstance(defaults.get("image_size"), int) else {}
+    return {"image_size": 4 * patch} if positive_int(patch) and isinstance(defaults.get("image_size"), int) else {}
 
 
 @dataclass(frozen=True)
@@ -800,7 +796,7 @@ def _tests(out: _Lines, w: _Whole) -> None:
                                                                                    _runs_on_meta(w, image))
     tiny.update(image)
     out.add("tests:", "the harness: how vitcg check builds and feeds the model (or NAME.tests.yaml beside the spec)")
-    out.add(f"  tiny_config: {_plain_flow(tiny)}", "small dimensions for CPU checks: 2 layers (one a stage), hidden "
+    out.add(f"  tiny_config: {_flow(tiny, _plain_scalar)}", "small dimensions for CPU checks: 2 layers (one a stage), hidden "
             "<= 64, the same in the sub-configs that build the tower")
     out.add("  real_config: {}", "overrides for a real checkpoint's dimensions, where the defaults differ")
     if w.extras:
@@ -831,7 +827,7 @@ PLACEHOLDER_FIELDS = {"token": ("image_token_id", "image_token_index"),
 def _mrope(rope: Any, head_dim: int) -> list[int] | None:
     """A rope's ``mrope_section`` scaled to ``head_dim`` (sections sum to half of it), or None without one."""
     section = rope.get("mrope_section") if isinstance(rope, dict) else None
-    if not (isinstance(section, list) and section and all(_int(s) for s in section)):
+    if not positive_ints(section):
         return None
     half, total = head_dim // 2, sum(section)
     scaled = [max(1, s * half // total) for s in section]
@@ -861,7 +857,7 @@ def _tiny_text_fields(vlm_config: type) -> str:
     scaled to its head size)."""
     text = _text_config(vlm_config)
     defaults = text.to_dict() if hasattr(text, "to_dict") else {}
-    tiny = {k: v for k, v in TEXT_TINY.items() if _int(defaults.get(k))}
+    tiny = {k: v for k, v in TEXT_TINY.items() if positive_int(defaults.get(k))}
     if "head_dim" in defaults and tiny:
         tiny["head_dim"] = TEXT_TINY["hidden_size"] // TEXT_TINY["num_attention_heads"]
     section = _tiny_mrope(defaults.get("rope_parameters"), bool(tiny), vlm_config)
@@ -1058,17 +1054,9 @@ YAML_WORDS = frozenset({"null", "true", "false", "yes", "no", "on", "off", "y", 
 """Plain words YAML reads as something other than a string."""
 
 
-def _plain_flow(value: Any) -> str:
-    """``value`` (config values: numbers, strings, None, lists and mappings of them) in YAML flow style, a string
-    quoted unless it reads back as itself."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_plain_flow(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_plain_flow(v) for v in value) + "]"
-    return _plain_scalar(value)
-
-
 def _plain_scalar(value: Any) -> str:
+    """A config value (a number, string, boolean or None) for :func:`_flow`: a string quoted unless it reads back
+    as itself."""
     if isinstance(value, str):
         plain = re.fullmatch(r"[A-Za-z_][\w.-]*", value) and value.lower() not in YAML_WORDS
         return value if plain else json.dumps(value)
@@ -1078,15 +1066,21 @@ def _plain_scalar(value: Any) -> str:
     return json.dumps(value) if value is None or isinstance(value, (bool, float)) else str(value)
 
 
-def _flow(value: Any) -> str:
-    """``value`` in YAML flow style (formulas, numbers, booleans and flat mappings of them)."""
+def _formula_scalar(value: Any) -> str:
+    """A formula, number or boolean for :func:`_flow`, as the spec writes it (formulas unquoted)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ", ".join(_flow(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
     return str(value)
+
+
+def _flow(value: Any, scalar: Callable[[Any], str] = _formula_scalar) -> str:
+    """``value`` in YAML flow style: mappings and lists of scalars, each written by ``scalar`` (formulas as they
+    are by default; :func:`_plain_scalar` for config values)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v, scalar)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_flow(v, scalar) for v in value) + "]"
+    return scalar(value)
 
 
 def _buffers(out: _Lines, d: Draft, style, geometry: dict, pixels_arg: str, grid_arg: str, m: str | None,

@@ -35,7 +35,8 @@ IGNORED = frozenset({"transformers_version", "_name_or_path", "architectures"})
 """Keys of a sub-config's ``to_dict()`` that say nothing about the model built from it."""
 
 
-def _int(value: Any) -> bool:
+def positive_int(value: Any) -> bool:
+    """Whether ``value`` is an integer above 0 (a bool is none)."""
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
@@ -49,13 +50,14 @@ def _builds(config: type, values: dict[str, Any], key: str | None = None) -> boo
     return key is None or getattr(built, key, None) == values[key]
 
 
-def _ints(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(_int(v) for v in value)
+def positive_ints(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list of integers above 0."""
+    return isinstance(value, list) and bool(value) and all(positive_int(v) for v in value)
 
 
 def _stages(defaults: dict[str, Any]) -> dict[str, list[int]]:
     """The per-stage layer counts of ``defaults`` (:data:`STAGE_DEPTHS`)."""
-    return {key: defaults[key] for key in STAGE_DEPTHS if _ints(defaults.get(key))}
+    return {key: defaults[key] for key in STAGE_DEPTHS if positive_ints(defaults.get(key))}
 
 
 def _with_aliases(config: type, defaults: dict[str, Any], stage_count: int) -> dict[str, Any]:
@@ -71,7 +73,7 @@ def _with_aliases(config: type, defaults: dict[str, Any], stage_count: int) -> d
 
 def _deeper(key: str, value: Any, stage_count: int) -> bool:
     """Whether field ``key`` is a layer count (:data:`DEPTH_ALIASES`) past the tiny depth, not a stage count."""
-    return bool(DEPTH_ALIASES.fullmatch(key)) and _int(value) and value > TINY_DEPTH and value != stage_count
+    return bool(DEPTH_ALIASES.fullmatch(key)) and positive_int(value) and value > TINY_DEPTH and value != stage_count
 
 
 def _candidates(config: type, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -80,7 +82,7 @@ def _candidates(config: type, defaults: dict[str, Any]) -> dict[str, Any]:
     stages = _stages(defaults)
     stage_count = len(next(iter(stages.values()), ()))
     defaults = _with_aliases(config, defaults, stage_count)
-    found = {key: value for key, value in TINY.items() if _int(defaults.get(key)) and key not in stages}
+    found = {key: value for key, value in TINY.items() if positive_int(defaults.get(key)) and key not in stages}
     found |= {key: TINY_DEPTH for key, value in defaults.items() if key not in found and _deeper(key, value, stage_count)}
     found |= {key: [1] * len(value) for key, value in stages.items() if max(value) > 1}
     return found
@@ -107,8 +109,8 @@ def _tiny_outputs(config: type, defaults: dict[str, Any], tiny: dict[str, Any]) 
     from ...lang.rules.bindings import TOWER_DEPTH_FIELDS
 
     indexes = defaults.get("out_indices")
-    field = next((k for k in TOWER_DEPTH_FIELDS if _int(tiny.get(k))), None)
-    if field is None or not _ints(indexes) or max(indexes) <= tiny[field]:
+    field = next((k for k in TOWER_DEPTH_FIELDS if positive_int(tiny.get(k))), None)
+    if field is None or not positive_ints(indexes) or max(indexes) <= tiny[field]:
         return tiny
     depth = max(tiny[field], len(indexes))
     changed = {**tiny, field: depth, "out_indices": list(range(depth - len(indexes) + 1, depth + 1))}
@@ -131,7 +133,7 @@ def tiny_layer_indexes(config: type, defaults: dict[str, Any], tiny: dict[str, A
     then run both the plain layers and the indexed path (``vitcg validate`` refuses a tiny config that skips it)."""
     from ...lang.rules.bindings import LAYER_INDEX_FIELDS, TOWER_DEPTH_FIELDS
 
-    depth = next((v for k in TOWER_DEPTH_FIELDS if _int(v := tiny.get(k, defaults.get(k)))), None)
+    depth = next((v for k in TOWER_DEPTH_FIELDS if positive_int(v := tiny.get(k, defaults.get(k)))), None)
     for key in LAYER_INDEX_FIELDS:
         indexes = defaults.get(key)
         if depth is None or not isinstance(indexes, list) or all(isinstance(i, int) and i < depth for i in indexes):
