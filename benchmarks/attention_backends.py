@@ -22,18 +22,18 @@ Backends:
   per-image path torch.compile runs, not a path a budget graph can take: the per-segment bar to reach.
 - ``cudnn_buckets``: consecutive equal-length segments (frames, equal tiles) batched into one cuDNN call on a
   view of the packed rows; fixed composition, as above.
-- ``triton_*``: ``vitcg/runtime/varlen_triton.py``'s packed kernel (head dim split 64 + 16 rather than padded
-  to 128), boundaries read on the device, in several block configurations; row blocks never span segments and
-  run longest segment first (``_unordered``: in pack order).
-- ``triton_base``: the kernel as committed before this round, when ``--base DIR`` holds a copy of it
-  (``DIR/vitcg/runtime/varlen_triton.py``), at the configuration vitcg chose for it.
+- ``triton_m*``: the candidate kernel of ``benchmarks/candidates/varlen_segments.py`` (head dim split 64 + 16
+  rather than padded to 128, boundaries read on the device), in several block configurations; its row blocks
+  never span segments and run longest segment first (``_unordered``: in pack order).
+- ``triton_base``: the runtime's kernel (``vitcg/runtime/varlen_triton.py``) at the configuration the runtime
+  chooses for the head dim.
 - ``cudnn_ragged``: cuDNN's ragged attention with sequence offsets, ``max_seqlen`` at the workload's real
   maximum (eager only: its capture was invalidated on 2026-11-25); ``cudnn_ragged_fixed``: the same with
   ``max_seqlen`` fixed at the budget's rows, as a graph would fix it (eager, then a capture attempted last of the
   run, ``--ragged-graph``, since an invalidated capture can spoil the process).
 
 Usage (GPU machine, repository root): python benchmarks/attention_backends.py [--json OUT] [--skip-flex]
-[--only PREFIX,...] [--dims 80,72,...] [--cases mixed,...] [--base DIR]
+[--only PREFIX,...] [--dims 80,72,...] [--cases mixed,...]
 """
 
 from __future__ import annotations
@@ -301,38 +301,29 @@ first (the kernel's default); the first two also in pack order (``_unordered``).
 device cannot hold at a head dim (:func:`vitcg.runtime.packed_configs.shared_memory_bytes`) are left out there."""
 
 
-def triton_varlen(block_m: int, block_n: int, warps: int, stages: int, **options):
-    from vitcg.runtime.varlen_triton import varlen_attention
+def triton_varlen(block_m: int, block_n: int, warps: int, stages: int, ordered: bool = True):
+    from candidates.varlen_segments import launch
+
+    from vitcg.runtime.packed_configs import PackedConfig
+
+    config = PackedConfig(block_m, block_n, warps, stages)
 
     def run(q, k, v, cu, bounds, scale):
-        return varlen_attention(q, k, v, cu, scale, block_m, block_n, warps, stages, **options)
+        return launch(q, k, v, cu, scale, config, ordered)
     return run
 
 
-def triton_base(base: str, dim: int):
-    """The kernel committed before this round, loaded from ``base``, at the configuration vitcg chose for it."""
-    import importlib.util
-    import sys
-
+def triton_base(dim: int):
+    """The runtime's kernel (``vitcg/runtime/varlen_triton.py``) at the configuration the runtime chooses."""
     from vitcg.runtime.attention import ELEMENT_BYTES
     from vitcg.runtime.packed_configs import choose_config
+    from vitcg.runtime.varlen_triton import varlen_attention
 
-    name = "vitcg_base_varlen_triton"
-    module = sys.modules.get(name)
-    if module is None:
-        where = f"{base}/vitcg/runtime/varlen_triton.py"
-        with open(where) as f:
-            source = f.read().replace("from .packed_configs import", "from vitcg.runtime.packed_configs import")
-        spec = importlib.util.spec_from_loader(name, loader=None, origin=where)
-        module = importlib.util.module_from_spec(spec)
-        module.__file__ = where
-        sys.modules[name] = module
-        exec(compile(source, where, "exec"), module.__dict__)  # noqa: S102 (our own earlier kernel)
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     config = choose_config(dim, ELEMENT_BYTES, limit)
 
     def run(q, k, v, cu, bounds, scale):
-        return module.varlen_attention(q, k, v, cu, scale, *config)
+        return varlen_attention(q, k, v, cu, scale, *config)
     return run
 
 
@@ -361,8 +352,7 @@ def backends(dim: int, case: Case, args) -> list[tuple[str, Callable, bool]]:
         ("flash_segments", segments(SDPBackend.FLASH_ATTENTION), False),
         ("cudnn_buckets", segments(SDPBackend.CUDNN_ATTENTION, buckets=True), False),
     ]
-    if args.base:
-        found.append(("triton_base", triton_base(args.base, dim), True))
+    found.append(("triton_base", triton_base(dim), True))
     found += triton_backends(dim)
     if not args.skip_flex and dim in args.flex_dims and case.name in FLEX_CASES:
         found += [(name, flex(options), True) for name, options in FLEX_VARIANTS.items()]
@@ -412,7 +402,6 @@ def main() -> None:
     parser.add_argument("--dims", default=",".join(map(str, DIMS)), help="head dims (default: every packaged one)")
     parser.add_argument("--cases", default=",".join(c.name for c in CASES))
     parser.add_argument("--flex-dims", default=",".join(map(str, FLEX_DIMS)))
-    parser.add_argument("--base", help="a folder holding the earlier kernel as vitcg/runtime/varlen_triton.py")
     parser.add_argument("--ragged-graph", action="store_true", help="capture cudnn_ragged_fixed last of the run")
     args = parser.parse_args()
     args.dims = [int(d) for d in args.dims.split(",") if d]

@@ -5,7 +5,7 @@ and pipelines ``num_stages`` blocks of keys and values through it. Its measured 
 64 keys, 3 stages) needs 82,432 bytes at Qwen2-VL's head dim of 80, but at EXAONE 4.5's 224 (split 128 + 128)
 it needs 262,656 bytes, over the 232,448 an H100 gives one program: Triton refused it with ``OutOfResources``
 and ``vitcg check exaone4_5 --device cuda --size real`` failed before any case (2026-11-28). So a configuration
-is chosen per head dim: the first of :data:`CONFIGS` that suits its width and whose estimate (:func:`shared_memory_bytes`), plus
+is chosen per call shape: the first of :data:`CONFIGS` whose estimate (:func:`shared_memory_bytes`), plus
 :data:`MARGIN_BYTES`, fits the device's limit; None when none does, and the caller runs its next backend.
 
 These functions run inside the attention that ``torch.compile`` traces: plain integer arithmetic and tuples, no
@@ -30,16 +30,10 @@ class PackedConfig(NamedTuple):
 
 
 CONFIGS = (PackedConfig(block_m=128, block_n=64, num_warps=4, num_stages=3),
-           PackedConfig(block_m=64, block_n=64, num_warps=4, num_stages=3),
            PackedConfig(block_m=64, block_n=64, num_warps=4, num_stages=2))
-"""Tried in order (heads of :data:`WIDE_COLUMNS` or more from the second on). ``benchmarks/attention_backends.py``
-timed ten configurations at every packaged head dim on an H200 (2026-12-01): the first was the fastest or within
-3% of it on the compute-bound packs at head dims 64 to 80; at 128 and 224 the second was the fastest on every
-workload (the first's 128 x 128-or-wider fp32 accumulators leave a warp group too few registers: 1.29x slower at
-128 on the mixed batch, 2.4x at 224). The third drops a stage for a device with less shared memory."""
-
-WIDE_COLUMNS = 128
-"""The split's padded width (d0 + d1) from which a head takes 64-row blocks: 104, 128 and 224 do; 64 to 96 not."""
+"""Tried in order. The first is the fastest of the five ``benchmarks/attention_backends.py`` timed on an H100 and
+an H200 at head dim 80 (2026-11-26); the second halves the query block and drops a stage, 164,352 bytes at a
+head dim of 224 or 256, and keeps a block's fp32 accumulators (64 x 256) within a warp group's registers."""
 
 MIN_HEAD_DIM = 32
 """The kernel's least head dim: its two matrix parts need 16 columns each (``tl.dot``'s least K)."""
@@ -49,11 +43,9 @@ MAX_HEAD_DIM = 256
 BOOKKEEPING_BYTES = 512
 """What Triton adds to the tiles (barriers of the pipeline): its figure for 224, 262,656 bytes, is the tiles'
 262,144 plus this."""
-MARGIN_BYTES = 2048
-"""Room left below the device's limit for layout padding the estimate might not count. The estimate matched
-Triton's figure to the byte for 128 x 64 x 3 at 224 (refused on an H100), and 64 x 64 x 3 at 224, 229,888 bytes by
-the estimate, compiled and ran on an H200 of the same 232,448-byte limit (2026-12-01); a launch Triton still
-refuses is caught (``OutOfResources``) and sent to the next backend."""
+MARGIN_BYTES = 16384
+"""Room left below the device's limit: the estimate matched Triton's figure to the byte for one configuration,
+and another may lay its tiles out with padding the estimate does not count."""
 
 
 def head_split(dim: int) -> tuple[int, int]:
@@ -80,13 +72,13 @@ def shared_memory_bytes(config: PackedConfig, columns: int, element_bytes: int) 
 
 
 def choose_config(head_dim: int, element_bytes: int, limit: int) -> PackedConfig | None:
-    """The first of :data:`CONFIGS` (from the second for heads of :data:`WIDE_COLUMNS` or more) that fits
-    ``limit`` bytes of shared memory per program with :data:`MARGIN_BYTES` to spare at ``head_dim``; None when
-    none does or the kernel does not take this head dim (the caller then runs its next backend)."""
+    """The first of :data:`CONFIGS` that fits ``limit`` bytes of shared memory per program with
+    :data:`MARGIN_BYTES` to spare at ``head_dim``; None when none does or the kernel does not take this head dim
+    (the caller then runs its next backend)."""
     if head_dim < MIN_HEAD_DIM or head_dim > MAX_HEAD_DIM:
         return None
     d0, d1 = head_split(head_dim)
-    for config in CONFIGS[1:] if d0 + d1 >= WIDE_COLUMNS else CONFIGS:
+    for config in CONFIGS:
         if shared_memory_bytes(config, d0 + d1, element_bytes) + MARGIN_BYTES <= limit:
             return config
     return None
