@@ -4,13 +4,14 @@ until then. ``benchmarks/attention_backends.py`` times it (``triton_m*`` rows) a
 (``triton_base``), and ``benchmarks/with_candidate.py`` runs any vitcg command with it in the runtime's place.
 
 One program per head and block of query rows, its rows always inside one segment: each segment of
-``cu_seqlens`` is cut into blocks of ``BLOCK_M`` rows, numbered segment by segment, longest segment first; a
-program finds its block from ``cu_seqlens`` alone (vector operations over at most :data:`SCAN_SEGMENTS` offsets),
-runs the segment's whole key blocks without a mask and only its last, partial key block masked by the segment's
-end. Boundaries are read on the device inside the kernel, so a CUDA graph of it follows new boundaries on replay,
-and the call is one launch (the runtime's kernel launches a ``searchsorted`` for segment ids first). The grid has
-room for one partial block per segment slot; programs past the last block store nothing. A block of the
-runtime's kernel that spans two segments computes every row against both segments' keys; here none does.
+``cu_seqlens`` is cut into blocks of ``BLOCK_M`` rows, numbered segment by segment (longest segment first in
+calls of :data:`ORDER_ROWS` rows or more); a program finds its block from ``cu_seqlens`` alone (vector operations
+over at most :data:`SCAN_SEGMENTS` offsets), runs the segment's whole key blocks without a mask and only its
+last, partial key block masked by the segment's end. Boundaries are read on the device inside the kernel, so a
+CUDA graph of it follows new boundaries on replay, and the call is one launch (the runtime's kernel launches a
+``searchsorted`` for segment ids first). The grid has room for one partial block per segment slot; programs past
+the last block store nothing. A block of the runtime's kernel that spans two segments computes every row against
+both segments' keys; here none does.
 
 Head dims split as in the runtime (80 = 64 + 16 columns of matrix work). The softmax folds the scale into one
 multiply-add per score, the matrix products accumulate in place, and each tensor's row stride is a compile-time
@@ -34,6 +35,12 @@ from vitcg.runtime.packed_configs import PackedConfig, head_split, shared_memory
 
 SCAN_SEGMENTS = 64
 """The most segment slots a program scans for its block; calls with more run the runtime's kernel."""
+ORDER_ROWS = 8192
+"""Calls of this many rows or more run the longest segment's blocks first. The ordering gained 5% on the mixed
+batch (17,408 rows: 0.668 against 0.704 ms a layer at head dim 80) and nothing below (within 3% either way), and
+its lookup (a ranking of every slot against every other, in every program) is the likely cost of the 224 px
+image's slower call (``benchmarks/RESULTS.md``, 2026-12-01, where every call was ordered); smaller calls take the
+blocks in pack order, found by a running sum. Set after that measurement, not yet measured itself."""
 NARROW = PackedConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
 WIDE = PackedConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
 WIDE_COLUMNS = 128
@@ -190,10 +197,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torc
                      block_m: int = 128, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
                      **runtime_options) -> torch.Tensor:
     """The runtime's ``varlen_attention`` contract, by this kernel in its own configuration (:func:`config_for`;
-    the one given is the runtime's choice), or by the runtime's kernel in the given one for calls of more than
-    :data:`SCAN_SEGMENTS` segment slots."""
+    the one given is the runtime's choice), longest segment first from :data:`ORDER_ROWS` rows, or by the
+    runtime's kernel in the given one for calls of more than :data:`SCAN_SEGMENTS` segment slots."""
     given = PackedConfig(block_m, block_n, num_warps, num_stages)
     if cu.shape[0] - 1 > SCAN_SEGMENTS:
         return _RUNTIME(q, k, v, cu, scale, *given, **runtime_options)
     limit = torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
-    return launch(q, k, v, cu, scale, config_for(q.shape[-1], limit, given))
+    return launch(q, k, v, cu, scale, config_for(q.shape[-1], limit, given), ordered=q.shape[0] >= ORDER_ROWS)
