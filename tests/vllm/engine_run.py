@@ -61,8 +61,11 @@ def main(folder: str) -> None:
         make_folder(folder)
     from vllm import LLM, SamplingParams
 
+    # an explicit KV cache: by a fraction (gpu_memory_utilization=0.05), vLLM's CPU worker asks for 5% of NUMA node
+    # 0's memory less the process's RSS, which went below zero where node 0 reports 12 of the machine's 24 GiB
+    # (2026-12-01: "requested memory for kv (-0.06/0.59 GiB)"); 256 MiB holds 256 tokens of the tiny LLaVA many times
     llm = LLM(model=folder, model_impl="transformers", dtype="float32", enforce_eager=True, max_model_len=256,
-              gpu_memory_utilization=0.05, seed=0,
+              kv_cache_memory_bytes=256 << 20, seed=0,
               compilation_config={"cudagraph_mm_encoder": True, "encoder_cudagraph_max_vision_items_per_batch": 1})
     rng = np.random.default_rng(0)
     prompts = [{"prompt": "w1 <image> w2 w3",
