@@ -294,11 +294,11 @@ def measure(name: str, fn, new_bounds: bool, case: Case, q, k, v, ref, scale, it
 
 
 TRITON_CONFIGS = ((128, 64, 4, 3), (64, 64, 4, 3), (128, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 3), (64, 32, 4, 3))
-"""(BLOCK_M, BLOCK_N, warps, stages) of ``vitcg.runtime.varlen_triton``'s kernel, each launched longest segment
-first (the kernel's default); the first two also in pack order (``_unordered``). The first two are vitcg's choices
-(:data:`vitcg.runtime.packed_configs.CONFIGS`); the rest were the fastest at some head dim and workload on
-2026-12-01 with the kernel of that morning (row blocks across segments). Configurations whose shared memory the
-device cannot hold at a head dim (:func:`vitcg.runtime.packed_configs.shared_memory_bytes`) are left out there."""
+"""(BLOCK_M, BLOCK_N, warps, stages) of the candidate kernel (``benchmarks/candidates/varlen_segments.py``), each
+launched longest segment first; the first two also in pack order (``_unordered``). The first two are the
+candidate's choices (its ``NARROW`` and ``WIDE``); the rest were the fastest at some head dim and workload on
+2026-12-01 with an earlier form of it (row blocks across segments). Configurations whose shared memory the device
+cannot hold at a head dim (:func:`vitcg.runtime.packed_configs.shared_memory_bytes`) are left out there."""
 
 
 def triton_varlen(block_m: int, block_n: int, warps: int, stages: int, ordered: bool = True):
