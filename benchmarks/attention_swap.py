@@ -15,26 +15,18 @@ import datetime
 import json
 
 import torch
-from mixed_profile import kernel_ms
-from with_candidate import use_candidate
+from mixed_profile import exact_budget_graphs, kernel_ms
+from with_candidate import candidate_in_place
 
 from vitcg.lang import SpecSource
-from vitcg.runtime import varlen_triton
 from vitcg.runtime.adapter import adapter_for
-from vitcg.runtime.manager import EncoderCudaGraphManager, ManagerOptions
 from vitcg.runtime.timing import timed
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
 
-RUNTIME = varlen_triton.varlen_attention
-
 
 def graph_row(spec, module, inputs, budget: int, reference, iters: int, device) -> dict:
-    adapter = adapter_for(spec, module)
-    manager = EncoderCudaGraphManager(adapter, device=device, dtype=torch.bfloat16, token_budgets=[budget],
-                                      max_num_batched_tokens=max(8192, budget),
-                                      options=ManagerOptions(route_eager=False))
-    manager.capture()
+    manager = exact_budget_graphs(adapter_for(spec, module), budget, device, torch.bfloat16)
 
     def call():
         return torch.cat(manager.execute(inputs))
@@ -73,11 +65,9 @@ def main() -> None:
             budget = -(-tokens // 64) * 64
             reference = plain.encoder_eager_forward(inputs)
             row = rows[workload] = {"tokens": tokens, "budget": budget}
-            varlen_triton.varlen_attention = RUNTIME
             row["runtime"] = graph_row(spec, module, inputs, budget, reference, args.iters, device)
-            use_candidate()
-            row["candidate"] = graph_row(spec, module, inputs, budget, reference, args.iters, device)
-            varlen_triton.varlen_attention = RUNTIME
+            with candidate_in_place():
+                row["candidate"] = graph_row(spec, module, inputs, budget, reference, args.iters, device)
             row["ratio"] = round(row["runtime"]["ms"] / row["candidate"]["ms"], 3)
             print(name, workload, json.dumps(row), flush=True)
             if args.json:
