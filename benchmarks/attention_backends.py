@@ -22,11 +22,13 @@ Backends:
   per-image path torch.compile runs, not a path a budget graph can take: the per-segment bar to reach.
 - ``cudnn_buckets``: consecutive equal-length segments (frames, equal tiles) batched into one cuDNN call on a
   view of the packed rows; fixed composition, as above.
-- ``triton_m*``: the candidate kernel of ``benchmarks/candidates/varlen_segments.py`` (head dim split 64 + 16
-  rather than padded to 128, boundaries read on the device), in several block configurations; its row blocks
-  never span segments and run longest segment first (``_unordered``: in pack order).
-- ``triton_base``: the runtime's kernel (``vitcg/runtime/varlen_triton.py``) at the configuration the runtime
-  chooses for the head dim.
+- ``triton_m*``: vitcg's segment-block kernel (``vitcg/runtime/varlen_triton.py``: head dim split 64 + 16 rather
+  than padded to 128, boundaries read on the device, row blocks that never span segments) in several block
+  configurations, longest segment first (``_unordered``: in pack order); the runtime runs it for calls of at most
+  64 segment slots, ordered from 8,192 rows.
+- ``triton_runtime``: what the runtime runs at the head dim (its configuration and order).
+- ``triton_spanning``: the spanning-block kernel (the runtime's only kernel until 2026-12-02, now for calls of more
+  slots) at the configuration the runtime chooses for the head dim.
 - ``cudnn_ragged``: cuDNN's ragged attention with sequence offsets, ``max_seqlen`` at the workload's real
   maximum (eager only: its capture was invalidated on 2026-11-25); ``cudnn_ragged_fixed``: the same with
   ``max_seqlen`` fixed at the budget's rows, as a graph would fix it (eager, then a capture attempted last of the
@@ -293,37 +295,46 @@ def measure(name: str, fn, new_bounds: bool, case: Case, q, k, v, ref, scale, it
     return row
 
 
-TRITON_CONFIGS = ((128, 64, 4, 3), (64, 64, 4, 3), (128, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 3), (64, 32, 4, 3))
-"""(BLOCK_M, BLOCK_N, warps, stages) of the candidate kernel (``benchmarks/candidates/varlen_segments.py``), each
-launched longest segment first; the first two also in pack order (``_unordered``). The first two are the
-candidate's choices (its ``NARROW`` and ``WIDE``); the rest were the fastest at some head dim and workload on
-2026-12-01 with an earlier form of it (row blocks across segments). Configurations whose shared memory the device
-cannot hold at a head dim (:func:`vitcg.runtime.packed_configs.shared_memory_bytes`) are left out there."""
+TRITON_CONFIGS = ((128, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (64, 32, 4, 3))
+"""(BLOCK_M, BLOCK_N, warps, stages) of the segment-block kernel, each launched longest segment first; the first
+three also in pack order (``_unordered``). The first three are the runtime's choices
+(:mod:`vitcg.runtime.packed_configs`: ``NARROW``, ``WIDE``, ``SMALL``); the other two were the fastest at some head dim
+and small workload on 2026-12-01. Configurations whose shared memory the device cannot hold at a
+head dim (:func:`vitcg.runtime.packed_configs.shared_memory_bytes`) are left out there."""
 
 
-def triton_varlen(block_m: int, block_n: int, warps: int, stages: int, ordered: bool = True):
-    from candidates.varlen_segments import launch
-
-    from vitcg.runtime.packed_configs import PackedConfig
-
-    config = PackedConfig(block_m, block_n, warps, stages)
+def triton_segments(block_m: int, block_n: int, warps: int, stages: int, ordered: bool = True):
+    from vitcg.runtime.varlen_triton import segment_blocks
 
     def run(q, k, v, cu, bounds, scale):
-        return launch(q, k, v, cu, scale, config, ordered)
+        return segment_blocks(q, k, v, cu, scale, block_m, block_n, warps, stages, ordered=ordered)
     return run
 
 
-def triton_base(dim: int):
-    """The runtime's kernel (``vitcg/runtime/varlen_triton.py``) at the configuration the runtime chooses."""
+def triton_runtime(dim: int):
+    """What the runtime runs at this head dim (``varlen_attention`` at the configuration the runtime chooses)."""
     from vitcg.runtime.attention import ELEMENT_BYTES
     from vitcg.runtime.packed_configs import choose_config
     from vitcg.runtime.varlen_triton import varlen_attention
+
+    config = choose_config(dim, ELEMENT_BYTES, torch.cuda.get_device_properties(0).shared_memory_per_block_optin)
+
+    def run(q, k, v, cu, bounds, scale):
+        return varlen_attention(q, k, v, cu, scale, *config)
+    return run
+
+
+def triton_spanning(dim: int):
+    """The spanning-block kernel at the configuration the runtime chooses for the head dim."""
+    from vitcg.runtime.attention import ELEMENT_BYTES
+    from vitcg.runtime.packed_configs import choose_config
+    from vitcg.runtime.varlen_triton import spanning_blocks
 
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     config = choose_config(dim, ELEMENT_BYTES, limit)
 
     def run(q, k, v, cu, bounds, scale):
-        return varlen_attention(q, k, v, cu, scale, *config)
+        return spanning_blocks(q, k, v, cu, scale, *config)
     return run
 
 
@@ -336,8 +347,8 @@ def triton_backends(dim: int) -> list[tuple[str, Callable, bool]]:
     for index, (m, n, w, s) in enumerate(TRITON_CONFIGS):
         if shared_memory_bytes(PackedConfig(m, n, w, s), d0 + d1, 2) > limit:
             continue
-        variants = [("", {})] + ([("_unordered", {"ordered": False})] if index < 2 else [])
-        found += [(f"triton_m{m}_n{n}_w{w}_s{s}{suffix}", triton_varlen(m, n, w, s, **options), True)
+        variants = [("", {})] + ([("_unordered", {"ordered": False})] if index < 3 else [])
+        found += [(f"triton_m{m}_n{n}_w{w}_s{s}{suffix}", triton_segments(m, n, w, s, **options), True)
                   for suffix, options in variants]
     return found
 
@@ -352,7 +363,7 @@ def backends(dim: int, case: Case, args) -> list[tuple[str, Callable, bool]]:
         ("flash_segments", segments(SDPBackend.FLASH_ATTENTION), False),
         ("cudnn_buckets", segments(SDPBackend.CUDNN_ATTENTION, buckets=True), False),
     ]
-    found.append(("triton_base", triton_base(dim), True))
+    found += [("triton_runtime", triton_runtime(dim), True), ("triton_spanning", triton_spanning(dim), True)]
     found += triton_backends(dim)
     if not args.skip_flex and dim in args.flex_dims and case.name in FLEX_CASES:
         found += [(name, flex(options), True) for name, options in FLEX_VARIANTS.items()]

@@ -1,8 +1,10 @@
-"""The encoder with the runtime's packed attention kernel against the candidate's
-(``benchmarks/candidates/varlen_segments.py``), in one process (GPU): vitcg's plain budget graph of each bench
-workload at one exact budget (its output tokens rounded up to 64, as ``mixed_profile.py`` takes it), median ms,
-the attention kernels' device ms from torch.profiler, and each graph's relative error against the HF eager forward
-(bf16, real dimensions, random weights).
+"""The encoder with vitcg's packed attention as the runtime chooses it (the segment-block kernel for calls of at
+most 64 segment slots) against the spanning-block kernel alone (the runtime's only kernel until 2026-12-02), in
+one process (GPU): vitcg's plain budget graph of each bench workload at one exact budget (its output tokens rounded
+up to 64, as ``mixed_profile.py`` takes it), median ms of the manager's call (host work included), the device ms
+of its kernels by kind from torch.profiler (``device_ms``: their sum), and each graph's relative error against the
+HF eager forward (bf16, real dimensions, random weights). The two sides alternate, spanning first, then runtime,
+then spanning again (``spanning_again``), so a drift of the machine during a row shows.
 
 Usage (GPU machine, repository root): python benchmarks/attention_swap.py [SPEC...] [--workload W ...] [--json OUT]
 (``--device cpu --size tiny``: a dry run of the script's plumbing, where no Triton kernel runs)
@@ -11,18 +13,33 @@ Usage (GPU machine, repository root): python benchmarks/attention_swap.py [SPEC.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+from collections.abc import Iterator
 
 import torch
 from mixed_profile import exact_budget_graphs, kernel_ms
-from with_candidate import candidate_in_place
 
 from vitcg.lang import SpecSource
 from vitcg.runtime.adapter import adapter_for
 from vitcg.runtime.timing import timed
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
+
+
+@contextlib.contextmanager
+def spanning_in_place() -> Iterator[None]:
+    """The spanning-block kernel for every call of the ``vitcg::packed_attention`` op in the block (it calls
+    ``varlen_triton.varlen_attention`` by attribute); the runtime's choice is back when the block ends."""
+    from vitcg.runtime import varlen_triton
+
+    runtime = varlen_triton.varlen_attention
+    varlen_triton.varlen_attention = varlen_triton.spanning_blocks
+    try:
+        yield
+    finally:
+        varlen_triton.varlen_attention = runtime
 
 
 def graph_row(spec, module, inputs, budget: int, reference, iters: int, device) -> dict:
@@ -33,8 +50,9 @@ def graph_row(spec, module, inputs, budget: int, reference, iters: int, device) 
     error = relative_error(call(), reference)
     ms = timed(call, iters, 3, device)
     kinds = kernel_ms(call, device)[0] if device.type == "cuda" else {}
-    return {"ms": round(ms, 3), "attention_ms": kinds.get("attention", 0.0) + kinds.get("triton", 0.0),
-            "kernel_ms": kinds, "rel_error": round(error, 5)}
+    return {"ms": round(ms, 3), "device_ms": round(sum(kinds.values()), 3),
+            "attention_ms": kinds.get("attention", 0.0) + kinds.get("triton", 0.0), "kernel_ms": kinds,
+            "rel_error": round(error, 5)}
 
 
 def main() -> None:
@@ -65,10 +83,12 @@ def main() -> None:
             budget = -(-tokens // 64) * 64
             reference = plain.encoder_eager_forward(inputs)
             row = rows[workload] = {"tokens": tokens, "budget": budget}
-            row["runtime"] = graph_row(spec, module, inputs, budget, reference, args.iters, device)
-            with candidate_in_place():
-                row["candidate"] = graph_row(spec, module, inputs, budget, reference, args.iters, device)
-            row["ratio"] = round(row["runtime"]["ms"] / row["candidate"]["ms"], 3)
+            for side in ("spanning", "runtime", "spanning_again"):
+                with spanning_in_place() if side != "runtime" else contextlib.nullcontext():
+                    row[side] = graph_row(spec, module, inputs, budget, reference, args.iters, device)
+            for what in ("ms", "device_ms"):  # the runtime's gain: spanning over runtime, the mean of both spanning
+                spanning = (row["spanning"][what] + row["spanning_again"][what]) / 2
+                row[f"gain_{what}"] = round(spanning / row["runtime"][what], 3) if row["runtime"][what] else None
             print(name, workload, json.dumps(row), flush=True)
             if args.json:
                 with open(args.json, "w") as f:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: gate (issue 36's GPU gate: exits 1 unless it passes; gate-a then gate-b: the same in two calls), env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-sweep, attention-kernel, candidate, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: gate (issue 36's GPU gate: exits 1 unless it passes; gate-a then gate-b: the same in two calls), env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-sweep, attention-kernel, attention-swap, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-planned, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides, replace (SPECS: the specs whose graphs run a replace or the new providers),
 # plugin-dp (2 GPUs); each with a time limit.
 set -uo pipefail
@@ -57,17 +57,14 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     compile-start-pyc) run 360 compile.log python3 benchmarks/compile_start.py qwen2_vl --cache-dir "$VITCG_CACHE_DIR" \
       --pycache /tmp/pyc --profile "$OUT/start-profile.txt" --json "$OUT/compile_start_pyc.json" ;;
     attention-sweep)  # issue 38 item 1: every backend, Triton configuration and packaged head dim at the bench workloads'
-      # segment lengths, in TFLOP/s: the candidate kernel's configurations, the runtime's kernel, cuDNN, FA2, FlexAttention
+      # segment lengths, in TFLOP/s: the segment-block kernel's configurations, the spanning one, cuDNN, FA2, FlexAttention
       run 570 attention.log python3 benchmarks/attention_backends.py --ragged-graph --json "$OUT/attention_sweep.json" ;;
-    attention-kernel)  # the same for the candidate kernel's configurations, the runtime's kernel, FlashAttention-2 at the
-      # budget and the per-segment cuDNN bar alone, head dims in the order of their users
+    attention-kernel)  # the same for vitcg's Triton kernels, FlashAttention-2 at the budget and the per-segment cuDNN
+      # bar alone, head dims in the order of their users
       run 250 attention.log python3 benchmarks/attention_backends.py --skip-flex --iters 10 \
         --only triton,flash_budget_max,cudnn_segments,cudnn_buckets --json "$OUT/attention_kernel.json" ;;
-    candidate)  # the candidate kernel in the runtime's place: every spec whose real-size attention reaches the Triton
-      # kernel (exaone4_5's 224, MiniCPM's windows past the scan), then the encoder's graphs with either kernel
-      run 240 candidate.log python3 benchmarks/with_candidate.py -m vitcg check qwen2_vl qwen2_5_vl qwen3_vl glm4v \
-        paddleocr_vl kimi_k25 minicpmv4_6 minicpmv4_7 video_llama_3 dots3_note exaone4_5 --device cuda --size real
-      run 240 candidate.log python3 benchmarks/attention_swap.py qwen2_vl qwen3_vl --json "$OUT/attention_swap.json" ;;
+    attention-swap)  # the encoder's graphs with the runtime's packed attention against the spanning kernel alone
+      run 300 swap.log python3 benchmarks/attention_swap.py qwen2_vl qwen3_vl --json "$OUT/attention_swap.json" ;;
     attention-triton) run 300 attention.log python3 benchmarks/attention_backends.py --skip-flex \
       --only triton,flash_budget_max,cudnn_segments --json "$OUT/attention_triton.json" ;;
     tests-attention) run 200 gpu.log python3 -m pytest -q -p no:cacheprovider tests/gpu/test_packed_attention_gpu.py -m gpu ;;

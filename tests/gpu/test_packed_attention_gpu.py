@@ -115,12 +115,54 @@ def test_every_packaged_specs_real_head_dim_equals_reference():
 def test_head_dim_224_runs_the_smaller_triton_configuration_on_hopper():
     """The shared-memory estimate, not the OutOfResources backstop, keeps 224 on Triton: no refusal recorded."""
     from vitcg.runtime import ops
-    from vitcg.runtime.packed_configs import CONFIGS
+    from vitcg.runtime.packed_configs import SMALL
 
     q = torch.randn(1, 2, 256, 224, device="cuda", dtype=torch.bfloat16)
-    assert attention._triton_config(q, same_boundaries=True) == CONFIGS[1]
+    assert attention._triton_config(q, same_boundaries=True) == SMALL
     cu = torch.tensor([0, 64, 256], dtype=torch.int32, device="cuda")
     out = attention.graph_safe_attention(nn.Module(), q, q, q, scaling=224 ** -0.5, cu_seq_lens_q=cu,
                                          cu_seq_lens_k=cu, max_length_q=192, max_length_k=192)[0]
     assert error(out, reference(q, q, q, cu, 224 ** -0.5)) <= 1e-2
     assert (torch.cuda.current_device(), 224) not in ops.REFUSED, ops.REFUSED
+
+
+@needs_cuda
+@pytest.mark.parametrize("slots", [6, 100])
+def test_both_kernels_equal_reference_on_a_strided_value_in_a_graph(slots):
+    """At most 64 segment slots run the segment-block kernel, more (windows) the spanning one; the value is a
+    strided view of a fused projection, as towers pass it. The segment kernel also writes zeros to rows past a
+    last offset below the rows (never uninitialized memory). Replayed in a CUDA graph on new boundaries."""
+    pytest.importorskip("triton")
+    from vitcg.runtime import varlen_triton
+    from vitcg.runtime.packed_configs import NARROW
+
+    torch.manual_seed(slots)
+    rows, heads, dim, scale = 1000, 4, 80, 80 ** -0.5
+    qkv = torch.randn(rows, 3, heads, dim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    end = rows - 37 if slots <= varlen_triton.SCAN_SEGMENTS else rows
+
+    def boundaries(seed):
+        cuts = torch.randint(0, end + 1, (slots - 1,), generator=torch.Generator().manual_seed(seed)).sort().values
+        return torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([end])]).to(torch.int32).cuda()
+
+    def want(cu):
+        return reference(*(t.transpose(0, 1)[None] for t in (q, k, v)), cu, scale)[0]
+
+    cu = boundaries(0)
+    out = varlen_triton.varlen_attention(q, k, v, cu, scale, *NARROW)
+    assert error(out, want(cu)) <= 1e-2
+    if end < rows:
+        assert bool((out[end:] == 0).all())
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        varlen_triton.varlen_attention(q, k, v, cu, scale, *NARROW)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = varlen_triton.varlen_attention(q, k, v, cu, scale, *NARROW)
+    cu.copy_(boundaries(1))
+    qkv.copy_(torch.randn_like(qkv))
+    graph.replay()
+    assert error(out, want(cu)) <= 1e-2

@@ -9,9 +9,11 @@ op and its fake live here, with Triton imported inside the op's body at its firs
 loads stored compiled code (:mod:`vitcg.runtime.compile_cache`, :mod:`vitcg.runtime.regions`) imports this one.
 
 The kernel a device cannot hold is a fallback, never an error: where Triton refuses a configuration
-(``OutOfResources``, which the choice of :mod:`vitcg.runtime.packed_configs` should already have avoided), or
-Triton cannot be imported, the op remembers it in :data:`REFUSED`, warns once, and answers with block-diagonal
-SDPA; the attention reads :data:`REFUSED` on every call and sends later calls of that shape to its next backend.
+(``OutOfResources``, which the choice of :mod:`vitcg.runtime.packed_configs` should already have avoided), cannot
+compile the kernel for a call shape (``CompilationError``: on 2026-12-01 a scan over 4,097 segment slots did not
+compile, the capture of MiniCPM-V 4.6 failed, and the whole model ran stock), or cannot be imported, the op
+remembers it in :data:`REFUSED`, warns once, and answers with block-diagonal SDPA; the attention reads
+:data:`REFUSED` on every call and sends later calls of that shape to its next backend.
 """
 
 from __future__ import annotations
@@ -31,21 +33,21 @@ attention on every call (:func:`vitcg.runtime.attention.graph_safe_attention`) a
 @torch.library.custom_op("vitcg::packed_attention", mutates_args=())
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float,
                      block_m: int, block_n: int, num_warps: int, num_stages: int) -> torch.Tensor:
-    """Attention within the packed segments of ``cu`` over contiguous ``(rows, heads, dim)`` tensors, by the Triton
+    """Attention within the packed segments of ``cu`` over ``(rows, heads, dim)`` tensors, by the Triton
     kernel in the given block configuration (:class:`vitcg.runtime.packed_configs.PackedConfig`), as one opaque op:
     compiled blocks call it, CUDA graphs capture it like any kernel."""
     key = (q.get_device(), q.shape[-1])
     if key not in REFUSED:
         try:
-            from .varlen_triton import OutOfResources, varlen_attention
+            from .varlen_triton import CompilationError, OutOfResources, varlen_attention
         except ImportError as exc:
             _refuse(key, f"Triton cannot be imported ({exc})")
         else:
             try:
                 return varlen_attention(q, k, v, cu, scale, block_m=block_m, block_n=block_n, num_warps=num_warps,
                                         num_stages=num_stages)
-            except OutOfResources as exc:  # raised when the kernel is compiled, before anything is launched
-                _refuse(key, f"Triton: {exc}")
+            except (OutOfResources, CompilationError) as exc:  # raised at compile time, before any launch
+                _refuse(key, f"Triton: {type(exc).__name__}: {str(exc)[:300]}")
     return segment_attention(q, k, v, cu, scale)
 
 

@@ -5,8 +5,9 @@ and pipelines ``num_stages`` blocks of keys and values through it. Its measured 
 64 keys, 3 stages) needs 82,432 bytes at Qwen2-VL's head dim of 80, but at EXAONE 4.5's 224 (split 128 + 128)
 it needs 262,656 bytes, over the 232,448 an H100 gives one program: Triton refused it with ``OutOfResources``
 and ``vitcg check exaone4_5 --device cuda --size real`` failed before any case (2026-11-28). So a configuration
-is chosen per call shape: the first of :data:`CONFIGS` whose estimate (:func:`shared_memory_bytes`), plus
-:data:`MARGIN_BYTES`, fits the device's limit; None when none does, and the caller runs its next backend.
+is chosen per head dim: the measured one for its width, else a smaller one, the first whose estimate
+(:func:`shared_memory_bytes`), plus :data:`MARGIN_BYTES`, fits the device's limit; None when none does, and the
+caller runs its next backend.
 
 These functions run inside the attention that ``torch.compile`` traces: plain integer arithmetic and tuples, no
 ``int.bit_length`` or library calls, so dynamo folds them into constants.
@@ -29,11 +30,20 @@ class PackedConfig(NamedTuple):
     """Key and value blocks in flight (software pipelining): each stage holds one of each in shared memory."""
 
 
-CONFIGS = (PackedConfig(block_m=128, block_n=64, num_warps=4, num_stages=3),
-           PackedConfig(block_m=64, block_n=64, num_warps=4, num_stages=2))
-"""Tried in order. The first is the fastest of the five ``benchmarks/attention_backends.py`` timed on an H100 and
-an H200 at head dim 80 (2026-11-26); the second halves the query block and drops a stage, 164,352 bytes at a
-head dim of 224 or 256, and keeps a block's fp32 accumulators (64 x 256) within a warp group's registers."""
+NARROW = PackedConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
+"""For heads whose split is narrower than :data:`WIDE_COLUMNS` (64 to 96): the fastest of the configurations
+``benchmarks/attention_backends.py`` timed on an H100 and an H200 at head dim 80 (2026-11-26), and of the
+segment-block kernel's at 64 to 96 on the compute-bound rows (H200, 2026-12-01)."""
+WIDE = PackedConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
+"""For splits of :data:`WIDE_COLUMNS` and more (104, 128): half the query rows, 0.95 against 1.33 ms a layer at
+128 on the mixed batch (H200, 2026-12-01)."""
+SMALL = PackedConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)
+"""Where the first does not fit: one stage fewer, 164,352 bytes at a head dim of 224 or 256, and a block's fp32
+accumulators (64 x 256) within a warp group's registers."""
+WIDE_COLUMNS = 128
+"""The split's padded width (d0 + d1) from which a head takes :data:`WIDE` first."""
+CONFIGS = (NARROW, WIDE, SMALL)
+"""Every configuration the choice can return."""
 
 MIN_HEAD_DIM = 32
 """The kernel's least head dim: its two matrix parts need 16 columns each (``tl.dot``'s least K)."""
@@ -72,13 +82,13 @@ def shared_memory_bytes(config: PackedConfig, columns: int, element_bytes: int) 
 
 
 def choose_config(head_dim: int, element_bytes: int, limit: int) -> PackedConfig | None:
-    """The first of :data:`CONFIGS` that fits ``limit`` bytes of shared memory per program with
-    :data:`MARGIN_BYTES` to spare at ``head_dim``; None when none does or the kernel does not take this head dim
-    (the caller then runs its next backend)."""
+    """:data:`NARROW` or :data:`WIDE` by the head's split, else :data:`SMALL`: the first that fits ``limit`` bytes
+    of shared memory per program with :data:`MARGIN_BYTES` to spare at ``head_dim``; None when neither does or the
+    kernel does not take this head dim (the caller then runs its next backend)."""
     if head_dim < MIN_HEAD_DIM or head_dim > MAX_HEAD_DIM:
         return None
     d0, d1 = head_split(head_dim)
-    for config in CONFIGS:
+    for config in (WIDE if d0 + d1 >= WIDE_COLUMNS else NARROW, SMALL):
         if shared_memory_bytes(config, d0 + d1, element_bytes) + MARGIN_BYTES <= limit:
             return config
     return None

@@ -1,29 +1,38 @@
-"""Packed (varlen) attention forward in Triton, vitcg's graph-safe attention on sm90 GPUs: one program per block of
-packed query rows and head; its keys run from the start of its first row's segment to the end of its last row's
-segment, masked where a key's segment differs from the row's. A block of rows that lies inside one segment (most
-of them, in a compute-bound pack) runs its whole key blocks without reading segment ids or masking, and only the
-segment's last partial key block masked. Boundaries are read on the device (``cu_seqlens``
-and each row's segment), so a CUDA graph of it follows new boundaries on replay.
+"""Packed (varlen) attention forward in Triton, vitcg's graph-safe attention on sm90 GPUs. Boundaries are read on
+the device (``cu_seqlens``), so a CUDA graph of a call follows new boundaries on replay. Two kernels, chosen by
+the number of segment slots, a shape fixed at capture:
 
-Head dims that are not a power of two are split into a power-of-two part and a remainder padded to the next
-power of two (80 = 64 + 16), instead of padding the whole head to 128 as FlexAttention's Triton kernel does:
-for Qwen2-VL's 80 that is 80 columns of matrix work instead of 128.
+- **Segment blocks** (:func:`_segment_fwd`, calls of at most :data:`SCAN_SEGMENTS` slots: images, frames, tiles).
+  Each segment is cut into blocks of ``BLOCK_M`` query rows; one program per block and head finds its block from
+  ``cu_seqlens`` inside the kernel (vector operations over the slots), runs the segment's whole key blocks
+  without a mask and only its last, partial one masked. No block spans two segments, and a call is one launch.
+  In calls of :data:`ORDER_ROWS` rows or more the longest segment's blocks run first, so the longest programs
+  do not start last. The grid has room for one partial block per slot; the programs past the last block write
+  zeros to the rows past the last offset (never uninitialized memory), and stop.
+- **Spanning blocks** (:func:`_spanning_fwd`, more slots: window attention, where MiniCPM-V 4.6 has one slot per
+  window, 4,097 at its largest budget). Blocks of rows are cut from the packed rows as they lie; a block's keys
+  run from its first row's segment start to its last row's segment end, masked by segment ids (a
+  ``searchsorted`` launched first). Many tiny segments then share a tile, and the scan of the first kernel, a
+  vector of every slot, would not compile (Triton ``CompilationError``, 2026-12-01).
 
-Measured against torch's ``varlen_attn`` (FlashAttention-2) by ``benchmarks/attention_backends.py`` on an H200,
-one layer of 16 heads of 80, replayed in a CUDA graph on new boundaries: 1.09 against 1.21 ms on the qwen2_vl
-mixed batch (17,408 rows), 0.054 against 0.073 ms at 8x224, 0.069 against 0.099 ms on a 4-frame video (2026-11-26,
-``benchmarks/RESULTS.md``). Running whole key blocks unmasked took a further 18-24% off on an H100: 0.874 against
-1.087 ms on the mixed batch, 0.414 against 0.502 ms on generate_ttft.py's mixed3 (2026-11-26). The block
-configuration below is the fastest of the five timed there, with and without that. Strides are compile-time
-constants (``HEADS * D`` and ``D``): with Qwen3-VL's head dim of 72 passed as a runtime stride, the compiler could
-not prove the loads aligned, and the kernel took 31.3 ms of a 27-layer mixed call against 16.5 ms now
-(``benchmarks/mixed_profile.py qwen3_vl``, H100).
+Against each other on an H200 (``benchmarks/attention_backends.py``, one layer of 16 heads of 80, replayed in a
+CUDA graph on new boundaries, 2026-12-01, ``benchmarks/RESULTS.md``): 0.668 against 0.879 ms on the qwen2_vl mixed
+batch (17,408 rows), where a spanning block computes every row against both segments' keys, and 0.270 against
+0.432 ms on generate_ttft.py's mixed3; in the encoder, qwen2_vl's mixed call fell from 108.9 to 100.4 ms.
 
-The launch is wrapped in the ``torch.library`` custom op ``vitcg::packed_attention``
-(:mod:`vitcg.runtime.ops`, which defines it without Triton so that stored compiled blocks that call it load in
-any process), so compiled blocks treat it as one opaque call and CUDA graphs capture it like any kernel. The block
-configuration comes from :mod:`vitcg.runtime.packed_configs`, chosen per head dim by the shared memory the device
-holds. This module imports Triton: import it only where Triton is installed.
+Both split head dims that are not a power of two into a power-of-two part and a remainder padded to the next
+power of two (80 = 64 + 16) rather than padding the head to 128 as FlexAttention's Triton kernel does, fold the
+scale into the exponent's base-2 multiply, and take row strides as compile-time constants: with Qwen3-VL's head
+dim of 72 passed as a runtime stride, the compiler could not prove the loads aligned, and the kernel took 31.3 ms
+of a 27-layer mixed call against 16.5 ms (``benchmarks/mixed_profile.py qwen3_vl``, H100, 2026-11-26). The segment
+kernel reads each tensor at its own row stride, so a value that is a strided view of a fused projection is read
+in place, not copied.
+
+Calls go through the ``torch.library`` custom op ``vitcg::packed_attention`` (:mod:`vitcg.runtime.ops`, which
+defines it without Triton so that stored compiled blocks that call it load in any process): compiled blocks treat
+it as one opaque call, and CUDA graphs capture it like any kernel. The block configuration comes from
+:mod:`vitcg.runtime.packed_configs`, chosen per head dim by the shared memory the device holds. This module
+imports Triton: import it only where Triton is installed.
 """
 
 from __future__ import annotations
@@ -31,16 +40,131 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 from .packed_configs import head_split
 
-__all__ = ["OutOfResources", "head_split", "varlen_attention"]
+__all__ = ["CompilationError", "OutOfResources", "SCAN_SEGMENTS", "head_split", "varlen_attention"]
+
+SCAN_SEGMENTS = 64
+"""The most segment slots the segment-block kernel scans for its block; calls with more run the spanning one."""
+ORDER_ROWS = 8192
+"""Calls of this many rows or more run the longest segment's blocks first (a ranking of every slot against every
+other, in every program). On the mixed batch (17,408 rows) the order took 0.704 to 0.668 ms a layer at head dim
+80; below 8,192 rows it moved nothing beyond 3% either way (H200, 2026-12-01). Smaller calls take the blocks in
+pack order, found by a running sum."""
+LOG2_E = 1.4426950408889634
 
 
 @triton.jit
-def _key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, hi, base, stride_row, qk_scale,
-               D: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+def _row_block(CU, N_CU: tl.constexpr, SLOTS: tl.constexpr, pid, rows, BLOCK_M: tl.constexpr,
+               ORDERED: tl.constexpr):
+    """(segment start, segment end, first row, end of rows to store) of program ``pid``: the segments of ``CU``
+    cut into blocks of ``BLOCK_M`` rows, numbered segment by segment (in pack order, or longest segment first).
+    A program past the last block gets an empty segment at the last offset and a block of the rows after it (to
+    be written as zeros): the grid holds enough such programs to cover every row up to ``rows``. ``SLOTS``: a
+    power of two of at least ``N_CU - 1`` slots."""
+    j = tl.arange(0, SLOTS)
+    used = j < N_CU - 1
+    start = tl.load(CU + j, mask=used, other=0)
+    end = tl.load(CU + j + 1, mask=used, other=0)
+    blocks = (end - start + BLOCK_M - 1) // BLOCK_M  # 0 for an empty segment
+    if ORDERED:  # blocks of longer segments first (ties in pack order): the longest programs start first
+        length = end - start
+        before = (length[None, :] > length[:, None]) | ((length[None, :] == length[:, None]) & (j[None, :] < j[:, None]))
+        first = tl.sum(tl.where(before, blocks[None, :], 0), 1)
+    else:
+        first = tl.cumsum(blocks, 0) - blocks
+    mine = (first <= pid) & (pid < first + blocks)
+    total = tl.sum(blocks, 0)
+    last = tl.load(CU + N_CU - 1)
+    lo = tl.where(pid < total, tl.sum(tl.where(mine, start, 0), 0), last)
+    hi = tl.where(pid < total, tl.sum(tl.where(mine, end, 0), 0), last)
+    row = tl.where(pid < total, lo + (pid - tl.sum(tl.where(mine, first, 0), 0)) * BLOCK_M,
+                   last + (pid - total) * BLOCK_M)
+    return lo, hi, row, tl.where(pid < total, hi, rows)
+
+
+@triton.jit
+def _segment_key_block(acc0, acc1, m_i, l_i, q0, q1, K, V, start, hi, head, qk_scale,
+                       STRIDE_K: tl.constexpr, STRIDE_V: tl.constexpr, D: tl.constexpr, D0: tl.constexpr,
+                       D1: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """One block of keys of the rows' segment folded into the running softmax (scores in log2 units:
+    ``qk_scale`` holds log2(e)). Masked: the segment's last, partial block (keys from ``hi`` on are another's)."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    d0 = tl.arange(0, D0)
+    d1 = D0 + tl.arange(0, D1)
+    k_rows = offs_n[:, None] * STRIDE_K + head * D
+    v_rows = offs_n[:, None] * STRIDE_V + head * D
+    if MASKED:
+        valid_n = offs_n < hi
+        rest = valid_n[:, None] & (d1[None, :] < D)
+        k0 = tl.load(K + k_rows + d0[None, :], mask=valid_n[:, None], other=0.0)
+        k1 = tl.load(K + k_rows + d1[None, :], mask=rest, other=0.0)
+        v0 = tl.load(V + v_rows + d0[None, :], mask=valid_n[:, None], other=0.0)
+        v1 = tl.load(V + v_rows + d1[None, :], mask=rest, other=0.0)
+    elif D0 + D1 == D:  # the split covers the head exactly: no column mask either
+        k0 = tl.load(K + k_rows + d0[None, :])
+        k1 = tl.load(K + k_rows + d1[None, :])
+        v0 = tl.load(V + v_rows + d0[None, :])
+        v1 = tl.load(V + v_rows + d1[None, :])
+    else:
+        k0 = tl.load(K + k_rows + d0[None, :])
+        k1 = tl.load(K + k_rows + d1[None, :], mask=d1[None, :] < D, other=0.0)
+        v0 = tl.load(V + v_rows + d0[None, :])
+        v1 = tl.load(V + v_rows + d1[None, :], mask=d1[None, :] < D, other=0.0)
+    s = tl.dot(q1, tl.trans(k1), tl.dot(q0, tl.trans(k0)))
+    if MASKED:  # the block holds at least one key of the segment, so every row keeps a finite maximum
+        s = tl.where(valid_n[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p16 = p.to(v0.dtype)
+    acc0 = tl.dot(p16, v0, acc0 * alpha[:, None])
+    acc1 = tl.dot(p16, v1, acc1 * alpha[:, None])
+    return acc0, acc1, m_new, l_i
+
+
+@triton.jit
+def _segment_fwd(Q, K, V, OUT, CU, rows, qk_scale, N_CU: tl.constexpr, SLOTS: tl.constexpr, HEADS: tl.constexpr,
+                 STRIDE_Q: tl.constexpr, STRIDE_K: tl.constexpr, STRIDE_V: tl.constexpr, D: tl.constexpr,
+                 D0: tl.constexpr, D1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 ORDERED: tl.constexpr):
+    # (rows, heads, dim) tensors whose heads lie D apart and whose columns are contiguous. Heads vary fastest:
+    # the programs of one block of rows start together.
+    head = tl.program_id(0)
+    lo, hi, row, store_end = _row_block(CU, N_CU, SLOTS, tl.program_id(1), rows, BLOCK_M, ORDERED)
+    full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N  # whole key blocks: no mask
+    offs_m = row + tl.arange(0, BLOCK_M)
+    valid_m = offs_m < store_end
+    d0 = tl.arange(0, D0)
+    d1 = D0 + tl.arange(0, D1)
+    q_rows = offs_m[:, None] * STRIDE_Q + head * D
+    q0 = tl.load(Q + q_rows + d0[None, :], mask=valid_m[:, None], other=0.0)
+    q1 = tl.load(Q + q_rows + d1[None, :], mask=valid_m[:, None] & (d1[None, :] < D), other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc0 = tl.zeros([BLOCK_M, D0], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, D1], tl.float32)
+    for start in tl.range(lo, full_end, BLOCK_N):
+        acc0, acc1, m_i, l_i = _segment_key_block(acc0, acc1, m_i, l_i, q0, q1, K, V, start, hi, head, qk_scale,
+                                                  STRIDE_K, STRIDE_V, D, D0, D1, BLOCK_N, False)
+    for start in tl.range(full_end, hi, BLOCK_N):
+        acc0, acc1, m_i, l_i = _segment_key_block(acc0, acc1, m_i, l_i, q0, q1, K, V, start, hi, head, qk_scale,
+                                                  STRIDE_K, STRIDE_V, D, D0, D1, BLOCK_N, True)
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)  # rows past the last offset: no key, zeros stored
+    o_rows = offs_m[:, None] * (HEADS * D) + head * D
+    tl.store(OUT + o_rows + d0[None, :], (acc0 / l_i[:, None]).to(OUT.dtype.element_ty), mask=valid_m[:, None])
+    tl.store(OUT + o_rows + d1[None, :], (acc1 / l_i[:, None]).to(OUT.dtype.element_ty),
+             mask=valid_m[:, None] & (d1[None, :] < D))
+
+
+@triton.jit
+def _spanning_key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, hi, base, stride_row, qk_scale,
+                        D: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_N: tl.constexpr,
+                        MASKED: tl.constexpr):
     """One block of keys folded into the running softmax. Unmasked: every key lies in the rows' one segment
     (no segment ids read, no bounds on the loads, no row without a key)."""
     offs_n = start + tl.arange(0, BLOCK_N)
@@ -78,11 +202,9 @@ def _key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, hi, base, 
 
 
 @triton.jit
-def _varlen_fwd(Q, K, V, OUT, SEG, CU, rows, qk_scale, HEADS: tl.constexpr,
-                D: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                SPLIT: tl.constexpr):
-    # contiguous (rows, heads, dim) tensors, strides known at compile time: a head's columns start at a multiple of
-    # D, which the compiler can then prove aligned for wide loads (a runtime stride of 72 it could not)
+def _spanning_fwd(Q, K, V, OUT, SEG, CU, rows, qk_scale, HEADS: tl.constexpr, D: tl.constexpr, D0: tl.constexpr,
+                  D1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # contiguous (rows, heads, dim) tensors
     stride_row = HEADS * D
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
@@ -95,9 +217,8 @@ def _varlen_fwd(Q, K, V, OUT, SEG, CU, rows, qk_scale, HEADS: tl.constexpr,
     hi = tl.load(CU + last + 1)
     # rows of one segment: whole key blocks need no mask, only the segment's last partial block does
     full_end = lo
-    if SPLIT:  # noqa: SIM102  (a compile-time branch around a runtime one)
-        if first == last:
-            full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
+    if first == last:
+        full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
     d0 = tl.arange(0, D0)
     d1 = D0 + tl.arange(0, D1)
     base = head * D
@@ -109,11 +230,11 @@ def _varlen_fwd(Q, K, V, OUT, SEG, CU, rows, qk_scale, HEADS: tl.constexpr,
     acc0 = tl.zeros([BLOCK_M, D0], tl.float32)
     acc1 = tl.zeros([BLOCK_M, D1], tl.float32)
     for start in tl.range(lo, full_end, BLOCK_N):
-        acc0, acc1, m_i, l_i = _key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, hi, base,
-                                          stride_row, qk_scale, D, D0, D1, BLOCK_N, False)
+        acc0, acc1, m_i, l_i = _spanning_key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, hi, base,
+                                                   stride_row, qk_scale, D, D0, D1, BLOCK_N, False)
     for start in tl.range(full_end, hi, BLOCK_N):
-        acc0, acc1, m_i, l_i = _key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, hi, base,
-                                          stride_row, qk_scale, D, D0, D1, BLOCK_N, True)
+        acc0, acc1, m_i, l_i = _spanning_key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, hi, base,
+                                                   stride_row, qk_scale, D, D0, D1, BLOCK_N, True)
     l_i = tl.where(l_i == 0.0, 1.0, l_i)
     o_rows = offs_m[:, None] * stride_row + base
     tl.store(OUT + o_rows + d0[None, :], (acc0 / l_i[:, None]).to(OUT.dtype.element_ty), mask=valid_m[:, None])
@@ -121,23 +242,58 @@ def _varlen_fwd(Q, K, V, OUT, SEG, CU, rows, qk_scale, HEADS: tl.constexpr,
              mask=valid_m[:, None] & (d1[None, :] < D))
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float,
-                     block_m: int = 128, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
-                     split: bool = True) -> torch.Tensor:
-    """Attention within the packed segments of ``cu`` over contiguous ``(rows, heads, dim)`` tensors (same heads
-    for q, k and v); returns the same shape. ``cu`` holds int32 offsets, its last one equal to ``rows``.
-    ``split``: a block of rows inside one segment runs its whole key blocks unmasked (False: every key block
-    masked, the kernel as first measured)."""
+def _rows_in_place(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself where the segment kernel can read it (heads ``dim`` apart, contiguous columns, rows at a
+    stride of at least a row), else a contiguous copy."""
+    rows, heads, dim = t.shape
+    if t.stride(2) == 1 and (heads == 1 or t.stride(1) == dim) and t.stride(0) >= heads * dim:
+        return t
+    return t.contiguous()
+
+
+def segment_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float,
+                   block_m: int, block_n: int, num_warps: int, num_stages: int,
+                   ordered: bool | None = None) -> torch.Tensor:
+    """The segment-block kernel (at most :data:`SCAN_SEGMENTS` slots); ``ordered``: longest segment first (None:
+    from :data:`ORDER_ROWS` rows)."""
     rows, heads, dim = q.shape
-    if dim < 32 or dim > 256:
-        raise ValueError(f"packed attention: head dim {dim} is outside the kernel's range 32..256")
+    segments = cu.shape[0] - 1
+    q, k, v = (_rows_in_place(t) for t in (q, k, v))
+    out = torch.empty((rows, heads, dim), device=q.device, dtype=q.dtype)
+    d0, d1 = head_split(dim)
+    # every segment adds at most one partial block; the programs past the last block cover the rows after it
+    grid = (heads, triton.cdiv(rows, block_m) + segments)
+    _segment_fwd[grid](q, k, v, out, cu, rows, scale * LOG2_E, N_CU=cu.shape[0],
+                       SLOTS=max(16, triton.next_power_of_2(segments)), HEADS=heads, STRIDE_Q=q.stride(0),
+                       STRIDE_K=k.stride(0), STRIDE_V=v.stride(0), D=dim, D0=d0, D1=d1, BLOCK_M=block_m,
+                       BLOCK_N=block_n, ORDERED=rows >= ORDER_ROWS if ordered is None else ordered,
+                       num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def spanning_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float,
+                    block_m: int, block_n: int, num_warps: int, num_stages: int) -> torch.Tensor:
+    """The spanning-block kernel (any number of slots)."""
+    rows, heads, dim = q.shape
     q, k, v = (t.contiguous() for t in (q, k, v))
     positions = torch.arange(rows, device=cu.device, dtype=cu.dtype)
     seg = torch.searchsorted(cu[1:].contiguous(), positions, right=True).to(torch.int32)
     out = torch.empty_like(q)
     d0, d1 = head_split(dim)
     grid = (triton.cdiv(rows, block_m), heads)
-    _varlen_fwd[grid](q, k, v, out, seg, cu, rows, scale * 1.4426950408889634, HEADS=heads,
-                      D=dim, D0=d0, D1=d1, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split, num_warps=num_warps,
-                      num_stages=num_stages)
+    _spanning_fwd[grid](q, k, v, out, seg, cu, rows, scale * LOG2_E, HEADS=heads, D=dim, D0=d0, D1=d1,
+                        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float,
+                     block_m: int = 128, block_n: int = 64, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+    """Attention within the packed segments of ``cu`` over ``(rows, heads, dim)`` tensors (same heads for q, k and
+    v; columns contiguous, any other layout copied); a contiguous result of q's shape. ``cu`` holds int32 offsets,
+    its last one ``rows`` (the padding rules end the padding segments there; the segment kernel writes zeros past
+    a smaller one). The segment-block kernel for at most :data:`SCAN_SEGMENTS` slots, else the spanning one."""
+    dim = q.shape[-1]
+    if dim < 32 or dim > 256:
+        raise ValueError(f"packed attention: head dim {dim} is outside the kernel's range 32..256")
+    kernel = segment_blocks if cu.shape[0] - 1 <= SCAN_SEGMENTS else spanning_blocks
+    return kernel(q, k, v, cu, scale, block_m, block_n, num_warps, num_stages)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from vitcg.runtime import attention, ops
-from vitcg.runtime.packed_configs import CONFIGS
+from vitcg.runtime.packed_configs import NARROW, SMALL
 
 H100 = 232448
 
@@ -66,8 +66,8 @@ def hopper(monkeypatch):
 
 
 def test_selection_by_head_dim_on_an_h100(hopper):
-    assert attention._triton_config(query(80), same_boundaries=True) == CONFIGS[0]
-    assert attention._triton_config(query(224), same_boundaries=True) == CONFIGS[1]
+    assert attention._triton_config(query(80), same_boundaries=True) == NARROW
+    assert attention._triton_config(query(224), same_boundaries=True) == SMALL
     assert attention._triton_config(query(16), same_boundaries=True) is None
     assert attention._triton_config(query(80), same_boundaries=False) is None
 
@@ -75,9 +75,45 @@ def test_selection_by_head_dim_on_an_h100(hopper):
 def test_a_head_dim_triton_refused_goes_to_the_next_backend(hopper, monkeypatch):
     monkeypatch.setitem(ops.REFUSED, (0, 224), "out of resource: shared memory")
     assert attention._triton_config(query(224), same_boundaries=True) is None
-    assert attention._triton_config(query(80), same_boundaries=True) == CONFIGS[0]
+    assert attention._triton_config(query(80), same_boundaries=True) == NARROW
 
 
 def test_a_device_the_kernel_does_not_serve_gets_none(monkeypatch):
     monkeypatch.setattr(attention, "_TRITON_DEVICES", {0: 0})
     assert attention._triton_config(query(80), same_boundaries=True) is None
+
+
+class CompileFailed(Exception):
+    """Stands in for Triton's ``CompilationError`` (Triton is not installed here)."""
+
+
+class Refused(Exception):
+    """Stands in for Triton's ``OutOfResources``."""
+
+
+@pytest.mark.parametrize("raised", [CompileFailed, Refused])
+def test_a_kernel_triton_cannot_build_is_refused_once_and_answered_by_segment_attention(monkeypatch, caplog, raised):
+    """Where Triton fails to compile or to fit the kernel for a shape, the op answers that call with segment
+    attention, records the head dim in REFUSED with the reason, warns once, and tries Triton no more for it. The
+    Triton module is replaced by one whose kernel raises (the op imports it by name at its first run)."""
+    calls = []
+
+    def failing_kernel(*args, **kwargs):
+        calls.append(args)
+        raise raised("at 9:18: def _segment_fwd(...)")
+
+    fake = types.ModuleType("vitcg.runtime.varlen_triton")
+    fake.CompilationError, fake.OutOfResources, fake.varlen_attention = CompileFailed, Refused, failing_kernel
+    monkeypatch.setitem(sys.modules, "vitcg.runtime.varlen_triton", fake)
+    monkeypatch.setattr(ops, "REFUSED", {})
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(10, 2, 48) for _ in range(3))
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with caplog.at_level("WARNING", logger=ops.__name__):
+        for _ in range(2):
+            out = torch.ops.vitcg.packed_attention(q, k, v, cu, 0.25, 128, 64, 4, 3)
+            torch.testing.assert_close(out, reference(q, k, v, cu, 0.25))
+    assert len(calls) == 1
+    assert list(ops.REFUSED) == [(q.get_device(), 48)]
+    assert raised.__name__ in ops.REFUSED[(q.get_device(), 48)]
+    assert len([r for r in caplog.records if "cannot run head dim 48" in r.message]) == 1
