@@ -32,8 +32,9 @@ from vitcg.tools.bench.measure import _eager_call
 from vitcg.tools.encoders import build_encoder
 from vitcg.tools.workloads import WORKLOADS, make_inputs, on_device, relative_error
 
-KINDS = (("attention", ("flash", "fmha", "attention", "attn", "varlen")), ("gemm", ("gemm", "cutlass", "nvjet", "sm90_xmma",
-         "cublas", "wgmma")), ("copy", ("memcpy", "memset", "copy")), ("triton", ("triton",)))
+KINDS = (("attention", ("flash", "fmha", "attention", "attn", "varlen", "_segment_fwd", "_spanning_fwd")),
+         ("gemm", ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "wgmma")),
+         ("copy", ("memcpy", "memset", "copy")), ("triton", ("triton",)))
 
 
 def kind(name: str) -> str:

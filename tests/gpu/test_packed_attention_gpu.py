@@ -112,13 +112,13 @@ def test_every_packaged_specs_real_head_dim_equals_reference():
 @needs_cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Triton kernel serves sm90 only")
-def test_head_dim_224_runs_the_smaller_triton_configuration_on_hopper():
+def test_head_dim_224_runs_the_wide_triton_configuration_on_hopper():
     """The shared-memory estimate, not the OutOfResources backstop, keeps 224 on Triton: no refusal recorded."""
     from vitcg.runtime import ops
-    from vitcg.runtime.packed_configs import SMALL
+    from vitcg.runtime.packed_configs import WIDE
 
     q = torch.randn(1, 2, 256, 224, device="cuda", dtype=torch.bfloat16)
-    assert attention._triton_config(q, same_boundaries=True) == SMALL
+    assert attention._triton_config(q, same_boundaries=True) == WIDE
     cu = torch.tensor([0, 64, 256], dtype=torch.int32, device="cuda")
     out = attention.graph_safe_attention(nn.Module(), q, q, q, scaling=224 ** -0.5, cu_seq_lens_q=cu,
                                          cu_seq_lens_k=cu, max_length_q=192, max_length_k=192)[0]

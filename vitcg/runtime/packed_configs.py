@@ -35,11 +35,12 @@ NARROW = PackedConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
 ``benchmarks/attention_backends.py`` timed on an H100 and an H200 at head dim 80 (2026-11-26), and of the
 segment-block kernel's at 64 to 96 on the compute-bound rows (H200, 2026-12-01)."""
 WIDE = PackedConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
-"""For splits of :data:`WIDE_COLUMNS` and more (104, 128): half the query rows, 0.95 against 1.33 ms a layer at
-128 on the mixed batch (H200, 2026-12-01)."""
+"""For splits of :data:`WIDE_COLUMNS` and more (104, 128, 224): half the query rows, 0.96 against 1.34 ms a layer
+at 128 on the mixed batch (H200, 2026-12-02), and a block's fp32 accumulators (64 x 256 at 224) within a warp
+group's registers."""
 SMALL = PackedConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)
-"""Where the first does not fit: one stage fewer, 164,352 bytes at a head dim of 224 or 256, and a block's fp32
-accumulators (64 x 256) within a warp group's registers."""
+"""Where the first does not fit (a device of less shared memory): one stage fewer, 164,352 bytes at a head dim of
+224 or 256."""
 WIDE_COLUMNS = 128
 """The split's padded width (d0 + d1) from which a head takes :data:`WIDE` first."""
 CONFIGS = (NARROW, WIDE, SMALL)
@@ -53,9 +54,12 @@ MAX_HEAD_DIM = 256
 BOOKKEEPING_BYTES = 512
 """What Triton adds to the tiles (barriers of the pipeline): its figure for 224, 262,656 bytes, is the tiles'
 262,144 plus this."""
-MARGIN_BYTES = 16384
-"""Room left below the device's limit: the estimate matched Triton's figure to the byte for one configuration,
-and another may lay its tiles out with padding the estimate does not count."""
+MARGIN_BYTES = 2048
+"""Room left below the device's limit. The estimate matched Triton's figure to the byte for one configuration
+(above); :data:`WIDE` at head dim 224, 229,888 bytes by the estimate, compiled and ran within an H200's 232,448
+(an H100's limit too) on 2026-12-01 and 2026-12-02, and took 2.95 to 2.40 ms a layer on the mixed batch against
+:data:`SMALL`, which a margin of 16,384 bytes had chosen there (``benchmarks/RESULTS.md``). A configuration Triton
+refuses all the same is a fallback, not an error (:mod:`vitcg.runtime.ops`)."""
 
 
 def head_split(dim: int) -> tuple[int, int]:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from vitcg.runtime import attention, ops
-from vitcg.runtime.packed_configs import NARROW, SMALL
+from vitcg.runtime.packed_configs import NARROW, WIDE
 
 H100 = 232448
 
@@ -67,7 +67,7 @@ def hopper(monkeypatch):
 
 def test_selection_by_head_dim_on_an_h100(hopper):
     assert attention._triton_config(query(80), same_boundaries=True) == NARROW
-    assert attention._triton_config(query(224), same_boundaries=True) == SMALL
+    assert attention._triton_config(query(224), same_boundaries=True) == WIDE
     assert attention._triton_config(query(16), same_boundaries=True) is None
     assert attention._triton_config(query(80), same_boundaries=False) is None
 

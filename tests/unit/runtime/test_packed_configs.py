@@ -40,10 +40,17 @@ def test_the_estimate_is_tritons_figure_for_the_refused_launch():
     assert shared_memory_bytes(MEASURED, sum(head_split(224)), 2) == 262656
 
 
-def test_head_dim_224_on_an_h100_takes_the_smaller_configuration():
-    assert shared_memory_bytes(WIDE, 256, 2) + MARGIN_BYTES > H100  # the wide heads' first choice does not fit
-    assert choose_config(224, 2, H100) == SMALL
-    assert shared_memory_bytes(SMALL, 256, 2) + MARGIN_BYTES <= H100
+def test_head_dim_224_on_an_h100_takes_the_wide_configuration_within_the_margin():
+    """The wide configuration at 224 (229,888 bytes) ran on an H200, whose limit is an H100's."""
+    assert shared_memory_bytes(WIDE, sum(head_split(224)), 2) == 229888
+    assert choose_config(224, 2, H100) == WIDE
+
+
+def test_a_device_of_less_shared_memory_takes_the_smaller_configuration():
+    limit = shared_memory_bytes(WIDE, 256, 2) + MARGIN_BYTES - 1
+    assert choose_config(224, 2, limit) == SMALL
+    assert shared_memory_bytes(SMALL, 256, 2) + MARGIN_BYTES <= limit
+    assert choose_config(80, 2, limit) == MEASURED
 
 
 @pytest.mark.parametrize("dim", [64, 72, 80, 88, 96])
@@ -51,9 +58,9 @@ def test_the_measured_configuration_serves_the_narrow_head_dims(dim):
     assert choose_config(dim, 2, H100) == MEASURED
 
 
-@pytest.mark.parametrize("dim", [104, 128])
+@pytest.mark.parametrize("dim", [104, 128, 224])
 def test_wide_head_dims_take_half_the_query_rows(dim):
-    assert sum(head_split(dim)) == 128
+    assert sum(head_split(dim)) >= 128
     assert choose_config(dim, 2, H100) == WIDE == (64, 64, 4, 3)
 
 
