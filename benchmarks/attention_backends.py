@@ -311,30 +311,18 @@ def triton_segments(block_m: int, block_n: int, warps: int, stages: int, ordered
     return run
 
 
-def triton_runtime(dim: int):
-    """What the runtime runs at this head dim (``varlen_attention`` at the configuration the runtime chooses)."""
+def triton_chosen(kernel: str, dim: int):
+    """``vitcg.runtime.varlen_triton``'s function ``kernel`` at the configuration the runtime chooses for the head
+    dim: ``varlen_attention`` (what the runtime runs, its order included) or ``spanning_blocks``."""
+    from vitcg.runtime import varlen_triton
     from vitcg.runtime.attention import ELEMENT_BYTES
     from vitcg.runtime.packed_configs import choose_config
-    from vitcg.runtime.varlen_triton import varlen_attention
 
     config = choose_config(dim, ELEMENT_BYTES, torch.cuda.get_device_properties(0).shared_memory_per_block_optin)
+    fn = getattr(varlen_triton, kernel)
 
     def run(q, k, v, cu, bounds, scale):
-        return varlen_attention(q, k, v, cu, scale, *config)
-    return run
-
-
-def triton_spanning(dim: int):
-    """The spanning-block kernel at the configuration the runtime chooses for the head dim."""
-    from vitcg.runtime.attention import ELEMENT_BYTES
-    from vitcg.runtime.packed_configs import choose_config
-    from vitcg.runtime.varlen_triton import spanning_blocks
-
-    limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    config = choose_config(dim, ELEMENT_BYTES, limit)
-
-    def run(q, k, v, cu, bounds, scale):
-        return spanning_blocks(q, k, v, cu, scale, *config)
+        return fn(q, k, v, cu, scale, *config)
     return run
 
 
@@ -363,7 +351,8 @@ def backends(dim: int, case: Case, args) -> list[tuple[str, Callable, bool]]:
         ("flash_segments", segments(SDPBackend.FLASH_ATTENTION), False),
         ("cudnn_buckets", segments(SDPBackend.CUDNN_ATTENTION, buckets=True), False),
     ]
-    found += [("triton_runtime", triton_runtime(dim), True), ("triton_spanning", triton_spanning(dim), True)]
+    found += [("triton_runtime", triton_chosen("varlen_attention", dim), True),
+              ("triton_spanning", triton_chosen("spanning_blocks", dim), True)]
     found += triton_backends(dim)
     if not args.skip_flex and dim in args.flex_dims and case.name in FLEX_CASES:
         found += [(name, flex(options), True) for name, options in FLEX_VARIANTS.items()]
