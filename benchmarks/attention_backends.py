@@ -24,9 +24,8 @@ Backends:
   view of the packed rows; fixed composition, as above.
 - ``triton_m*``: vitcg's segment-block kernel (``vitcg/runtime/varlen_triton.py``: head dim split 64 + 16 rather
   than padded to 128, boundaries read on the device, row blocks that never span segments) in several block
-  configurations, longest segment first (``_unordered``: in pack order); the runtime runs it for calls of at most
-  64 segment slots, ordered from 8,192 rows.
-- ``triton_runtime``: what the runtime runs at the head dim (its configuration and order).
+  configurations; the runtime runs it for calls of at most 64 segment slots.
+- ``triton_runtime``: what the runtime runs at the head dim (its configuration).
 - ``triton_spanning``: the spanning-block kernel (the runtime's only kernel until 2026-12-02, now for calls of more
   slots) at the configuration the runtime chooses for the head dim.
 - ``cudnn_ragged``: cuDNN's ragged attention with sequence offsets, ``max_seqlen`` at the workload's real
@@ -296,24 +295,23 @@ def measure(name: str, fn, new_bounds: bool, case: Case, q, k, v, ref, scale, it
 
 
 TRITON_CONFIGS = ((128, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (64, 32, 4, 3))
-"""(BLOCK_M, BLOCK_N, warps, stages) of the segment-block kernel, each launched longest segment first; the first
-three also in pack order (``_unordered``). The first three are the runtime's choices
+"""(BLOCK_M, BLOCK_N, warps, stages) of the segment-block kernel. The first three are the runtime's choices
 (:mod:`vitcg.runtime.packed_configs`: ``NARROW``, ``WIDE``, ``SMALL``); the other two were the fastest at some head dim
 and small workload on 2026-12-01. Configurations whose shared memory the device cannot hold at a
 head dim (:func:`vitcg.runtime.packed_configs.shared_memory_bytes`) are left out there."""
 
 
-def triton_segments(block_m: int, block_n: int, warps: int, stages: int, ordered: bool = True):
+def triton_segments(block_m: int, block_n: int, warps: int, stages: int):
     from vitcg.runtime.varlen_triton import segment_blocks
 
     def run(q, k, v, cu, bounds, scale):
-        return segment_blocks(q, k, v, cu, scale, block_m, block_n, warps, stages, ordered=ordered)
+        return segment_blocks(q, k, v, cu, scale, block_m, block_n, warps, stages)
     return run
 
 
 def triton_chosen(kernel: str, dim: int):
     """``vitcg.runtime.varlen_triton``'s function ``kernel`` at the configuration the runtime chooses for the head
-    dim: ``varlen_attention`` (what the runtime runs, its order included) or ``spanning_blocks``."""
+    dim: ``varlen_attention`` (what the runtime runs) or ``spanning_blocks``."""
     from vitcg.runtime import varlen_triton
     from vitcg.runtime.attention import ELEMENT_BYTES
     from vitcg.runtime.packed_configs import choose_config
@@ -332,12 +330,9 @@ def triton_backends(dim: int) -> list[tuple[str, Callable, bool]]:
     d0, d1 = head_split(dim)
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     found = []
-    for index, (m, n, w, s) in enumerate(TRITON_CONFIGS):
-        if shared_memory_bytes(PackedConfig(m, n, w, s), d0 + d1, 2) > limit:
-            continue
-        variants = [("", {})] + ([("_unordered", {"ordered": False})] if index < 3 else [])
-        found += [(f"triton_m{m}_n{n}_w{w}_s{s}{suffix}", triton_segments(m, n, w, s, **options), True)
-                  for suffix, options in variants]
+    for m, n, w, s in TRITON_CONFIGS:
+        if shared_memory_bytes(PackedConfig(m, n, w, s), d0 + d1, 2) <= limit:
+            found.append((f"triton_m{m}_n{n}_w{w}_s{s}", triton_segments(m, n, w, s), True))
     return found
 
 

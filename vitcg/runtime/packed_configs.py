@@ -43,8 +43,6 @@ SMALL = PackedConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)
 224 or 256."""
 WIDE_COLUMNS = 128
 """The split's padded width (d0 + d1) from which a head takes :data:`WIDE` first."""
-CONFIGS = (NARROW, WIDE, SMALL)
-"""Every configuration the choice can return."""
 
 MIN_HEAD_DIM = 32
 """The kernel's least head dim: its two matrix parts need 16 columns each (``tl.dot``'s least K)."""

@@ -6,9 +6,10 @@ the number of segment slots, a shape fixed at capture:
   Each segment is cut into blocks of ``BLOCK_M`` query rows; one program per block and head finds its block from
   ``cu_seqlens`` inside the kernel (vector operations over the slots), runs the segment's whole key blocks
   without a mask and only its last, partial one masked. No block spans two segments, and a call is one launch.
-  In calls of :data:`ORDER_ROWS` rows or more the longest segment's blocks run first, so the longest programs
-  do not start last. The grid has room for one partial block per slot; the programs past the last block write
-  zeros to the rows past the last offset (never uninitialized memory), and stop.
+  Blocks are numbered in pack order: running the longest segment's first measured within 4% either way at every
+  head dim (H200, 2026-12-02), so the kernel does without that ranking. The grid has room for one partial block
+  per slot; the programs past the last block write zeros to the rows past the last offset (never uninitialized
+  memory), and stop.
 - **Spanning blocks** (:func:`_spanning_fwd`, more slots: window attention, where MiniCPM-V 4.6 has one slot per
   window, 4,097 at its largest budget). Blocks of rows are cut from the packed rows as they lie; a block's keys
   run from its first row's segment start to its last row's segment end, masked by segment ids (a
@@ -16,9 +17,9 @@ the number of segment slots, a shape fixed at capture:
   vector of every slot, would not compile (Triton ``CompilationError``, 2026-12-01).
 
 Against each other on an H200 (``benchmarks/attention_backends.py``, one layer of 16 heads of 80, replayed in a
-CUDA graph on new boundaries, 2026-12-01, ``benchmarks/RESULTS.md``): 0.668 against 0.879 ms on the qwen2_vl mixed
-batch (17,408 rows), where a spanning block computes every row against both segments' keys, and 0.270 against
-0.432 ms on generate_ttft.py's mixed3; in the encoder, qwen2_vl's mixed call fell from 108.9 to 100.4 ms.
+CUDA graph on new boundaries, 2026-12-02, ``benchmarks/RESULTS.md``): 0.705 against 0.879 ms on the qwen2_vl mixed
+batch (17,408 rows), where a spanning block computes every row against both segments' keys, and 0.269 against
+0.423 ms on generate_ttft.py's mixed3; in the encoder, qwen2_vl's mixed call fell from 108.4 to 101.1 ms.
 
 Both split head dims that are not a power of two into a power-of-two part and a remainder padded to the next
 power of two (80 = 64 + 16) rather than padding the head to 128 as FlexAttention's Triton kernel does, fold the
@@ -49,33 +50,22 @@ __all__ = ["CompilationError", "OutOfResources", "SCAN_SEGMENTS", "head_split", 
 
 SCAN_SEGMENTS = 64
 """The most segment slots the segment-block kernel scans for its block; calls with more run the spanning one."""
-ORDER_ROWS = 8192
-"""Calls of this many rows or more run the longest segment's blocks first (a ranking of every slot against every
-other, in every program). On the mixed batch (17,408 rows) the order took 0.704 to 0.668 ms a layer at head dim
-80; below 8,192 rows it moved nothing beyond 3% either way (H200, 2026-12-01). Smaller calls take the blocks in
-pack order, found by a running sum."""
 LOG2_E = 1.4426950408889634
 
 
 @triton.jit
-def _row_block(CU, N_CU: tl.constexpr, SLOTS: tl.constexpr, pid, rows, BLOCK_M: tl.constexpr,
-               ORDERED: tl.constexpr):
+def _row_block(CU, N_CU: tl.constexpr, SLOTS: tl.constexpr, pid, rows, BLOCK_M: tl.constexpr):
     """(segment start, segment end, first row, end of rows to store) of program ``pid``: the segments of ``CU``
-    cut into blocks of ``BLOCK_M`` rows, numbered segment by segment (in pack order, or longest segment first).
-    A program past the last block gets an empty segment at the last offset and a block of the rows after it (to
-    be written as zeros): the grid holds enough such programs to cover every row up to ``rows``. ``SLOTS``: a
-    power of two of at least ``N_CU - 1`` slots."""
+    cut into blocks of ``BLOCK_M`` rows, numbered segment by segment in pack order (a running sum). A program
+    past the last block gets an empty segment at the last offset and a block of the rows after it (to be written
+    as zeros): the grid holds enough such programs to cover every row up to ``rows``. ``SLOTS``: a power of two
+    of at least ``N_CU - 1`` slots."""
     j = tl.arange(0, SLOTS)
     used = j < N_CU - 1
     start = tl.load(CU + j, mask=used, other=0)
     end = tl.load(CU + j + 1, mask=used, other=0)
     blocks = (end - start + BLOCK_M - 1) // BLOCK_M  # 0 for an empty segment
-    if ORDERED:  # blocks of longer segments first (ties in pack order): the longest programs start first
-        length = end - start
-        before = (length[None, :] > length[:, None]) | ((length[None, :] == length[:, None]) & (j[None, :] < j[:, None]))
-        first = tl.sum(tl.where(before, blocks[None, :], 0), 1)
-    else:
-        first = tl.cumsum(blocks, 0) - blocks
+    first = tl.cumsum(blocks, 0) - blocks
     mine = (first <= pid) & (pid < first + blocks)
     total = tl.sum(blocks, 0)
     last = tl.load(CU + N_CU - 1)
@@ -84,6 +74,37 @@ def _row_block(CU, N_CU: tl.constexpr, SLOTS: tl.constexpr, pid, rows, BLOCK_M: 
     row = tl.where(pid < total, lo + (pid - tl.sum(tl.where(mine, first, 0), 0)) * BLOCK_M,
                    last + (pid - total) * BLOCK_M)
     return lo, hi, row, tl.where(pid < total, hi, rows)
+
+
+@triton.jit
+def _query_block(Q, offs_m, valid_m, STRIDE: tl.constexpr, head, D: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+                 BLOCK_M: tl.constexpr):
+    """A block of query rows of one head, split at ``D0`` (rows past ``valid_m`` read as zeros), and an empty
+    running softmax: (q0, q1, acc0, acc1, m_i, l_i)."""
+    d0 = tl.arange(0, D0)
+    d1 = D0 + tl.arange(0, D1)
+    q_rows = offs_m[:, None] * STRIDE + head * D
+    q0 = tl.load(Q + q_rows + d0[None, :], mask=valid_m[:, None], other=0.0)
+    q1 = tl.load(Q + q_rows + d1[None, :], mask=valid_m[:, None] & (d1[None, :] < D), other=0.0)
+    acc0 = tl.zeros([BLOCK_M, D0], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, D1], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    return q0, q1, acc0, acc1, m_i, l_i
+
+
+@triton.jit
+def _store_block(OUT, acc0, acc1, l_i, offs_m, valid_m, STRIDE: tl.constexpr, head, D: tl.constexpr, D0: tl.constexpr,
+                 D1: tl.constexpr):
+    """The block's normalized rows, stored where ``valid_m``; a row that saw no key (past the last offset) stores
+    zeros."""
+    d0 = tl.arange(0, D0)
+    d1 = D0 + tl.arange(0, D1)
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)
+    o_rows = offs_m[:, None] * STRIDE + head * D
+    tl.store(OUT + o_rows + d0[None, :], (acc0 / l_i[:, None]).to(OUT.dtype.element_ty), mask=valid_m[:, None])
+    tl.store(OUT + o_rows + d1[None, :], (acc1 / l_i[:, None]).to(OUT.dtype.element_ty),
+             mask=valid_m[:, None] & (d1[None, :] < D))
 
 
 @triton.jit
@@ -130,35 +151,22 @@ def _segment_key_block(acc0, acc1, m_i, l_i, q0, q1, K, V, start, hi, head, qk_s
 @triton.jit
 def _segment_fwd(Q, K, V, OUT, CU, rows, qk_scale, N_CU: tl.constexpr, SLOTS: tl.constexpr, HEADS: tl.constexpr,
                  STRIDE_Q: tl.constexpr, STRIDE_K: tl.constexpr, STRIDE_V: tl.constexpr, D: tl.constexpr,
-                 D0: tl.constexpr, D1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 ORDERED: tl.constexpr):
+                 D0: tl.constexpr, D1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # (rows, heads, dim) tensors whose heads lie D apart and whose columns are contiguous. Heads vary fastest:
     # the programs of one block of rows start together.
     head = tl.program_id(0)
-    lo, hi, row, store_end = _row_block(CU, N_CU, SLOTS, tl.program_id(1), rows, BLOCK_M, ORDERED)
+    lo, hi, row, store_end = _row_block(CU, N_CU, SLOTS, tl.program_id(1), rows, BLOCK_M)
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N  # whole key blocks: no mask
     offs_m = row + tl.arange(0, BLOCK_M)
     valid_m = offs_m < store_end
-    d0 = tl.arange(0, D0)
-    d1 = D0 + tl.arange(0, D1)
-    q_rows = offs_m[:, None] * STRIDE_Q + head * D
-    q0 = tl.load(Q + q_rows + d0[None, :], mask=valid_m[:, None], other=0.0)
-    q1 = tl.load(Q + q_rows + d1[None, :], mask=valid_m[:, None] & (d1[None, :] < D), other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc0 = tl.zeros([BLOCK_M, D0], tl.float32)
-    acc1 = tl.zeros([BLOCK_M, D1], tl.float32)
+    q0, q1, acc0, acc1, m_i, l_i = _query_block(Q, offs_m, valid_m, STRIDE_Q, head, D, D0, D1, BLOCK_M)
     for start in tl.range(lo, full_end, BLOCK_N):
         acc0, acc1, m_i, l_i = _segment_key_block(acc0, acc1, m_i, l_i, q0, q1, K, V, start, hi, head, qk_scale,
                                                   STRIDE_K, STRIDE_V, D, D0, D1, BLOCK_N, False)
     for start in tl.range(full_end, hi, BLOCK_N):
         acc0, acc1, m_i, l_i = _segment_key_block(acc0, acc1, m_i, l_i, q0, q1, K, V, start, hi, head, qk_scale,
                                                   STRIDE_K, STRIDE_V, D, D0, D1, BLOCK_N, True)
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)  # rows past the last offset: no key, zeros stored
-    o_rows = offs_m[:, None] * (HEADS * D) + head * D
-    tl.store(OUT + o_rows + d0[None, :], (acc0 / l_i[:, None]).to(OUT.dtype.element_ty), mask=valid_m[:, None])
-    tl.store(OUT + o_rows + d1[None, :], (acc1 / l_i[:, None]).to(OUT.dtype.element_ty),
-             mask=valid_m[:, None] & (d1[None, :] < D))
+    _store_block(OUT, acc0, acc1, l_i, offs_m, valid_m, HEADS * D, head, D, D0, D1)
 
 
 @triton.jit
@@ -219,27 +227,15 @@ def _spanning_fwd(Q, K, V, OUT, SEG, CU, rows, qk_scale, HEADS: tl.constexpr, D:
     full_end = lo
     if first == last:
         full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
-    d0 = tl.arange(0, D0)
-    d1 = D0 + tl.arange(0, D1)
     base = head * D
-    q_rows = offs_m[:, None] * stride_row + base
-    q0 = tl.load(Q + q_rows + d0[None, :], mask=valid_m[:, None], other=0.0)
-    q1 = tl.load(Q + q_rows + d1[None, :], mask=valid_m[:, None] & (d1[None, :] < D), other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc0 = tl.zeros([BLOCK_M, D0], tl.float32)
-    acc1 = tl.zeros([BLOCK_M, D1], tl.float32)
+    q0, q1, acc0, acc1, m_i, l_i = _query_block(Q, offs_m, valid_m, stride_row, head, D, D0, D1, BLOCK_M)
     for start in tl.range(lo, full_end, BLOCK_N):
         acc0, acc1, m_i, l_i = _spanning_key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, hi, base,
                                                    stride_row, qk_scale, D, D0, D1, BLOCK_N, False)
     for start in tl.range(full_end, hi, BLOCK_N):
         acc0, acc1, m_i, l_i = _spanning_key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, hi, base,
                                                    stride_row, qk_scale, D, D0, D1, BLOCK_N, True)
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)
-    o_rows = offs_m[:, None] * stride_row + base
-    tl.store(OUT + o_rows + d0[None, :], (acc0 / l_i[:, None]).to(OUT.dtype.element_ty), mask=valid_m[:, None])
-    tl.store(OUT + o_rows + d1[None, :], (acc1 / l_i[:, None]).to(OUT.dtype.element_ty),
-             mask=valid_m[:, None] & (d1[None, :] < D))
+    _store_block(OUT, acc0, acc1, l_i, offs_m, valid_m, stride_row, head, D, D0, D1)
 
 
 def _rows_in_place(t: torch.Tensor) -> torch.Tensor:
@@ -252,10 +248,8 @@ def _rows_in_place(t: torch.Tensor) -> torch.Tensor:
 
 
 def segment_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float,
-                   block_m: int, block_n: int, num_warps: int, num_stages: int,
-                   ordered: bool | None = None) -> torch.Tensor:
-    """The segment-block kernel (at most :data:`SCAN_SEGMENTS` slots); ``ordered``: longest segment first (None:
-    from :data:`ORDER_ROWS` rows)."""
+                   block_m: int, block_n: int, num_warps: int, num_stages: int) -> torch.Tensor:
+    """The segment-block kernel (at most :data:`SCAN_SEGMENTS` slots)."""
     rows, heads, dim = q.shape
     segments = cu.shape[0] - 1
     q, k, v = (_rows_in_place(t) for t in (q, k, v))
@@ -266,8 +260,7 @@ def segment_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.
     _segment_fwd[grid](q, k, v, out, cu, rows, scale * LOG2_E, N_CU=cu.shape[0],
                        SLOTS=max(16, triton.next_power_of_2(segments)), HEADS=heads, STRIDE_Q=q.stride(0),
                        STRIDE_K=k.stride(0), STRIDE_V=v.stride(0), D=dim, D0=d0, D1=d1, BLOCK_M=block_m,
-                       BLOCK_N=block_n, ORDERED=rows >= ORDER_ROWS if ordered is None else ordered,
-                       num_warps=num_warps, num_stages=num_stages)
+                       BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
