@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: gate (issue 36's GPU gate: exits 1 unless it passes; gate-a then gate-b: the same in two calls), env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-sweep, attention-kernel, attention-swap, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: gate (issue 36's GPU gate: exits 1 unless it passes; gate-a then gate-b: the same in two calls), env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-sweep, attention-kernel, attention-swap, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, mixed-profile-rows, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-planned, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides, replace (SPECS: the specs whose graphs run a replace or the new providers),
 # plugin-dp (2 GPUs); each with a time limit.
 set -uo pipefail
@@ -100,6 +100,10 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     mixed-profile-qwen3) run 300 profile.log python3 benchmarks/mixed_profile.py qwen3_vl --static-only \
       --json "$OUT/mixed_profile_qwen3.json" ;;
     mixed-profile) run 300 profile.log python3 benchmarks/mixed_profile.py qwen2_vl --json "$OUT/mixed_profile.json" ;;
+    mixed-profile-rows)  # issue 38's bound: kernel time by kind at the exact budget on qwen2_vl's other compute-bound
+      # rows ('+' is not allowed in a name that comes back from the device)
+      for w in 8x224 video4x448 image+video; do run 150 profile.log python3 benchmarks/mixed_profile.py qwen2_vl \
+        --workload "$w" --static-only --json "$OUT/mixed_profile_${w/+/_}.json"; done ;;
     profile) run 200 profile.log python3 benchmarks/host_profile.py qwen2_vl 1x224 8x224 ;;
     profile-mixed) run 150 profile.log python3 benchmarks/host_profile.py qwen2_vl mixed image+video ;;
     eager-path) run 150 eager_path.log python3 benchmarks/eager_path.py internvl image+video mixed 1x448 \
