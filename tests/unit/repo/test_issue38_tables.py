@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "issue38_tables.py"
+from support.scripts import benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("issue38_tables", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("issue38_tables")
 
 
 def _ttft_row(default_vs_best: float) -> dict:

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "raw_drafts.py"
+from support.scripts import benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("raw_drafts", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("raw_drafts")
 
 
 def test_failures_are_grouped_by_the_first_reason_that_matches_in_the_order_of_reasons():
