@@ -57,6 +57,7 @@ def _meta_calls_shared(monkeypatch) -> dict:
     return memo
 
 
+@pytest.mark.slow  # the suite's slowest test (2 minutes on 2 cores); CI runs it on both transformers releases
 def test_every_model_type_is_drafted_valid_or_refused(monkeypatch):
     """Every transformers model type: a draft that validates, with its guesses marked, or a UsageError."""
     from transformers import CONFIG_MAPPING
