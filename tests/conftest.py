@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -18,9 +19,21 @@ def pytest_configure(config):
     # The registry is the packaged specs then $VITCG_SPECS_DIR's folders: a developer's own folders must not
     # change what the suite sees. Tests that need the variable set it themselves.
     os.environ.pop("VITCG_SPECS_DIR", None)
-    # One cache for the session, outside the user's home: tests never depend on earlier runs.
+    # One cache for the session, outside the user's home: tests never depend on earlier runs. Under pytest-xdist
+    # (CI runs the suite with `-n 2`) each worker process has a cache of its own, as it has a session of its own
+    # (the workers inherit the variable from the controlling process, which set it here first).
     cache = Path(config.rootpath if hasattr(config, "rootpath") else REPO) / ".pytest_cache" / "vitcg-bindings"
     os.environ.setdefault("VITCG_CACHE_DIR", str(cache))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        if os.environ["VITCG_CACHE_DIR"] == str(cache):
+            os.environ["VITCG_CACHE_DIR"] = str(cache.with_name(f"{cache.name}-{worker}"))
+        # The workers share the machine's cores: one intra-op thread each, in the worker and in the commands its
+        # tests start as subprocesses. Two threads per process on a 2-core machine wait on each other
+        # (tests/vllm/conftest.py: 160 s instead of 12 s). torch may be imported already (by a conftest file).
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     # Hypothesis keeps examples and the constants it scrapes from the code under ./.hypothesis: not in the checkout.
     from hypothesis.configuration import set_hypothesis_home_dir
 
