@@ -102,11 +102,12 @@ def main() -> None:
     parser.add_argument("files", nargs="+", type=Path)
     args = parser.parse_args()
     documents = [json.loads(path.read_text()) for path in args.files]
-    if args.kind == "bench":
+    if args.kind == "bench":  # one table over every file: a session's bench runs are split across device calls
         print(bench(documents))
-    else:
-        for document in documents:
-            print(globals()[args.kind](document))
+        return
+    render = {"ttft": ttft, "plugin": plugin, "attention": attention}[args.kind]
+    for document in documents:
+        print(render(document))
 
 
 if __name__ == "__main__":
