@@ -2,7 +2,7 @@
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
 # Steps: gate (issue 36's GPU gate: exits 1 unless it passes; gate-a then gate-b: the same in two calls), env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-sweep, attention-kernel, attention-swap, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, mixed-profile-rows, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
-# bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-planned, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides, replace (SPECS: the specs whose graphs run a replace or the new providers),
+# bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-compiled, plugin-planned, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides, replace (SPECS: the specs whose graphs run a replace or the new providers),
 # plugin-dp (2 GPUs); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -133,8 +133,8 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       specs=$(python3 -c "import glob, sys; print(' '.join(sorted(p for p in glob.glob('vitcg/specs/*.yaml') if not p.endswith('.tests.yaml'))[sys.argv[1] == 'b'::2]))" "${step##*-}")
       run 570 bench.log python3 -m vitcg bench $specs --no-compile --iters 5 --device cuda --json "$OUT/$step.json" ;;
     plugin-gain)  # issue 38 item 4: the stock backend's embed_multimodal against the plugin's path (consumer, real
-      # capture), bf16, real towers, every bench workload and 8x448, plain and compiled blocks; exits 1 on an inequality
-      run 540 plugin.log python3 benchmarks/plugin_encode.py qwen2_vl qwen3_vl glm4v hunyuan_vl pixtral --compiled \
+      # capture), bf16, real towers, every bench workload and 8x448, the default (compiled blocks) and plain blocks; exits 1 on an inequality
+      run 540 plugin.log python3 benchmarks/plugin_encode.py qwen2_vl qwen3_vl glm4v hunyuan_vl pixtral --plain \
         --iters 10 --json "$OUT/plugin_gain.json" ;;
     sides-ttft)  # issue 38 item 3: TTFT of default routing against both of its sides (graphs only, eager side)
       run 560 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl qwen3_vl internvl --iters 20 \
@@ -147,9 +147,11 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     eager-compiled)  # issue 38 item 2: the eager forward with blocks compiled with dynamic shapes, against the model's own
       run 560 eager.log python3 benchmarks/eager_compiled.py qwen2_vl qwen3_vl internvl qwen2_5_vl pixtral --iters 10 \
         --json "$OUT/eager_compiled.json" ;;
+    plugin-compiled)  # the plugin's GPU tests, the compiled default and its persistent cache among them, timed
+      run 400 gpu.log python3 -m pytest -q -p no:cacheprovider -m gpu --durations=0 tests/engine/test_vllm_protocol_cuda.py ;;
     plugin-planned)  # issue 38: the same, with each model's budgets from `vitcg plan NAME --manager vllm` (the README's
       # advice for compute-bound workloads) instead of vLLM's doubling ladder
-      run 400 plugin.log python3 benchmarks/plugin_encode.py qwen2_vl glm4v --plan --compiled --workload mixed \
+      run 400 plugin.log python3 benchmarks/plugin_encode.py qwen2_vl glm4v --plan --plain --workload mixed \
         --workload 8x448 --workload image+video --iters 10 --json "$OUT/plugin_planned.json" ;;
     plugin-equal)  # the same path in float32 (TF32 off): every item within 1e-5 of the stock item, at real size
       run 400 plugin.log python3 benchmarks/plugin_encode.py qwen2_vl qwen3_vl glm4v --dtype float32 --iters 2 \

@@ -63,22 +63,27 @@ def bench(documents: list[dict]) -> str:
 
 
 def plugin(document: dict) -> str:
-    """Per model and workload: the stock backend against the plugin's path, plain and compiled blocks."""
+    """Per model and workload: the stock backend against the plugin's two paths. Files from before 2026-12-06's
+    second session have ``plugin`` (plain blocks) and ``compiled``; later ones ``plugin`` (the default: compiled
+    blocks on CUDA) and ``plain``."""
+    later = any("compiled_blocks" in measured for measured in document["models"].values())
+    paths = [("plugin", "plugin (default, compiled blocks)"), ("plain", "plugin (plain blocks)")] if later else \
+        [("plugin", "plugin (plain blocks)"), ("compiled", "plugin (compiled blocks)")]
     rows = []
     for model, measured in document["models"].items():
         for workload, w in measured["workloads"].items():
             if "plugin_ms" not in w:  # declined by the plugin, or no batch of that kind: the log says which
                 continue
-            equal = w["plugin_equal"] and w.get("compiled_equal", True)
-            row = [model, workload, str(w["items"]), f"{w['stock_ms']:.2f}", f"{w['plugin_ms']:.2f}",
-                   _bold(f"{w['plugin_gain']:.2f}x", w["plugin_gain"] < 1)]
-            if "compiled_ms" in w:
-                row += [f"{w['compiled_ms']:.2f}", _bold(f"{w['compiled_gain']:.2f}x", w["compiled_gain"] < 1)]
-            else:
-                row += ["-", "-"]
+            row = [model, workload, str(w["items"]), f"{w['stock_ms']:.2f}"]
+            for key, _ in paths:
+                if f"{key}_ms" in w:
+                    row += [f"{w[f'{key}_ms']:.2f}", _bold(f"{w[f'{key}_gain']:.2f}x", w[f"{key}_gain"] < 1)]
+                else:
+                    row += ["-", "-"]
+            equal = all(w.get(f"{key}_equal", True) for key, _ in paths)
             rows.append(row + ["yes" if equal else "**no**"])
-    return _table(["model", "workload", "items", "stock", "plugin (plain blocks)", "gain", "plugin (compiled blocks)",
-                   "gain", "every item equal"], rows)
+    headers = [part for _, header in paths for part in (header, "gain")]
+    return _table(["model", "workload", "items", "stock", *headers, "every item equal"], rows)
 
 
 def attention(document: dict) -> str:

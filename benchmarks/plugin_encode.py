@@ -12,10 +12,10 @@ makes them (videos are composed from frames through the image processor, vitcg.t
 One process (default): per model and workload, the stock backend's ``embed_multimodal(**batch)`` against the
 plugin's path (its protocol members driven by the consumer; under real CUDA graph capture on CUDA), timed in
 turn: wall time of the workload's calls, CUDA-synchronized, median of ``--iters`` after warm-up. Each item of the
-plugin's path is compared with the stock item. ``--compiled`` adds the plugin's path with the tower's repeated
-blocks compiled (torch.compile, inductor) inside its graphs: the plugin itself never compiles them
-(``Bridge.compile_forward`` stays off), so this measures whether it should; its compile time is in
-``compiled_capture_s``.
+plugin's path is compared with the stock item. The plugin's path is its default: on CUDA its graphs hold the
+tower's repeated blocks compiled by inductor (``VITCG_COMPILE_BLOCKS``), loaded from the persistent compile cache
+when an earlier run stored them; its capture time, compilation included, is in ``capture_s``. ``--plain`` adds the
+plugin's path with the tower's own blocks (``VITCG_COMPILE_BLOCKS=0``), capture time in ``plain_capture_s``.
 
 ``--ranks 2``: two processes, one GPU each (NCCL; gloo on the CPU), the plugin's path on each rank.
 "replicated": every rank encodes the whole batch (vLLM's backend under tensor parallelism, where every rank runs
@@ -191,14 +191,14 @@ def prepare(name: str, workloads: Sequence[str], args: argparse.Namespace, devic
 
 
 def plugin_path(subject: Subject, args: argparse.Namespace, device: torch.device,
-                compiled: bool = False) -> tuple[ProtocolConsumer, Any, float]:
+                plain: bool = False) -> tuple[ProtocolConsumer, Any, float]:
     """The plugin's members on the stand-in, their profiling call (vLLM's runner makes one before capture, which
     is where the plugin checks that its spec reads the backend's batches) and the consumer's capture: ``(consumer,
     model, capture seconds)``. Raises Skip with the plugin's own line when it declines the model."""
     with vitcg_log() as lines:
         model = plugged(subject.vlm)
-        if compiled and getattr(type(model), "supports_encoder_cudagraph", False):
-            model._vitcg.compile_forward = True  # before its first use builds the adapter
+        if plain and getattr(type(model), "supports_encoder_cudagraph", False):
+            model._vitcg.compile_forward = False  # before its first use builds the adapter
         first = next((b for batches in subject.batches.values() for b in batches.values()), None)
         if first is not None and getattr(type(model), "supports_encoder_cudagraph", False):
             with torch.inference_mode():
@@ -291,13 +291,14 @@ def measure_gain(subject: Subject, args: argparse.Namespace, device: torch.devic
     result: dict[str, Any] = {"budgets": consumer.budgets, "max_items": consumer.max_batch_size,
                               "capture_s": round(capture_s, 2), "workloads": {}}
     paths = {"plugin": consumer}
-    if args.compiled:
+    result["compiled_blocks"] = model._vitcg.adapter.compiles
+    if args.plain:
         try:
-            compiled, _, result["compiled_capture_s"] = plugin_path(subject, args, device, compiled=True)
-            paths["compiled"] = compiled
-        except Exception as exc:  # noqa: BLE001  (a compiler failure is a result)
-            result["compiled_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            print(f"{subject.name}: compiled blocks failed: {result['compiled_error']}", flush=True)
+            plain, _, result["plain_capture_s"] = plugin_path(subject, args, device, plain=True)
+            paths["plain"] = plain
+        except Exception as exc:  # noqa: BLE001  (a failure is a result)
+            result["plain_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            print(f"{subject.name}: plain blocks failed: {result['plain_error']}", flush=True)
     for w, batches in subject.batches.items():
         calls: dict[str, Callable[[], Any]] = {
             "stock": lambda batches=batches: {m: subject.stock.embed_multimodal(**b) for m, b in batches.items()},
@@ -542,8 +543,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=10, help="timed rounds per workload (default 10)")
     p.add_argument("--ranks", type=int, default=1, help="2: replicated against data-parallel encoding, one process "
                                                         "(and GPU) a rank")
-    p.add_argument("--compiled", action="store_true",
-                   help="also the plugin's path with the tower's repeated blocks compiled inside its graphs")
+    p.add_argument("--plain", action="store_true",
+                   help="also the plugin's path with the tower's own blocks (VITCG_COMPILE_BLOCKS=0)")
     p.add_argument("--plan", action="store_true",
                    help="at real size, each model's budgets, items and frames per batch from `vitcg plan NAME --manager "
                         "vllm` (the bench workloads) instead of vLLM's default ladder")

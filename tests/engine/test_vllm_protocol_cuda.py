@@ -21,6 +21,7 @@ from support.tiny import tiny_adapter
 from vitcg.runtime.engine import engine_config
 from vitcg.tools.check.vlm import Unavailable, backend_batches, build_vlm
 from vitcg.tools.workloads import InputBuilder
+from vitcg.vllm_plugin.bridge import COMPILE_BLOCKS
 
 pytestmark = pytest.mark.gpu
 SEEDS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "internvl"]
@@ -53,10 +54,12 @@ def test_seed_spec_under_cuda_graphs(name, no_tf32):
 
 
 @pytest.mark.parametrize("name", SEEDS)
-def test_seed_vlm_through_the_plugin_under_cuda_graphs(name, no_tf32):
+def test_seed_vlm_through_the_plugin_under_cuda_graphs(name, no_tf32, monkeypatch):
     """The tiny VLM's own processor batches, laid out as the Transformers backend passes them, through the
     plugin's members under real capture: every item equals the backend's feature call (the stand-in's
-    ``embed_multimodal``) and every item replays, on the pack that learns the tower's output and after it."""
+    ``embed_multimodal``) and every item replays, on the pack that learns the tower's output and after it. With the
+    tower's own blocks (``VITCG_COMPILE_BLOCKS=0``): the compiled default is the next test's, on one spec."""
+    monkeypatch.setenv(COMPILE_BLOCKS, "0")
     spec = REGISTRY[name]
     if spec.unavailable:
         pytest.skip(spec.unavailable)
@@ -65,6 +68,13 @@ def test_seed_vlm_through_the_plugin_under_cuda_graphs(name, no_tf32):
         batches = backend_batches(spec, vlm)
     except Unavailable as exc:
         pytest.skip(str(exc))
+    model = _served_by_the_plugin(name, spec, vlm, batches)
+    assert not model._vitcg.adapter.compiles
+
+
+def _served_by_the_plugin(name, spec, vlm, batches):
+    """The plugin's members on the stand-in, profiled with each batch and captured by the consumer; each batch is
+    then served twice, every item replayed and equal to the backend's own. Returns the plugged model."""
     model = plugged(vlm)
     want = {}
     with torch.inference_mode():
@@ -86,3 +96,22 @@ def test_seed_vlm_through_the_plugin_under_cuda_graphs(name, no_tf32):
             assert consumer.hits - hits == len(want[modality]), f"{modality} ({attempt}): not every item replayed"
             assert_items_match(got, want[modality], what=f"{modality} ({attempt}): ")
     assert model._vitcg.off is None, model._vitcg.off
+    return model
+
+
+def test_the_plugin_compiles_blocks_on_cuda_and_a_later_start_loads_them(no_tf32, monkeypatch, tmp_path):
+    """The default on CUDA: the plugin's graphs hold qwen2_vl's blocks compiled by inductor, every item equal to the
+    backend's (float32, 1e-5), and the block functions compiled at each budget's warm-up are stored in the
+    persistent cache; a second model of the same spec (a later start of the server) loads them and compiles none."""
+    monkeypatch.delenv(COMPILE_BLOCKS, raising=False)
+    monkeypatch.setenv("VITCG_CACHE_DIR", str(tmp_path))
+    spec = REGISTRY["qwen2_vl"]
+    vlm = build_vlm(spec, device="cuda")
+    batches = backend_batches(spec, vlm)
+    first = _served_by_the_plugin("qwen2_vl", spec, vlm, dict(batches))._vitcg.adapter
+    assert first.compiles and first.ahead is not None and not first.ahead.disabled, first.ahead
+    assert first.ahead.compiled >= len(spec.tests.budgets)  # at least one function per budget
+    stored = list((tmp_path / "compile").glob("*.aot"))
+    assert len(stored) == 1 and stored[0].stat().st_size > 0
+    second = _served_by_the_plugin("qwen2_vl", spec, vlm, dict(batches))._vitcg.adapter
+    assert second.compiles and second.ahead.compiled == 0 and second.ahead.load_seconds, second.ahead.blobs.keys()

@@ -76,7 +76,7 @@ class WholeCall:
         its rows."""
         self.spec = spec
         self.target = module
-        self._call = getattr(module, spec.encoder.method)
+        self._call = self._own_call = getattr(module, spec.encoder.method)
         self._call_kwargs = thaw(spec.encoder.call_kwargs)
         self._combine = combine
         self._layout = layout
@@ -92,6 +92,10 @@ class WholeCall:
     def compile(self) -> None:
         """Run the encoder call through ``torch.compile`` (an encoder without repeated blocks)."""
         self._call = torch.compile(self._call, dynamic=True)
+
+    def plain(self) -> None:
+        """Undo :meth:`compile`: the encoder's own call from here on."""
+        self._call = self._own_call
 
     def storage_shape(self, buffer: Buffer, shape: tuple[int, ...]) -> tuple[int, ...]:
         """Pixels with ``rows_dim`` stored rows-first, as the inputs come; every other buffer as the call takes it.
@@ -198,6 +202,17 @@ class _Adapter:
         """Whether the whole fixed-shape forward is compiled (an encoder without repeated blocks)."""
         if self._compiled:
             self._boundary.compile()
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the graph path runs inductor's code: compiled blocks, or the whole forward compiled."""
+        return bool(self._blocks) or self._compiled
+
+    def drop_compiled(self) -> None:
+        """The graph path runs the model's own code from here on, not inductor's (after a compiled forward failed
+        and a plain one served); graphs already captured keep the kernels they recorded."""
+        self._blocks, self.ahead, self._compiled = {}, None, False
+        self._boundary.plain()
 
     def _zeros(self, buffer: Buffer, names: Mapping[str, int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """A device buffer of one capture, zeros of its shape (checked against its provider's capacity) and of its

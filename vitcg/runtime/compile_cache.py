@@ -498,6 +498,33 @@ def capture_compiled(manager: Any, spec: Spec) -> tuple[Any, CompileCacheUse]:
     return report, use
 
 
+def hosted_compiled(adapter: Any, spec: Spec, host: str) -> Callable[[], int]:
+    """The persistent cache of the block functions of a ``compile_forward`` adapter whose capture a host drives
+    budget by budget (vLLM's manager, through the plugin), so that no call of vitcg's wraps the whole capture.
+    Loads the functions stored for the spec, device, dtype and ``host`` into ``adapter.ahead`` now, and returns
+    ``store``, which writes them all again (``KEY.aot``) when forwards since its last call compiled new ones, and
+    returns the bytes written. Call it outside any stream capture: the host's warm-up call before each budget's
+    capture is where that budget's functions compile. The key names no budgets: a function's signature names its
+    shapes, so one file serves whatever budgets the host picks. Only functions compiled ahead of time are kept:
+    calls that cannot be compiled so run the plain compilation, which each process compiles again (inductor's own
+    caches speed that up)."""
+    ahead = getattr(adapter, "ahead", None)
+    if ahead is None:
+        return lambda: 0
+    key = compile_key(spec, adapter.device, adapter.dtype, host=host)
+    path = Path(cache_root()) / "compile" / f"{key}.aot"
+    _, refused = _load_ahead(path, key, ahead)
+    stored = 0
+
+    def store() -> int:
+        nonlocal stored
+        if ahead.compiled <= stored or ahead.disabled or (refused is not None and not refused.replace):
+            return 0
+        stored = ahead.compiled
+        return _store_ahead(path, key, ahead)
+    return store
+
+
 def _eager_functions(adapter: Any, key: str) -> None:
     """The block functions of ``adapter``'s eager forward (``compile_eager``: dynamic shapes) from ``KEY.eager.aot``,
     and, unless that file is one vitcg will not replace, the file rewritten each time an eager call compiles new

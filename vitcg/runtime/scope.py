@@ -46,6 +46,9 @@ class Boundary(Protocol):
     def compile(self) -> None:
         """Run the captured computation through ``torch.compile`` (one compilation, dynamic shapes)."""
 
+    def plain(self) -> None:
+        """Undo :meth:`compile` and :meth:`use_forwards`: the model's own code from here on."""
+
     def storage_shape(self, buffer: Buffer, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The call's shape of ``buffer`` as it is stored: rows first, as the inputs come."""
 
@@ -81,6 +84,7 @@ class Scope:
         self.signature = inspect.signature(self.layers[0].forward)
         self._forwards = [layer.forward for layer in self.layers]
         """The original bound forwards: the captured computation calls these, never the interceptors."""
+        self._own_forwards = list(self._forwards)
         self.rows = spec.rows_buffer
         """The buffer whose rows are the call's rows: it sets the capacity and how outputs are cut."""
 
@@ -92,6 +96,11 @@ class Scope:
     def compile(self) -> None:
         """Run :meth:`forward` through ``torch.compile`` (a scope without repeated blocks)."""
         self.forward = torch.compile(self.forward, dynamic=True)
+
+    def plain(self) -> None:
+        """Undo :meth:`compile` and :meth:`use_forwards`: the layers' own forwards from here on."""
+        self._forwards = list(self._own_forwards)
+        vars(self).pop("forward", None)
 
     def storage_shape(self, buffer: Buffer, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The call's shape of ``buffer`` with its rows moved first (how the buffer is stored)."""

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -19,7 +20,9 @@ import torch
 from ..errors import InputError, UsageError, VitcgError
 from ..lang import SpecSource
 from ..lang.model import Spec
+from ..runtime.accelerate import compiles_by_default
 from ..runtime.adapter import SpecAdapter, adapter_for
+from ..runtime.compile_cache import hosted_compiled
 from ..runtime.hf import Layout, call_inputs, encoder_of, pixels_to_rows
 from ..runtime.inputs import BACKEND_ROW_KEYS, item_indices
 from ..runtime.protocol import (
@@ -44,6 +47,10 @@ OFF_TOKENS = 1 << 62
 """The packing size of an item while the graphs are off: beyond every budget, so the manager runs it "eagerly"
 (the off path's answer) and no graph replays."""
 
+COMPILE_BLOCKS = "VITCG_COMPILE_BLOCKS"
+"""The environment variable that decides whether the plugin's graphs hold the tower's repeated blocks compiled by
+inductor: ``0`` never, ``1`` on any device; unset, where the tower is on CUDA (as ``vitcg.accelerate``)."""
+
 BACKEND_PIXELS = {"image": "pixel_values", "video": "pixel_values_videos"}
 """The keys under which the backend hands over each modality's pixels (the HF processor's names)."""
 
@@ -63,6 +70,18 @@ def describe(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"[{len(value)} entries]"
     return type(value).__name__
+
+
+def compiles_blocks(encoder: torch.nn.Module) -> bool:
+    """Whether the plugin compiles ``encoder``'s repeated blocks: :data:`COMPILE_BLOCKS` decides, else the device.
+    Any other value than ``0`` or ``1`` is one warning and the default."""
+    value = os.environ.get(COMPILE_BLOCKS, "").strip()
+    if value in ("0", "1"):
+        return value == "1"
+    if value:
+        logger.warning("vitcg: %s: expected 0 or 1, got %r; compiling the blocks where the tower is on CUDA",
+                       COMPILE_BLOCKS, value)
+    return compiles_by_default(encoder)
 
 
 def find_spec(hf_config: Any) -> Spec:
@@ -223,10 +242,12 @@ class Bridge:
         _, self.encoder = encoder_of(model, spec)
         self.method = spec.encoder.method
         self._adapter: SpecAdapter | None = None
-        self.compile_forward = False
-        """Whether the adapter, when it is built, runs the tower's repeated blocks through ``torch.compile`` inside
-        the graphs (:mod:`vitcg.runtime.regions`). The plugin never sets it (no option of vLLM's reaches it);
-        benchmarks/plugin_encode.py sets it to measure what compiled blocks would give there."""
+        self.compile_forward: bool | None = None
+        """Whether the adapter, when it is built, runs the tower's repeated blocks compiled by inductor inside the
+        graphs (:mod:`vitcg.runtime.regions`): None decides by :func:`compiles_blocks` (on CUDA, unless
+        :data:`COMPILE_BLOCKS` says otherwise); benchmarks/plugin_encode.py sets it to compare both."""
+        self._store_compiled: Callable[[], int] = lambda: 0
+        """Stores the block functions compiled since its last call in the persistent compile cache."""
         self.layout: Layout | None = None
         self.off: str | None = None
         """Why the graphs stopped serving this model (:meth:`turn_off`), or None while they serve it."""
@@ -295,8 +316,52 @@ class Bridge:
     @property
     def adapter(self) -> SpecAdapter:
         if self._adapter is None:
-            self._adapter = adapter_for(self.spec, self.encoder, compile_forward=self.compile_forward)
+            self._adapter = self._build_adapter()
         return self._adapter
+
+    def _build_adapter(self) -> SpecAdapter:
+        """The spec's adapter on the tower: with compiled blocks where :attr:`compile_forward` (or its default)
+        says so, their functions loaded from the persistent compile cache; without them, and one warning, when
+        that fails and the plain adapter builds."""
+        compiled = self.compile_forward if self.compile_forward is not None else compiles_blocks(self.encoder)
+        if not compiled:
+            return adapter_for(self.spec, self.encoder)
+        try:
+            adapter = adapter_for(self.spec, self.encoder, compile_forward=True)
+            self._store_compiled = hosted_compiled(adapter, self.spec, "vllm")
+            return adapter
+        except Exception as exc:  # noqa: BLE001  (the plain adapter serves; if it fails too, that error is raised)
+            adapter = adapter_for(self.spec, self.encoder)
+            self._plain_blocks(f"setting up its compiled blocks failed: {type(exc).__name__}: {exc}")
+            return adapter
+
+    def _plain_blocks(self, why: str) -> None:
+        self.compile_forward = False
+        logger.warning("vitcg: spec %s: %s; its graphs hold the tower's own blocks from here on", self.spec.name,
+                       " ".join(why.split())[:500])
+
+    def graph_forward(self, inputs: Mapping[str, Any], path: str) -> torch.Tensor:
+        """The adapter's fixed-shape forward. Outside a stream capture (vLLM's warm-up call before each budget's
+        capture, where the budget's blocks compile), a forward with compiled blocks that fails is run again with
+        the tower's own blocks, which serve from then on (one warning): a compilation that fails costs the
+        graphs inductor's kernels, not the graphs. What the forward compiled is stored in the compile cache."""
+        adapter = self.adapter
+        capturing = adapter.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if capturing or not adapter.compiles:
+            return adapter.encoder_cudagraph_forward(inputs, path)
+        try:
+            output = adapter.encoder_cudagraph_forward(inputs, path)
+        except Exception as exc:  # noqa: BLE001  (the plain forward decides: an error of the spec's fails there too)
+            adapter.drop_compiled()
+            output = adapter.encoder_cudagraph_forward(inputs, path)
+            self._plain_blocks(f"a forward with compiled blocks failed: {type(exc).__name__}: {exc}")
+            return output
+        try:
+            self._store_compiled()
+        except Exception as exc:  # noqa: BLE001  (a store that fails costs a later start its compile time)
+            logger.warning("vitcg: spec %s: storing its compiled blocks failed: %s: %s", self.spec.name,
+                           type(exc).__name__, exc)
+        return output
 
     def _modality(self, mm_kwargs: Mapping[str, Any]) -> Any:
         """The spec's modality of a backend batch: the one whose pixel key, or the backend's pixel key for it
@@ -702,7 +767,7 @@ class EncoderGraphs:
 
     @_guarded(_off_forward)
     def encoder_cudagraph_forward(self, inputs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:
-        return self._vitcg.adapter.encoder_cudagraph_forward(inputs, path)
+        return self._vitcg.graph_forward(inputs, path)
 
     @_guarded(lambda self, *args, **kwargs: torch.zeros(0))
     def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:

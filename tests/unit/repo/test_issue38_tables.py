@@ -46,6 +46,21 @@ def test_plugin_skips_declined_models_and_marks_losses():
     assert "| 2.00x | - | - | yes |" in small and "| **0.50x** |" in big and big.endswith("| **no** |")
 
 
+def test_plugin_names_the_paths_of_either_file_layout():
+    """Earlier files: ``plugin`` holds plain blocks, ``compiled`` the compiled ones; later files (a model with
+    ``compiled_blocks``): ``plugin`` is the default, compiled, and ``plain`` the plain one."""
+    row = {"items": 2, "stock_ms": 10.0, "plugin_ms": 4.0, "plugin_gain": 2.5, "plugin_equal": True}
+    earlier = _module().plugin({"models": {"m": {"workloads": {"w": {**row, "compiled_ms": 5.0, "compiled_gain": 2.0,
+                                                                     "compiled_equal": False}}}}})
+    assert earlier.splitlines()[0].startswith("| model | workload | items | stock | plugin (plain blocks) | gain | "
+                                              "plugin (compiled blocks) |")
+    assert earlier.splitlines()[2].endswith("| 4.00 | 2.50x | 5.00 | 2.00x | **no** |")
+    later = _module().plugin({"models": {"m": {"compiled_blocks": True, "workloads": {
+        "w": {**row, "plain_ms": 12.5, "plain_gain": 0.8, "plain_equal": True}}}}})
+    assert "| plugin (default, compiled blocks) | gain | plugin (plain blocks) |" in later.splitlines()[0]
+    assert later.splitlines()[2].endswith("| 4.00 | 2.50x | 12.50 | **0.80x** | yes |")
+
+
 def test_attention_divides_vitcgs_kernel_by_cudnn_per_segment():
     case = {"backends": {"triton_runtime": {"tflops": 300.0}, "cudnn_segments": {"tflops": 400.0}}}
     table = _module().attention({"dims": {"80": {"cases": {"mixed": case}}}})
