@@ -11,7 +11,10 @@ bf16 weights), compiling its fixed-shape forward with inductor and capturing the
 3. warm: vitcg's and inductor's caches as run 2 left them (a later start on the same machine).
 
 Each reports the process's wall time from interpreter start to graphs ready, split into imports, building the
-encoder, and compile plus capture.
+encoder, and compile plus capture. Each then captures the same encoder a second time, with a new adapter and
+manager (what a second ``vitcg.accelerate`` of the process does): ``later_capture_s`` against the first's
+``compile_capture_s`` says how much slower a process's first capture is than a later one, and ``first_load_s`` /
+``later_load_s`` how much of each was loading stored block functions (issue 38 item 5).
 """
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ def child(spec_name: str, device: str, size: str) -> dict:
         with open(os.environ["VITCG_START_PROFILE"], "w") as f:
             f.write(text.getvalue())
     ready = time.perf_counter()
+    again = EncoderCudaGraphManager(adapter_for(spec, module, compile_forward=True), device=device, dtype=dtype,
+                                    options=ManagerOptions(route_eager=False))
+    capture_compiled(again, spec)
+    sync()
+    later = time.perf_counter()
     inputs = on_device(adapter, make_inputs(adapter, WORKLOADS["mixed"], torch.Generator().manual_seed(0)),
                        dtype)
     error = relative_error(torch.cat(manager.execute(inputs)), adapter.encoder_eager_forward(inputs))
@@ -82,7 +90,14 @@ def child(spec_name: str, device: str, size: str) -> dict:
                 "disabled": adapter.ahead.disabled},
             "per_budget_s": {b: round(t, 2) for b, t in report.per_budget.items()},
             "replay_ms": {b: round(t, 3) for b, t in report.replay_ms.items()},
+            "later_capture_s": round(later - ready, 2),
+            "first_load_s": _load_seconds(adapter), "later_load_s": _load_seconds(again.model),
             "mixed_rel_error_vs_eager": round(error, 5)}
+
+
+def _load_seconds(adapter) -> float | None:
+    """Seconds an adapter spent deserializing stored block functions (None without functions ahead of time)."""
+    return None if adapter.ahead is None else round(sum(adapter.ahead.load_seconds), 2)
 
 
 def main() -> None:
@@ -133,7 +148,8 @@ def main() -> None:
               f"build {result['build_s']:.1f}, compile+capture {result['compile_capture_s']:.1f}); cache "
               f"{'loaded' if result['cache_loaded'] else 'stored ' + str(result['cache_bytes']) + ' bytes'}; "
               f"{result['dynamo_unique_graphs']} dynamo graphs; ahead of time {result['ahead_of_time']}; "
-              f"mixed vs eager {result['mixed_rel_error_vs_eager']}; "
+              f"mixed vs eager {result['mixed_rel_error_vs_eager']}; later capture {result['later_capture_s']} s "
+              f"(loads: first {result['first_load_s']} s, later {result['later_load_s']} s); "
               f"seconds per budget {result['per_budget_s']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
-# Steps: gate (issue 36's GPU gate: exits 1 unless it passes; gate-a then gate-b: the same in two calls), env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-sweep, attention-kernel, attention-swap, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, mixed-profile-rows, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
+# Steps: gate (issue 36's GPU gate: exits 1 unless it passes; gate-a then gate-b: the same in two calls), env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-sweep, attention-kernel, attention-swap, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, compile-start-cold, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, mixed-profile-rows, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
 # bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-compiled, plugin-planned, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides, replace (SPECS: the specs whose graphs run a replace or the new providers),
 # plugin-dp (2 GPUs); each with a time limit.
 set -uo pipefail
@@ -54,6 +54,9 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
     ttft-focus) run 280 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl qwen3_vl internvl gemma3 --json "$OUT/ttft.json" ;;
     compile-start) run 280 compile.log python3 benchmarks/compile_start.py qwen2_vl --cache-dir "$VITCG_CACHE_DIR" \
       --json "$OUT/compile_start.json" ;;
+    compile-start-cold)  # issue 38 item 5: cold, vitcg-cache-only and warm processes from fresh caches, each
+      # with a second capture in the same process (the first accelerate of a process against a later one)
+      run 400 compile.log python3 benchmarks/compile_start.py qwen2_vl --json "$OUT/compile_start_cold.json" ;;
     compile-start-pyc) run 360 compile.log python3 benchmarks/compile_start.py qwen2_vl --cache-dir "$VITCG_CACHE_DIR" \
       --pycache /tmp/pyc --profile "$OUT/start-profile.txt" --json "$OUT/compile_start_pyc.json" ;;
     attention-sweep)  # issue 38 item 1: every backend, Triton configuration and packaged head dim at the bench workloads'
