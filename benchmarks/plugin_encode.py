@@ -14,7 +14,9 @@ plugin's path (its protocol members driven by the consumer; under real CUDA grap
 turn: wall time of the workload's calls, CUDA-synchronized, median of ``--iters`` after warm-up. Each item of the
 plugin's path is compared with the stock item. The plugin's path is its default: on CUDA its graphs hold the
 tower's repeated blocks compiled by inductor (``VITCG_COMPILE_BLOCKS``), loaded from the persistent compile cache
-when an earlier run stored them; its capture time, compilation included, is in ``capture_s``. ``--plain`` adds the
+when an earlier run stored them, and its router sends a call to the eager forward where that is measured cheaper
+than the replays (``vitcg.vllm_plugin.routing``; a row's misses are its items run eagerly); its capture time,
+compilation included, is in ``capture_s``, and what the router measured in ``plugin_router``. ``--plain`` adds the
 plugin's path with the tower's own blocks (``VITCG_COMPILE_BLOCKS=0``), capture time in ``plain_capture_s``.
 
 ``--ranks 2``: two processes, one GPU each (NCCL; gloo on the CPU), the plugin's path on each rank.
@@ -93,8 +95,10 @@ model keeps the tests' settings (none, or Qwen3-VL's 16 px patches), which are i
 TOLERANCE = 1e-5
 BF16_FACTOR = 2.0
 """bfloat16: how much larger than the baseline's own error (against the float32 reference) an item's may be."""
-WARMUP = 2
-"""Untimed rounds first: the first pack of the plugin's path runs the tower once more to learn its output layout."""
+WARMUP = 5
+"""Untimed rounds first: the first pack of the plugin's path runs the tower once more to learn its output layout,
+and on CUDA its router learns (two timed replays per budget, then two eager calls of each size it explores, the
+first of which compiles the eager forward's blocks): the rounds timed are the steady state."""
 
 
 class Skip(Exception):
@@ -321,6 +325,8 @@ def measure_gain(subject: Subject, args: argparse.Namespace, device: torch.devic
                     row[f"{key}_off"] = off
         result["workloads"][w] = row
         print(gain_line(subject.name, w, row, list(paths)), flush=True)
+    for key, path in paths.items():
+        result[f"{key}_router"] = path.model._vitcg.router.describe()
     return result
 
 

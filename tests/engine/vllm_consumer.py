@@ -8,8 +8,11 @@ item cap -> capture per budget (and per combination of capture axis keys), large
 ``axis_keys`` passed positionally -> item specs -> smallest-first packing (closing a pack when an item alone
 outweighs it) -> select with the pack's unsorted index list, popping the axis keys it returns -> the graph of
 that budget and those keys -> replay buffers -> padding callables (or zero + copy) -> forward -> postprocess
-into a ``dest`` dict. ``execute_dp`` simulates data-parallel ranks: items are load-balanced across ranks
-by input size, each rank selects its unsorted share and runs it locally, results are scattered back.
+into a ``dest`` dict. Packing is by each item's tokens on the default path (``get_path_output_tokens``): a pack
+whose items have none there runs no forward, and postprocess gets no output for the path (vLLM 0.33.0's
+``_execute_local`` for a path a pack leaves out, which ``allow_zero_tokens`` permits). ``execute_dp`` simulates
+data-parallel ranks: items are load-balanced across ranks by input size, each rank selects its unsorted share
+and runs it locally, results are scattered back.
 """
 
 from __future__ import annotations
@@ -78,22 +81,25 @@ class ProtocolConsumer:
     def fit(self, tokens: int) -> int | None:
         return next((b for b in self.budgets if b >= tokens), None)
 
-    def packs(self, tokens: list[int]) -> list[list[int]]:
+    def packs(self, tokens: list[int], path_tokens: list[int] | None = None) -> list[list[int]]:
+        """Items in order of their output ``tokens``, packed by their tokens on the path (``path_tokens``,
+        default the same): an item of no tokens there fits any pack and never closes one early."""
+        path_tokens = tokens if path_tokens is None else path_tokens
         order = sorted(range(len(tokens)), key=lambda i: tokens[i])
         packs: list[list[int]] = []
         current: list[int] = []
         total = 0
         for i in order:
-            fits = len(current) < self.max_batch_size and total + tokens[i] <= self.budgets[-1]
+            fits = len(current) < self.max_batch_size and total + path_tokens[i] <= self.budgets[-1]
             defer = False
-            if current and fits:
-                now, alone, merged = self.fit(total), self.fit(tokens[i]), self.fit(total + tokens[i])
+            if current and fits and path_tokens[i]:
+                now, alone, merged = self.fit(total), self.fit(path_tokens[i]), self.fit(total + path_tokens[i])
                 defer = alone is not None and alone >= now and now + alone < merged
             if current and (not fits or defer):
                 packs.append(current)
                 current, total = [], 0
             current.append(i)
-            total += tokens[i]
+            total += path_tokens[i]
         if current:
             packs.append(current)
         return packs
@@ -129,19 +135,23 @@ class ProtocolConsumer:
     def execute(self, mm_kwargs: dict) -> list[torch.Tensor]:
         specs = self.model.get_encoder_cudagraph_item_specs(mm_kwargs)
         tokens = [s.output_tokens for s in specs]
+        path_tokens = [s.get_path_output_tokens("default") for s in specs]
         dest: dict[int, torch.Tensor] = {}
-        for pack in self.packs(tokens):
+        for pack in self.packs(tokens, path_tokens):
             selected, keys = self.select(mm_kwargs, pack)
-            budget = self.fit(sum(tokens[i] for i in pack))
-            if budget is None:
+            on_path = sum(path_tokens[i] for i in pack)
+            budget = self.fit(on_path)
+            outputs = {}
+            if not on_path:  # the pack leaves the path out: no forward runs for it
+                self.misses += len(pack)
+            elif budget is None:
                 with torch.inference_mode():
-                    out = self.model.encoder_eager_forward(selected, path="default")
+                    outputs["default"] = self.model.encoder_eager_forward(selected, path="default")
                 self.misses += len(pack)
             else:
-                out = self.replay(budget, keys, selected)
+                outputs["default"] = self.replay(budget, keys, selected)
                 self.hits += len(pack)
-            self.model.postprocess_encoder_output({"default": out}, pack, tokens, dest, clone=True,
-                                                  batch_mm_kwargs=selected)
+            self.model.postprocess_encoder_output(outputs, pack, tokens, dest, clone=True, batch_mm_kwargs=selected)
         return [dest[i] for i in range(len(specs))]
 
     @staticmethod

@@ -271,6 +271,49 @@ def test_a_fault_on_vitcgs_path_is_served_by_the_stock_path_with_one_warning(mem
         gc.collect()
 
 
+@pytest.mark.parametrize("eager_cheaper", [True, False], ids=["eager cheaper", "replays cheaper"])
+def test_the_router_sends_a_whole_call_to_the_eager_forward_under_vllms_manager(eager_cheaper, prepared, loader):
+    """The plugin's router (``vitcg.vllm_plugin.routing``) with prices set, under vLLM's own manager: where one
+    eager call is cheaper than the batch's replays, every item has no tokens on the default path, vLLM runs no graph
+    for them (misses, no hits) and the plugin's eager forward answers in postprocess; else every item replays. The
+    items equal the stock backend's either way, and the graphs stay on."""
+    from vllm.config import set_current_vllm_config
+
+    from vitcg.runtime.costs import CostModel
+
+    spec, ready = REGISTRY["qwen2_vl"], prepared["qwen2_vl"]
+    if ready.skip:
+        pytest.skip(ready.skip)
+    modality, batch = next(iter(ready.batches.items()))
+    model, config = loader(spec, ready, list(spec.tests.budgets), 8)
+    bridge = model._vitcg
+    bridge.routes = True  # on the CPU the router measures nothing: its prices are set below
+    try:
+        with set_current_vllm_config(config):
+            want = stock_items(model, batch)
+            manager = CpuCaptureManager(config, torch.device("cpu"), torch.float32, model)
+            assert manager.path_token_budgets["default"][0] == 0  # allow_zero_tokens reached vLLM's manager
+            manager.capture(graph_pool=None)
+            assert sorted(bridge.router.captured) == sorted(spec.tests.budgets)
+            replay_ms = 1000.0 if eager_cheaper else 0.001
+            bridge.router.costs = CostModel(replay=dict.fromkeys(bridge.router.captured, replay_ms),
+                                            eager=lambda tokens: 1.0)
+            for attempt in ("learning the layout", "graph rows"):
+                hits, misses = manager.graph_hits, manager.graph_misses
+                with torch.inference_mode():
+                    got = manager.execute(batch)
+                assert_items_match(got, want, what=f"{attempt}: ")
+                if eager_cheaper:
+                    assert (manager.graph_hits - hits, manager.graph_misses - misses) == (0, len(want)), attempt
+                else:
+                    assert manager.graph_hits - hits == len(want), attempt
+            assert bridge.off is None, bridge.off
+            assert bridge.router.eager_calls == (2 if eager_cheaper else 0)
+    finally:
+        model = manager = None
+        gc.collect()
+
+
 @pytest.mark.parametrize("name", sorted(n for n in DECLINED if "batches" in DECLINED[n]))
 def test_a_batch_the_spec_cannot_read_without_a_profiling_run_is_served_by_the_stock_path(name, prepared, loader,
                                                                                           caplog):

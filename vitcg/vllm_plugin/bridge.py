@@ -33,6 +33,7 @@ from ..runtime.protocol import (
     EncoderCudaGraphReplayBuffers,
     EncoderItemSpec,
 )
+from .routing import Router
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +249,11 @@ class Bridge:
         :data:`COMPILE_BLOCKS` says otherwise); benchmarks/plugin_encode.py sets it to compare both."""
         self._store_compiled: Callable[[], int] = lambda: 0
         """Stores the block functions compiled since its last call in the persistent compile cache."""
+        self.routes: bool | None = None
+        """Whether a call may run wholly on the eager forward where that is cheaper than vLLM's replays
+        (:mod:`vitcg.vllm_plugin.routing`): None decides by the device (on CUDA, where calls are timed); tests set
+        it, with prices of their own."""
+        self._router: Router | None = None
         self.layout: Layout | None = None
         self.off: str | None = None
         """Why the graphs stopped serving this model (:meth:`turn_off`), or None while they serve it."""
@@ -319,6 +325,34 @@ class Bridge:
             self._adapter = self._build_adapter()
         return self._adapter
 
+    @property
+    def router(self) -> Router:
+        if self._router is None:
+            self._router = Router(self.adapter.device)
+        return self._router
+
+    @property
+    def routing(self) -> bool:
+        """Whether calls are routed (:attr:`routes`, else on CUDA)."""
+        return self.routes if self.routes is not None else self.adapter.device.type == "cuda"
+
+    def route_items(self, items: list[EncoderItemSpec]) -> list[EncoderItemSpec]:
+        """``items``, each with no tokens on the default path when the router sends the whole call to the eager
+        forward (vLLM then runs no graph for them, and :meth:`features` runs their eager forward)."""
+        if not self.routing or not self.router.wholly_eager([item.output_tokens for item in items]):
+            return items
+        return [dataclasses.replace(item, path_output_tokens={DEFAULT_PATH: 0}) for item in items]
+
+    def eager_outputs(self, batch: Mapping[str, Any], indices: Sequence[int],
+                      per_item_out_tokens: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The eager forward of a pack that vLLM ran no graph for (its items routed, :meth:`route_items`), as the
+        outputs of the default path."""
+        tokens = sum(per_item_out_tokens[i] for i in indices)
+        inputs = self.graph_inputs(batch)
+        with torch.inference_mode():
+            rows = self.router.eager(tokens, lambda: self.adapter.encoder_eager_forward(inputs, DEFAULT_PATH))
+        return {DEFAULT_PATH: rows}
+
     def _build_adapter(self) -> SpecAdapter:
         """The spec's adapter on the tower: with compiled blocks where :attr:`compile_forward` (or its default)
         says so, their functions loaded from the persistent compile cache; without them, and one warning, when
@@ -327,7 +361,7 @@ class Bridge:
         if not compiled:
             return adapter_for(self.spec, self.encoder)
         try:
-            adapter = adapter_for(self.spec, self.encoder, compile_forward=True)
+            adapter = adapter_for(self.spec, self.encoder, compile_forward=True, compile_eager=True)
             self._store_compiled = hosted_compiled(adapter, self.spec, "vllm")
             return adapter
         except Exception as exc:  # noqa: BLE001  (the plain adapter serves; if it fails too, that error is raised)
@@ -708,6 +742,9 @@ class EncoderGraphs:
         config = bridge.adapter.get_encoder_cudagraph_config()
         bridge.capture_axes = tuple(tuple(axis) for axis in config.capture_axes)
         bridge.served[:] = config.modalities
+        if bridge.routing:  # a call routed to the eager forward leaves the path out (vitcg.vllm_plugin.routing)
+            config = dataclasses.replace(config, paths={
+                DEFAULT_PATH: dataclasses.replace(config.paths[DEFAULT_PATH], allow_zero_tokens=True)})
         if bridge.gather_width is not None:  # vLLM's gather pads each rank's items at this width
             return dataclasses.replace(config, modalities=bridge.served, out_hidden_size=bridge.gather_width)
         return dataclasses.replace(config, modalities=bridge.served)
@@ -736,7 +773,7 @@ class EncoderGraphs:
             # a whole batch before vLLM shards it, with no profiling run: the stock answer, which the off path
             # reuses if the rows cannot be gathered
             bridge.check_gather(mm_kwargs, self._stock_items(mm_kwargs))
-        return bridge.adapter.get_encoder_cudagraph_item_specs(inputs)
+        return bridge.route_items(bridge.adapter.get_encoder_cudagraph_item_specs(inputs))
 
     @_guarded(_off_select)
     def select_encoder_cudagraph_items(self, mm_kwargs: Mapping[str, Any], indices: Sequence[int]) -> dict[str, Any]:
@@ -756,14 +793,20 @@ class EncoderGraphs:
                                                  max_frames_per_batch: int, device: torch.device,
                                                  dtype: torch.dtype, path: str = DEFAULT_PATH,
                                                  axis_keys: Any = None) -> Any:
+        self._vitcg.router.note_capture(token_budget, max_batch_size, max_frames_per_batch)
         return self._vitcg.adapter.prepare_encoder_cudagraph_capture_inputs(
             token_budget, max_batch_size, max_frames_per_batch, device, dtype, path, axis_keys)
 
     @_guarded(lambda self, *args, **kwargs: EncoderCudaGraphReplayBuffers(values={}))
     def prepare_encoder_cudagraph_replay_buffers(self, mm_kwargs: Mapping[str, Any], max_batch_size: int,
                                                  max_frames_per_batch: int, path: str = DEFAULT_PATH) -> Any:
-        return self._vitcg.adapter.prepare_encoder_cudagraph_replay_buffers(
-            self._vitcg.graph_inputs(mm_kwargs), max_batch_size, max_frames_per_batch, path)
+        bridge = self._vitcg
+        inputs = bridge.graph_inputs(mm_kwargs)
+        if bridge.routing and bridge.router.times_replays():  # the replay that follows is timed, to postprocess
+            bridge.router.replay_starts(sum(item.output_tokens for item in
+                                            bridge.adapter.get_encoder_cudagraph_item_specs(inputs)))
+        return bridge.adapter.prepare_encoder_cudagraph_replay_buffers(inputs, max_batch_size, max_frames_per_batch,
+                                                                        path)
 
     @_guarded(_off_forward)
     def encoder_cudagraph_forward(self, inputs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:
@@ -781,6 +824,11 @@ class EncoderGraphs:
         answered from the pack's rows; ``dest[i]`` for item ``i``, cloned when asked."""
         if batch_mm_kwargs is None:
             raise InputError("postprocess_encoder_output: expected the pack's batch_mm_kwargs, got None")
+        bridge = self._vitcg
+        if DEFAULT_PATH in outputs:
+            bridge.router.replay_ended()
+        else:  # no graph ran: a call routed to the eager forward (its items have no tokens on the path)
+            outputs = bridge.eager_outputs(batch_mm_kwargs, indices, per_item_out_tokens)
         features = self._vitcg.features(functools.partial(self._stock.embed_multimodal, self), batch_mm_kwargs,
                                         outputs, indices, per_item_out_tokens)
         for index, feature in zip(indices, features):

@@ -1,7 +1,9 @@
-"""The vLLM plugin's compiled blocks (``VITCG_COMPILE_BLOCKS``), on the CPU through the backend stand-in and the
-vLLM-style consumer: where they are on by default, and that a compilation that fails costs the graphs inductor's
-kernels, never the graphs (the stock path does not take over). The GPU side, with inductor and the persistent
-cache, is tests/engine/test_vllm_protocol_cuda.py."""
+"""The vLLM plugin's compiled blocks (``VITCG_COMPILE_BLOCKS``) and its router, on the CPU through the backend
+stand-in and the vLLM-style consumer: where compiled blocks are on by default, that a compilation that fails costs
+the graphs inductor's kernels, never the graphs (the stock path does not take over), and that a call the router
+sends to the eager forward runs no graph and equals the stock backend. The GPU side, with inductor and the
+persistent cache, is tests/engine/test_vllm_protocol_cuda.py; the router under vLLM's own manager,
+tests/vllm/test_plugin.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from vllm_consumer import ProtocolConsumer
 
 from support.eager import assert_items_match
 from vitcg.runtime import regions
+from vitcg.runtime.costs import CostModel
 from vitcg.runtime.engine import engine_config
 from vitcg.tools.check.vlm import Unavailable, backend_batches, build_vlm
 from vitcg.vllm_plugin import bridge as bridge_module
@@ -113,3 +116,28 @@ def test_a_forward_that_fails_plain_too_turns_the_graphs_off_with_one_warning(mo
     assert model._vitcg.off is not None and "a kernel the device cannot hold" in model._vitcg.off
     assert_items_match(got, want)
     assert len(caplog.records) == 1 and "the model's encoder CUDA graphs are off" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("eager_cheaper", [True, False], ids=["eager cheaper", "replays cheaper"])
+def test_a_call_routed_to_the_eager_forward_runs_no_graph_and_equals_the_stock_backend(eager_cheaper, vlm_and_batch):
+    vlm, batch = vlm_and_batch
+    model, want = _plugged_and_profiled(vlm, batch)
+    bridge = model._vitcg
+    bridge.routes = True  # the CPU times nothing: the prices are set below
+    consumer = ProtocolConsumer(engine_config(1 << 14, 1 << 14, token_budgets=list(REGISTRY[NAME].tests.budgets),
+                                              max_items_per_batch=8), torch.device("cpu"), torch.float32, model)
+    assert consumer.config.paths["default"].allow_zero_tokens
+    consumer.capture()
+    bridge.router.costs = CostModel(replay=dict.fromkeys(bridge.router.captured, 1000.0 if eager_cheaper else 0.001),
+                                    eager=lambda tokens: 1.0)
+    with torch.inference_mode():
+        got = consumer.execute(batch)
+    assert_items_match(got, want)
+    assert (consumer.hits, consumer.misses) == ((0, len(want)) if eager_cheaper else (len(want), 0))
+    assert bridge.off is None and bridge.router.eager_calls == (1 if eager_cheaper else 0)
+
+
+def test_without_routing_the_config_keeps_the_path_required(vlm_and_batch):
+    model, _ = _plugged_and_profiled(*vlm_and_batch)  # on the CPU: no routing by default
+    assert not model._vitcg.routing
+    assert not model.get_encoder_cudagraph_config().paths["default"].allow_zero_tokens
