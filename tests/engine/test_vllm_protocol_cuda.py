@@ -72,9 +72,11 @@ def test_seed_vlm_through_the_plugin_under_cuda_graphs(name, no_tf32, monkeypatc
     assert not model._vitcg.adapter.compiles
 
 
-def _served_by_the_plugin(name, spec, vlm, batches):
+def _served_by_the_plugin(name, spec, vlm, batches, replays=True):
     """The plugin's members on the stand-in, profiled with each batch and captured by the consumer; each batch is
-    then served twice, every item replayed and equal to the backend's own. Returns the plugged model."""
+    then served twice (with ``replays``, every item replayed), each item equal to the backend's own. Without
+    ``replays``, each batch is served four times: the first two replays price the budgets, the next calls run on
+    the eager forward where the router explores them. Returns the plugged model."""
     model = plugged(vlm)
     want = {}
     with torch.inference_mode():
@@ -89,11 +91,13 @@ def _served_by_the_plugin(name, spec, vlm, batches):
                                               max_items_per_batch=8),
                                 torch.device("cuda"), torch.float32, model, cuda_graphs=True)
     consumer.capture()
+    attempts = ("learning the layout", "graph rows") if replays else ("first", "second", "third", "fourth")
     for modality, batch in batches.items():
-        for attempt in ("learning the layout", "graph rows"):
+        for attempt in attempts:
             hits = consumer.hits
             got = consumer.execute(batch)
-            assert consumer.hits - hits == len(want[modality]), f"{modality} ({attempt}): not every item replayed"
+            if replays:
+                assert consumer.hits - hits == len(want[modality]), f"{modality} ({attempt}): not every item replayed"
             assert_items_match(got, want[modality], what=f"{modality} ({attempt}): ")
     assert model._vitcg.off is None, model._vitcg.off
     return model
@@ -115,3 +119,23 @@ def test_the_plugin_compiles_blocks_on_cuda_and_a_later_start_loads_them(no_tf32
     assert len(stored) == 1 and stored[0].stat().st_size > 0
     second = _served_by_the_plugin("qwen2_vl", spec, vlm, dict(batches))._vitcg.adapter
     assert second.compiles and second.ahead.compiled == 0 and second.ahead.load_seconds, second.ahead.blobs.keys()
+    assert second.eager_compiled and second.on_eager_compiled is not None  # the eager forward's, in KEY.eager.aot
+
+
+def test_the_router_explores_a_costly_call_on_the_compiled_eager_forward(no_tf32, monkeypatch, tmp_path):
+    """On CUDA the plugin's router times the first replays of each budget; a call whose replay it finds costly
+    (here: every replay, the threshold lowered to nothing) runs on the eager forward with compiled blocks, no graph
+    replayed, every item equal to the backend's, and the functions it compiled are stored for a later start."""
+    from vitcg.runtime import costs
+
+    monkeypatch.delenv(COMPILE_BLOCKS, raising=False)
+    monkeypatch.setenv("VITCG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(costs, "EXPLORE_MS", 0.0)
+    spec = REGISTRY["qwen2_vl"]
+    vlm = build_vlm(spec, device="cuda")
+    batches = backend_batches(spec, vlm)
+    model = _served_by_the_plugin("qwen2_vl", spec, vlm, dict(batches), replays=False)
+    router, adapter = model._vitcg.router, model._vitcg.adapter
+    assert router.eager_calls > 0 and router.costs.eager_samples, router.describe()
+    assert adapter.eager_compiled and adapter.eager_ahead.compiled > 0
+    assert list((tmp_path / "compile").glob("*.eager.aot"))
