@@ -215,6 +215,16 @@ FAULTS = {
 """The adapter members that the plugin calls, by the stage of vLLM's that a fault in each one hits."""
 
 
+def qwen2_vl_loaded(prepared, loader):
+    """Qwen2-VL's first modality and batch, and its model loaded by vLLM with the spec's test budgets, 8 items a
+    pack: ``(modality, batch, model, config)``."""
+    spec, ready = REGISTRY["qwen2_vl"], prepared["qwen2_vl"]
+    if ready.skip:
+        pytest.skip(ready.skip)
+    modality, batch = next(iter(ready.batches.items()))
+    return (modality, batch, *loader(spec, ready, list(spec.tests.budgets), 8))
+
+
 def serve(manager, model, modality, batch):
     """One call as vLLM's GPU runner makes it: the manager when it supports the modality, else the model's own
     ``embed_multimodal``."""
@@ -241,11 +251,7 @@ def test_a_fault_on_vitcgs_path_is_served_by_the_stock_path_with_one_warning(mem
     no exception reaches vLLM, one warning names the member, and the manager no longer takes the modality."""
     from vllm.config import set_current_vllm_config
 
-    spec, ready = REGISTRY["qwen2_vl"], prepared["qwen2_vl"]
-    if ready.skip:
-        pytest.skip(ready.skip)
-    modality, batch = next(iter(ready.batches.items()))
-    model, config = loader(spec, ready, list(spec.tests.budgets), 8)
+    modality, batch, model, config = qwen2_vl_loaded(prepared, loader)
     adapter = model._vitcg.adapter
 
     def fault(*args, **kwargs):
@@ -281,11 +287,7 @@ def test_the_router_sends_a_whole_call_to_the_eager_forward_under_vllms_manager(
 
     from vitcg.runtime.costs import CostModel
 
-    spec, ready = REGISTRY["qwen2_vl"], prepared["qwen2_vl"]
-    if ready.skip:
-        pytest.skip(ready.skip)
-    modality, batch = next(iter(ready.batches.items()))
-    model, config = loader(spec, ready, list(spec.tests.budgets), 8)
+    modality, batch, model, config = qwen2_vl_loaded(prepared, loader)
     bridge = model._vitcg
     bridge.routes = True  # on the CPU the router measures nothing: its prices are set below
     try:
@@ -294,7 +296,7 @@ def test_the_router_sends_a_whole_call_to_the_eager_forward_under_vllms_manager(
             manager = CpuCaptureManager(config, torch.device("cpu"), torch.float32, model)
             assert manager.path_token_budgets["default"][0] == 0  # allow_zero_tokens reached vLLM's manager
             manager.capture(graph_pool=None)
-            assert sorted(bridge.router.captured) == sorted(spec.tests.budgets)
+            assert sorted(bridge.router.captured) == sorted(REGISTRY["qwen2_vl"].tests.budgets)
             replay_ms = 1000.0 if eager_cheaper else 0.001
             bridge.router.costs = CostModel(replay=dict.fromkeys(bridge.router.captured, replay_ms),
                                             eager=lambda tokens: 1.0)
@@ -348,12 +350,9 @@ def test_outputs_the_graph_rows_cannot_build_turn_the_graphs_off_instead_of_reru
     the stock path serves it and every later batch, and the items equal the stock backend's."""
     from vllm.config import set_current_vllm_config
 
-    spec, ready = REGISTRY["qwen2_vl"], prepared["qwen2_vl"]
-    if ready.skip:
-        pytest.skip(ready.skip)
-    modality, batch = next(iter(ready.batches.items()))
-    model, config = loader(spec, ready, list(spec.tests.budgets), 8)
+    modality, batch, model, config = qwen2_vl_loaded(prepared, loader)
     bridge = model._vitcg
+    spec = bridge.spec
     bridge.spec = dataclasses.replace(spec, encoder=dataclasses.replace(spec.encoder, outputs=("last_hidden_state",)))
     try:
         with caplog.at_level(logging.INFO, logger="vitcg"), set_current_vllm_config(config):
