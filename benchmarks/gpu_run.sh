@@ -2,7 +2,7 @@
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
 # Steps: gate (issue 36's GPU gate: exits 1 unless it passes; gate-a then gate-b: the same in two calls), env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-sweep, attention-kernel, attention-swap, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, compile-start-cold, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, mixed-profile-rows, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
-# bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-compiled, plugin-planned, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides, replace (SPECS: the specs whose graphs run a replace or the new providers),
+# bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-compiled, plugin-route, plugin-planned, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides, replace (SPECS: the specs whose graphs run a replace or the new providers),
 # plugin-dp (2 GPUs); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -152,6 +152,9 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
         --json "$OUT/eager_compiled.json" ;;
     plugin-compiled)  # the plugin's GPU tests, the compiled default and its persistent cache among them, timed
       run 400 gpu.log python3 -m pytest -q -p no:cacheprovider -m gpu --durations=0 tests/engine/test_vllm_protocol_cuda.py ;;
+    plugin-route)  # the plugin's router on the calls it decides: the compute-bound batch, eight large images, one small one
+      run 240 plugin.log python3 benchmarks/plugin_encode.py qwen2_vl glm4v --plain --workload mixed --workload 8x448 \
+        --workload 1x224 --iters 10 --json "$OUT/plugin_route.json" ;;
     plugin-planned)  # issue 38: the same, with each model's budgets from `vitcg plan NAME --manager vllm` (the README's
       # advice for compute-bound workloads) instead of vLLM's doubling ladder
       run 400 plugin.log python3 benchmarks/plugin_encode.py qwen2_vl glm4v --plan --plain --workload mixed \
