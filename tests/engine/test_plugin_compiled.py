@@ -41,6 +41,12 @@ def _plugged_and_profiled(vlm, batch):
     return model, want
 
 
+def _consumer(model):
+    """vLLM's manager as the tests' consumer stands in for it: the spec's test budgets, 8 items a pack, no graphs."""
+    return ProtocolConsumer(engine_config(1 << 14, 1 << 14, token_budgets=list(REGISTRY[NAME].tests.budgets),
+                                          max_items_per_batch=8), torch.device("cpu"), torch.float32, model)
+
+
 @pytest.mark.parametrize("value, on_cuda, compiles", [
     (None, False, False), (None, True, True), ("0", True, False), ("1", False, True), (" 1 ", False, True)])
 def test_blocks_compile_where_the_tower_is_on_cuda_unless_the_variable_says(value, on_cuda, compiles, monkeypatch,
@@ -78,8 +84,7 @@ def test_a_failed_compilation_leaves_the_graphs_on_with_plain_blocks(monkeypatch
     monkeypatch.setattr(regions.torch, "compile", no_kernel)
     model, want = _plugged_and_profiled(vlm, batch)
     assert model._vitcg.adapter.compiles
-    consumer = ProtocolConsumer(engine_config(1 << 14, 1 << 14, token_budgets=list(REGISTRY[NAME].tests.budgets),
-                                              max_items_per_batch=8), torch.device("cpu"), torch.float32, model)
+    consumer = _consumer(model)
     with caplog.at_level(logging.WARNING, logger=bridge_module.__name__):
         consumer.capture()
         with torch.inference_mode():
@@ -104,8 +109,7 @@ def test_a_forward_that_fails_plain_too_turns_the_graphs_off_with_one_warning(mo
     def broken(inputs, path="default"):
         raise RuntimeError("a kernel the device cannot hold")
     monkeypatch.setattr(model._vitcg.adapter, "encoder_cudagraph_forward", broken)
-    consumer = ProtocolConsumer(engine_config(1 << 14, 1 << 14, token_budgets=list(REGISTRY[NAME].tests.budgets),
-                                              max_items_per_batch=8), torch.device("cpu"), torch.float32, model)
+    consumer = _consumer(model)
     with caplog.at_level(logging.WARNING, logger=bridge_module.__name__):
         consumer.capture()
         with torch.inference_mode():
