@@ -34,31 +34,8 @@ def _guessed_keys(text: str) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^\s*-?\s*([a-z_]+):.*# GUESS: \S", text, re.M)}
 
 
-def _meta_calls_shared(monkeypatch) -> dict:
-    """``meta_call`` (vitcg/tools/new/tokens.py: a tower built on the meta device and called on one tile) answered
-    once per tower class, config and tile: the two renders of one draft below (the whole draft, then the family
-    draft, which is the whole draft again where no spec has the tower) build and call the same towers, most of the
-    sweep's time. Returns the memo, for the caller to clear between model types."""
-    from vitcg.tools.new import scaffold, tokens
-
-    real, memo = tokens.meta_call, {}
-
-    def shared(encoder, config, image_size, channels):
-        try:
-            key = (encoder, type(config), config.to_json_string(use_diff=False), image_size, channels)
-        except Exception:  # noqa: BLE001 - a config that does not serialize: measured each time, as vitcg new does
-            return real(encoder, config, image_size, channels)
-        if key not in memo:
-            memo[key] = real(encoder, config, image_size, channels)
-        return memo[key]
-
-    monkeypatch.setattr(tokens, "meta_call", shared)  # prepended_tokens reads it there
-    monkeypatch.setattr(scaffold, "meta_call", shared)  # the tiny config's fitting, there
-    return memo
-
-
 @pytest.mark.slow  # the suite's slowest test (2 minutes on 2 cores); CI runs it on both transformers releases
-def test_every_model_type_is_drafted_valid_or_refused(monkeypatch):
+def test_every_model_type_is_drafted_valid_or_refused():
     """Every transformers model type: a draft that validates, with its guesses marked, or a UsageError."""
     from transformers import CONFIG_MAPPING
 
@@ -67,10 +44,8 @@ def test_every_model_type_is_drafted_valid_or_refused(monkeypatch):
     from vitcg.tools.new.scaffold import draft, render
 
     bindings = Bindings()
-    memo = _meta_calls_shared(monkeypatch)
     drafted, refused, extended = [], [], []
     for model_type in sorted(CONFIG_MAPPING.keys()):
-        memo.clear()  # shared between the two renders of one model type only
         try:
             d = draft(model_type)
         except UsageError:

@@ -12,6 +12,7 @@ and called on one tile; the rows past the patch grid count only where a token pa
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +51,34 @@ def prepended_tokens(encoder: type, config: Any, image_size: int, patch_size: in
     return Prepended(count, names) if count > 0 and names else None
 
 
+MEMO_SIZE = 32
+"""Meta-device calls :func:`meta_call` remembers (the latest). ``vitcg new`` renders a draft twice where it writes
+a family draft that comes out as the whole draft (no spec has the tower), and every render measures the same
+towers: with the memo each is built and called once."""
+
+_memo: OrderedDict[tuple, tuple[Any, Any] | None] = OrderedDict()
+
+
 def meta_call(encoder: type, config: Any, image_size: int, channels: int) -> tuple[Any, Any] | None:
     """``(tower, output)``: ``encoder`` built from ``config`` on the meta device and called on one tile of
     ``image_size`` pixels, or None where building or calling it raises (model code that reads values, a forward
-    that needs other arguments, a config whose parts do not fit together)."""
+    that needs other arguments, a config whose parts do not fit together). Answered once per tower class, config
+    (its every value, as JSON), tile and channels among the latest :data:`MEMO_SIZE` calls; a config that does not
+    serialize is measured each time. Callers only read the result (shapes, parameter names)."""
+    try:
+        key = (encoder, type(config), config.to_json_string(use_diff=False), image_size, channels)
+    except Exception:  # noqa: BLE001 - config code of any release: measured without the memo
+        return _meta_call(encoder, config, image_size, channels)
+    if key in _memo:
+        _memo.move_to_end(key)
+        return _memo[key]
+    result = _memo[key] = _meta_call(encoder, config, image_size, channels)
+    if len(_memo) > MEMO_SIZE:
+        _memo.popitem(last=False)
+    return result
+
+
+def _meta_call(encoder: type, config: Any, image_size: int, channels: int) -> tuple[Any, Any] | None:
     import torch
 
     try:
