@@ -164,9 +164,8 @@ class _Adapter:
         self._eager_blocks = compile_blocks(repeated_blocks(module), dynamic=True, ahead=self.eager_ahead) \
             if compile_eager else {}
         """The repeated blocks compiled with dynamic shapes for the eager forward (``compile_eager``)."""
-        self.on_eager_compiled: Callable[[AheadOfTime], Any] | None = None
-        """Called after an eager call that compiled new block functions (the compile cache stores them)."""
-        self._eager_stored = 0
+        self.on_eager_compiled: Callable[[], Any] | None = None
+        """Called after each eager call with compiled blocks (the compile cache stores what it compiled)."""
         self._splits = any(m.split for m in spec.modalities)
         """Whether the encoder may see more grid rows than items (a modality split by frames)."""
         self._item_roles = frozenset(r for m in spec.modalities for r in m.item_roles)
@@ -487,10 +486,8 @@ class _Adapter:
                           f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); eager calls run the "
                           "model's own blocks from now on", RuntimeWarning, stacklevel=2)
             return output
-        ahead = self.eager_ahead
-        if ahead is not None and ahead.compiled > self._eager_stored and self.on_eager_compiled is not None:
-            self._eager_stored = ahead.compiled
-            self.on_eager_compiled(ahead)
+        if self.on_eager_compiled is not None:
+            self.on_eager_compiled()
         return output
 
     def encoder_eager_forward(self, mm_kwargs: Mapping[str, Any], path: str = DEFAULT_PATH) -> torch.Tensor:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import functools
 import hashlib
 import hmac
 import json
@@ -514,7 +513,13 @@ kept in ``KEY.eager.aot`` as :func:`capture_compiled` keeps them. Only functions
     ahead = getattr(adapter, "ahead", None)
     if ahead is None:
         return lambda: 0
-    path = Path(cache_root()) / "compile" / f"{key}.aot"
+    return _kept(ahead, Path(cache_root()) / "compile" / f"{key}.aot", key)
+
+
+def _kept(ahead: Any, path: Path, key: str) -> Callable[[], int]:
+    """Load the functions stored in ``path`` under ``key`` into ``ahead``, and return ``store``: it writes them all
+    again when calls since its last one compiled new ones (unless the file is one vitcg will not replace), and
+    returns the bytes written."""
     _, refused = _load_ahead(path, key, ahead)
     stored = 0
 
@@ -529,13 +534,9 @@ kept in ``KEY.eager.aot`` as :func:`capture_compiled` keeps them. Only functions
 
 def _eager_functions(adapter: Any, key: str) -> None:
     """The block functions of ``adapter``'s eager forward (``compile_eager``: dynamic shapes) from ``KEY.eager.aot``,
-    and, unless that file is one vitcg will not replace, the file rewritten each time an eager call compiles new
-    ones: they are compiled at the first eager call of a size they do not serve, not at capture, so a later
-    process loads them instead of compiling at its first eager call."""
+    and the file written again after each eager call that compiled new ones: they are compiled at the first eager
+    call of a size they do not serve, not at capture, so a later process loads them instead of compiling at its
+    first eager call."""
     ahead = getattr(adapter, "eager_ahead", None)
-    if ahead is None:
-        return
-    path = Path(cache_root()) / "compile" / f"{key}.eager.aot"
-    _, refused = _load_ahead(path, key, ahead)
-    if refused is None or refused.replace:
-        adapter.on_eager_compiled = functools.partial(_store_ahead, path, key)
+    if ahead is not None:
+        adapter.on_eager_compiled = _kept(ahead, Path(cache_root()) / "compile" / f"{key}.eager.aot", key)

@@ -370,7 +370,6 @@ class Bridge:
             return adapter
 
     def _plain_blocks(self, why: str) -> None:
-        self.compile_forward = False
         logger.warning("vitcg: spec %s: %s; its graphs hold the tower's own blocks from here on", self.spec.name,
                        " ".join(why.split())[:500])
 

@@ -133,6 +133,24 @@ def test_compile_forward_compiles_the_blocks_and_matches_eager(eager_backend, na
     assert _run(name, depth_key, 4, stack, **config) == _run(name, depth_key, 2, stack, **config)
 
 
+@pytest.mark.parametrize("name", ["qwen2_vl", "pixtral"])
+def test_drop_compiled_returns_the_graph_path_to_the_models_own_blocks(eager_backend, name):
+    """After a compiled forward failed, the plugin drops the compiled blocks (``drop_compiled``): a whole-tower
+    spec and a graph-scoped one then capture and replay the model's own blocks (no dynamo graph), equal to eager
+    (float32, 1e-5 relative)."""
+    torch._dynamo.reset()
+    counters.clear()
+    adapter, manager = _manager(name)
+    assert adapter.compiles
+    adapter.drop_compiled()
+    assert not adapter.compiles and adapter.ahead is None
+    manager.capture()
+    inputs = make_inputs(adapter, WORKLOADS["mixed"], torch.Generator().manual_seed(2))
+    got = manager.execute(inputs)
+    assert counters["stats"]["unique_graphs"] == 0
+    torch.testing.assert_close(torch.cat(got), adapter.encoder_eager_forward(inputs), rtol=1e-5, atol=1e-5)
+
+
 def test_an_encoder_without_repeated_blocks_compiles_its_whole_forward(monkeypatch):
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: compiled.append(kwargs) or fn)
