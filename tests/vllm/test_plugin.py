@@ -316,6 +316,43 @@ def test_the_router_sends_a_whole_call_to_the_eager_forward_under_vllms_manager(
         gc.collect()
 
 
+def test_a_fault_in_the_routed_eager_forward_is_served_by_the_stock_path_with_one_warning(prepared, loader, caplog,
+                                                                                          monkeypatch):
+    """A call the router sends to the eager forward, whose forward then fails (in ``postprocess_encoder_output``,
+    where the plugin runs it): every batch, the one in flight included, gets exactly the stock backend's items, one
+    warning names the member, and the manager no longer takes the modality."""
+    from vllm.config import set_current_vllm_config
+
+    from vitcg.runtime.costs import CostModel
+
+    modality, batch, model, config = qwen2_vl_loaded(prepared, loader)
+    bridge = model._vitcg
+    bridge.routes = True
+
+    def fault(*args, **kwargs):
+        raise RuntimeError("injected into the routed eager forward")
+
+    try:
+        with caplog.at_level(logging.INFO, logger="vitcg"), set_current_vllm_config(config):
+            want = stock_items(model, batch)
+            manager = CpuCaptureManager(config, torch.device("cpu"), torch.float32, model)
+            manager.capture(graph_pool=None)
+            bridge.router.costs = CostModel(replay=dict.fromkeys(bridge.router.captured, 1000.0),
+                                            eager=lambda tokens: 1.0)
+            monkeypatch.setattr(bridge.adapter, "encoder_eager_forward", fault)
+            for attempt in ("first batch", "second batch"):
+                got = serve(manager, model, modality, batch)
+                assert_items_match(got, want, what=f"{attempt}: ")
+            assert not manager.supports_modality(modality)
+        warned = vitcg_warnings(caplog)
+        assert len(warned) == 1 and "postprocess_encoder_output failed: RuntimeError: injected into the routed " \
+            "eager forward" in warned[0], warned
+        assert "vLLM's stock path serves this batch and every later one" in warned[0]
+    finally:
+        model = manager = None
+        gc.collect()
+
+
 @pytest.mark.parametrize("name", sorted(n for n in DECLINED if "batches" in DECLINED[n]))
 def test_a_batch_the_spec_cannot_read_without_a_profiling_run_is_served_by_the_stock_path(name, prepared, loader,
                                                                                           caplog):
