@@ -152,7 +152,7 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       for run_no in 1 2; do run 200 eager.log python3 benchmarks/eager_first_call.py qwen2_vl --workload 1x224 \
         --workload mixed --workload 8x224 --workload 1x448 --workload video4x448 --workload image+video --iters 3 \
         --json "$OUT/eager_sizes_$run_no.json"; done ;;
-    kernel-ab)  # the eager side's first call of each size (eager-sizes' calls) with the packed-attention kernel in
+    kernel-ab)  # the eager side's first call of each size (eager-sizes' calls, $RUNS processes a side, 2 unless set) with the packed-attention kernel in
       # $OLD_KERNEL (an untracked copy of a former varlen_triton.py) against the current one, each side with fresh
       # Triton, inductor and vitcg caches; the current kernel is back in place afterwards
       cp vitcg/runtime/varlen_triton.py /tmp/kernel-current.py
@@ -160,7 +160,7 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
         rm -rf /tmp/vitcg-cache
         export TRITON_CACHE_DIR=/tmp/triton-$side TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$side
         if [ $side = old ]; then cp "$OLD_KERNEL" vitcg/runtime/varlen_triton.py; else cp /tmp/kernel-current.py vitcg/runtime/varlen_triton.py; fi
-        for run_no in 1 2; do run 200 eager.log python3 benchmarks/eager_first_call.py qwen2_vl --workload 1x224 \
+        for run_no in $(seq "${RUNS:-2}"); do run 200 eager.log python3 benchmarks/eager_first_call.py qwen2_vl --workload 1x224 \
           --workload mixed --workload 8x224 --workload 1x448 --workload video4x448 --workload image+video --iters 3 \
           --json "$OUT/kernel_${side}_$run_no.json"; done
       done
