@@ -2,7 +2,7 @@
 # One device run: install the carried wheels, then GPU tests, `vitcg check --device cuda`, and the benchmark.
 # Usage (on the GPU machine, from the repository root): benchmarks/gpu_run.sh STEP... with OUT set.
 # Steps: gate (issue 36's GPU gate: exits 1 unless it passes; gate-a then gate-b: the same in two calls), env, tests, tests-gpu, ttft, ttft-planned, ttft-final, bench-qwen3-planned, bench-internvl-planned, ttft-profile, ttft-profile-internvl, attention-sweep, attention-kernel, attention-swap, attention-triton, tests-attention, bench-three, mixed-profile-qwen3, qwen3-final, compile-start-pyc, compile-start-cold, router-ttft, router-bench, profile-mixed, ttft-focus, compile-start, bench-roofline, check, check-real, check-real-new, check-real-all, check-real-packed, check-real-final, bench-final, check-real-s3, bench-s3 (EXTRA: more spec names), bench-plan, profile, profile-compile, bench-compile, mixed-profile, mixed-profile-rows, tests-plugin, tests-regions, eager-path, bench-new-a, bench-new-b, bench-qwen2, bench-quick, bench-rest, bench-smoke,
-# bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-compiled, plugin-route, plugin-planned, eager-sizes, ttft-h200, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides, replace (SPECS: the specs whose graphs run a replace or the new providers),
+# bench-all-a, bench-all-b (every spec, in two halves that each fit one device call), plugin-gain, plugin-compiled, plugin-route, plugin-planned, eager-sizes, kernel-ab (OLD_KERNEL: a former varlen_triton.py), ttft-h200, plugin-equal, eager-compiled, eager-first, sides-ttft, bench-sides, replace (SPECS: the specs whose graphs run a replace or the new providers),
 # plugin-dp (2 GPUs); each with a time limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/vitcg-out}
@@ -152,6 +152,19 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       for run_no in 1 2; do run 200 eager.log python3 benchmarks/eager_first_call.py qwen2_vl --workload 1x224 \
         --workload mixed --workload 8x224 --workload 1x448 --workload video4x448 --workload image+video --iters 3 \
         --json "$OUT/eager_sizes_$run_no.json"; done ;;
+    kernel-ab)  # the eager side's first call of each size (eager-sizes' calls, $RUNS processes a side, 2 unless set) with the packed-attention kernel in
+      # $OLD_KERNEL (an untracked copy of a former varlen_triton.py) against the current one, each side with fresh
+      # Triton, inductor and vitcg caches; the current kernel is back in place afterwards
+      cp vitcg/runtime/varlen_triton.py /tmp/kernel-current.py
+      for side in old current; do
+        rm -rf /tmp/vitcg-cache
+        export TRITON_CACHE_DIR=/tmp/triton-$side TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$side
+        if [ $side = old ]; then cp "$OLD_KERNEL" vitcg/runtime/varlen_triton.py; else cp /tmp/kernel-current.py vitcg/runtime/varlen_triton.py; fi
+        for run_no in $(seq "${RUNS:-2}"); do run 200 eager.log python3 benchmarks/eager_first_call.py qwen2_vl --workload 1x224 \
+          --workload mixed --workload 8x224 --workload 1x448 --workload video4x448 --workload image+video --iters 3 \
+          --json "$OUT/kernel_${side}_$run_no.json"; done
+      done
+      unset TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR ;;
     ttft-h200)  # issue 38 items 3-4 on an H200: the TTFT rows of the three models, default against both sides
       run 300 ttft.log python3 benchmarks/generate_ttft.py qwen2_vl qwen3_vl internvl --iters 10 --json "$OUT/ttft_h200.json" ;;
     eager-compiled)  # issue 38 item 2: the eager forward with blocks compiled with dynamic shapes, against the model's own

@@ -166,3 +166,30 @@ def test_both_kernels_equal_reference_on_a_strided_value_in_a_graph(slots):
     qkv.copy_(torch.randn_like(qkv))
     graph.replay()
     assert error(out, want(cu)) <= 1e-2
+
+
+def compiled_kernels(function) -> int:
+    """How many kernels a Triton ``JITFunction`` holds compiled (its per-device caches' first member)."""
+    return sum(len(cache[0]) for cache in function.device_caches.values())
+
+
+@needs_cuda
+def test_one_segment_kernel_serves_every_count_of_items_and_rows():
+    """The eager forward packs any number of items into any number of rows: the segment-block kernel must not be
+    specialized on either (a new count would compile a kernel, about a second, at a request), only on its slots.
+    Each call equals the float32 reference."""
+    pytest.importorskip("triton")
+    from vitcg.runtime import varlen_triton
+    from vitcg.runtime.packed_configs import NARROW
+
+    heads, dim, scale = 4, 80, 80 ** -0.5
+    counts = []
+    for cuts in ([0, 64], [0, 100, 613, 1000], [0, 1024, 1200, 1900, 2800, 4313], [0, 7, 8, 16, 33, 49, 64, 80, 96]):
+        rows = cuts[-1]
+        torch.manual_seed(rows)
+        q, k, v = (torch.randn(rows, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        cu = torch.tensor(cuts, dtype=torch.int32, device="cuda")
+        out = varlen_triton.varlen_attention(q, k, v, cu, scale, *NARROW)
+        assert error(out, reference(*(t.transpose(0, 1)[None] for t in (q, k, v)), cu, scale)[0]) <= 1e-2
+        counts.append(compiled_kernels(varlen_triton._segment_fwd))
+    assert counts[1:] == counts[:1] * 3, counts

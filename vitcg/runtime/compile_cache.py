@@ -504,10 +504,10 @@ def hosted_compiled(adapter: Any, spec: Spec, host: str) -> Callable[[], int]:
     ``store``, which writes them all again (``KEY.aot``) when forwards since its last call compiled new ones, and
     returns the bytes written. Call it outside any stream capture: the host's warm-up call before each budget's
     capture is where that budget's functions compile. The key names no budgets: a function's signature names its
-    shapes, so one file serves whatever budgets the host picks. The eager forward's functions (``compile_eager``) are
-kept in ``KEY.eager.aot`` as :func:`capture_compiled` keeps them. Only functions compiled ahead of time are kept:
-    calls that cannot be compiled so run the plain compilation, which each process compiles again (inductor's own
-    caches speed that up)."""
+    shapes, so one file serves whatever budgets the host picks. The eager forward's functions (``compile_eager``)
+    are kept in ``KEY.eager.aot`` as :func:`capture_compiled` keeps them. Only functions compiled ahead of time are
+    kept: calls that cannot be compiled so run the plain compilation, which each process compiles again (inductor's
+    own caches speed that up)."""
     key = compile_key(spec, adapter.device, adapter.dtype, host=host)
     _eager_functions(adapter, key)
     ahead = getattr(adapter, "ahead", None)

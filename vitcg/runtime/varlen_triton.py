@@ -54,21 +54,21 @@ LOG2_E = 1.4426950408889634
 
 
 @triton.jit
-def _row_block(CU, N_CU: tl.constexpr, SLOTS: tl.constexpr, pid, rows, BLOCK_M: tl.constexpr):
+def _row_block(CU, n_cu, SLOTS: tl.constexpr, pid, rows, BLOCK_M: tl.constexpr):
     """(segment start, segment end, first row, end of rows to store) of program ``pid``: the segments of ``CU``
     cut into blocks of ``BLOCK_M`` rows, numbered segment by segment in pack order (a running sum). A program
     past the last block gets an empty segment at the last offset and a block of the rows after it (to be written
     as zeros): the grid holds enough such programs to cover every row up to ``rows``. ``SLOTS``: a power of two
-    of at least ``N_CU - 1`` slots."""
+    of at least ``n_cu - 1`` slots."""
     j = tl.arange(0, SLOTS)
-    used = j < N_CU - 1
+    used = j < n_cu - 1
     start = tl.load(CU + j, mask=used, other=0)
     end = tl.load(CU + j + 1, mask=used, other=0)
     blocks = (end - start + BLOCK_M - 1) // BLOCK_M  # 0 for an empty segment
     first = tl.cumsum(blocks, 0) - blocks
     mine = (first <= pid) & (pid < first + blocks)
     total = tl.sum(blocks, 0)
-    last = tl.load(CU + N_CU - 1)
+    last = tl.load(CU + n_cu - 1)
     lo = tl.where(pid < total, tl.sum(tl.where(mine, start, 0), 0), last)
     hi = tl.where(pid < total, tl.sum(tl.where(mine, end, 0), 0), last)
     row = tl.where(pid < total, lo + (pid - tl.sum(tl.where(mine, first, 0), 0)) * BLOCK_M,
@@ -148,14 +148,15 @@ def _segment_key_block(acc0, acc1, m_i, l_i, q0, q1, K, V, start, hi, head, qk_s
     return acc0, acc1, m_new, l_i
 
 
-@triton.jit
-def _segment_fwd(Q, K, V, OUT, CU, rows, qk_scale, N_CU: tl.constexpr, SLOTS: tl.constexpr, HEADS: tl.constexpr,
+@triton.jit(do_not_specialize=["rows", "n_cu"])
+def _segment_fwd(Q, K, V, OUT, CU, rows, n_cu, qk_scale, SLOTS: tl.constexpr, HEADS: tl.constexpr,
                  STRIDE_Q: tl.constexpr, STRIDE_K: tl.constexpr, STRIDE_V: tl.constexpr, D: tl.constexpr,
                  D0: tl.constexpr, D1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # (rows, heads, dim) tensors whose heads lie D apart and whose columns are contiguous. Heads vary fastest:
-    # the programs of one block of rows start together.
+    # the programs of one block of rows start together. The row and offset counts are plain arguments, never
+    # specialized on: one compilation serves every pack (a new count of items must not compile a kernel).
     head = tl.program_id(0)
-    lo, hi, row, store_end = _row_block(CU, N_CU, SLOTS, tl.program_id(1), rows, BLOCK_M)
+    lo, hi, row, store_end = _row_block(CU, n_cu, SLOTS, tl.program_id(1), rows, BLOCK_M)
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N  # whole key blocks: no mask
     offs_m = row + tl.arange(0, BLOCK_M)
     valid_m = offs_m < store_end
@@ -209,7 +210,7 @@ def _spanning_key_block(acc0, acc1, m_i, l_i, q0, q1, seg_q, K, V, SEG, start, h
     return acc0, acc1, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])
 def _spanning_fwd(Q, K, V, OUT, SEG, CU, rows, qk_scale, HEADS: tl.constexpr, D: tl.constexpr, D0: tl.constexpr,
                   D1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # contiguous (rows, heads, dim) tensors
@@ -257,7 +258,7 @@ def segment_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.
     d0, d1 = head_split(dim)
     # every segment adds at most one partial block; the programs past the last block cover the rows after it
     grid = (heads, triton.cdiv(rows, block_m) + segments)
-    _segment_fwd[grid](q, k, v, out, cu, rows, scale * LOG2_E, N_CU=cu.shape[0],
+    _segment_fwd[grid](q, k, v, out, cu, rows, cu.shape[0], scale * LOG2_E,
                        SLOTS=max(16, triton.next_power_of_2(segments)), HEADS=heads, STRIDE_Q=q.stride(0),
                        STRIDE_K=k.stride(0), STRIDE_V=v.stride(0), D=dim, D0=d0, D1=d1, BLOCK_M=block_m,
                        BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
