@@ -28,8 +28,8 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
       > "$OUT/env.txt" 2>&1 ;;
     gate)  # issue 36's GPU gate, one device call (< 10 min on a fast host): every spec at real size, the GPU plugin,
       # regions, packed-attention and cross-process cache tests, the TTFT router rows; benchmarks/gate.py gives the verdict
-      run 210 gate.log python3 -m vitcg check --all --device cuda --size real; check=$?
-      gate_tests 250; gate_ttft 110
+      run 240 gate.log python3 -m vitcg check --all --device cuda --size real; check=$?
+      gate_tests 240; gate_ttft 90
       python3 benchmarks/gate.py "$OUT/gate_ttft.json" check=$check tests=$tests ttft=$ttft | tee -a "$OUT/gate.log"
       gate=${PIPESTATUS[0]} ;;
     gate-a)  # the same gate in two device calls, for a slower host: gate-a is every spec at real size ...
