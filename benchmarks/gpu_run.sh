@@ -19,6 +19,8 @@ run() { local limit=$1 log=$2; shift 2; echo "== $* (limit ${limit}s)" | tee -a 
 gate_tests() { run "$1" gate.log python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_packed_attention_gpu.py \
   tests/gpu/test_cache_across_processes_gpu.py tests/gpu/test_regions_gpu.py tests/engine/test_vllm_protocol_cuda.py
   tests=$?; }
+eager_sizes() { run 200 eager.log python3 benchmarks/eager_first_call.py qwen2_vl --workload 1x224 --workload mixed \
+  --workload 8x224 --workload 1x448 --workload video4x448 --workload image+video --iters 3 --json "$1"; }
 gate_ttft() { run "$1" gate.log python3 benchmarks/generate_ttft.py qwen2_vl --iters 10 --json "$OUT/gate_ttft.json"
   ttft=$?; }
 for step in "$@"; do
@@ -149,20 +151,16 @@ transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import mat
         --json "$OUT/eager_first_$run_no.json"; done ;;
     eager-sizes)  # the eager side's first call of each size, as the router explores them: what it compiles and loads,
       # cold then from the compile cache (two processes, one cache)
-      for run_no in 1 2; do run 200 eager.log python3 benchmarks/eager_first_call.py qwen2_vl --workload 1x224 \
-        --workload mixed --workload 8x224 --workload 1x448 --workload video4x448 --workload image+video --iters 3 \
-        --json "$OUT/eager_sizes_$run_no.json"; done ;;
-    kernel-ab)  # the eager side's first call of each size (eager-sizes' calls, $RUNS processes a side, 2 unless set) with the packed-attention kernel in
-      # $OLD_KERNEL (an untracked copy of a former varlen_triton.py) against the current one, each side with fresh
-      # Triton, inductor and vitcg caches; the current kernel is back in place afterwards
+      for run_no in 1 2; do eager_sizes "$OUT/eager_sizes_$run_no.json"; done ;;
+    kernel-ab)  # the eager side's first call of each size (eager-sizes' calls, $RUNS processes a side, 2 unless set)
+      # with the packed-attention kernel in $OLD_KERNEL (an untracked copy of a former varlen_triton.py) against the
+      # current one, each side with fresh Triton, inductor and vitcg caches; the current kernel is back in place after
       cp vitcg/runtime/varlen_triton.py /tmp/kernel-current.py
       for side in old current; do
         rm -rf /tmp/vitcg-cache
         export TRITON_CACHE_DIR=/tmp/triton-$side TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$side
         if [ $side = old ]; then cp "$OLD_KERNEL" vitcg/runtime/varlen_triton.py; else cp /tmp/kernel-current.py vitcg/runtime/varlen_triton.py; fi
-        for run_no in $(seq "${RUNS:-2}"); do run 200 eager.log python3 benchmarks/eager_first_call.py qwen2_vl --workload 1x224 \
-          --workload mixed --workload 8x224 --workload 1x448 --workload video4x448 --workload image+video --iters 3 \
-          --json "$OUT/kernel_${side}_$run_no.json"; done
+        for run_no in $(seq "${RUNS:-2}"); do eager_sizes "$OUT/kernel_${side}_$run_no.json"; done
       done
       unset TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR ;;
     ttft-h200)  # issue 38 items 3-4 on an H200: the TTFT rows of the three models, default against both sides
